@@ -1,0 +1,48 @@
+"""Shared fixtures: an in-process server on a real Hypercorn socket (127.0.0.1:0).
+
+Tests that touch sockets or model threads never use the autojump clock (it would fire their
+deadlines at once); only the pure-Trio actor tests do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from functools import partial
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from turbospark.config import Settings
+from turbospark.model.backend import BackendSpec
+from turbospark.model.scripted import ScriptedBackend
+from turbospark.server import Server, serve
+
+StartServer = Callable[..., "trio.lowlevel.Awaitable[Server]"]
+
+
+@pytest.fixture
+async def start_server(nursery: trio.Nursery) -> AsyncIterator[Callable[..., Any]]:
+    """``await start_server(backends=[...], **settings)`` -> a running ``Server``."""
+    servers: list[Server] = []
+
+    async def start(backends: Sequence[ScriptedBackend] | None = None, **settings: Any) -> Server:
+        backends = backends if backends is not None else [ScriptedBackend()]
+        specs = [BackendSpec(b.model_id, partial(lambda b: b, b)) for b in backends]
+        resolve = settings.pop("resolve", None)
+        kwargs = {"resolve": resolve} if resolve else {}
+        config = Settings(host="127.0.0.1", port=0, graceful_timeout=1.0, **settings)
+        server = await nursery.start(partial(serve, config, specs, **kwargs))
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop.set()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=30) as c:
+        yield c

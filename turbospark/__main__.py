@@ -1,0 +1,207 @@
+"""``python -m turbospark``: ``serve`` and ``models``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import trio
+
+from . import __version__
+from .model.backend import BackendSpec
+from .config import Settings
+
+__all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one clear line, exit 2
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got '{text}'") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0-65535, got {value}")
+    return value
+
+
+def _delay_ms(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected milliseconds, got '{text}'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="turbospark", description="A local generation server on Trio and MLX.")
+    parser.add_argument("--version", action="version", version=f"turbospark {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    s = commands.add_parser("serve", help="serve models over HTTP")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    s.add_argument("--port", type=_port, default=8080, help="port (default 8080; 0 picks a free one)")
+    s.add_argument(
+        "--model",
+        action="append",
+        default=[],
+        metavar="ID|PATH",
+        help="attach a model: a stored model id, a GGUF file or model directory to import, or "
+        "'scripted' (repeatable; default: the default chat model)",
+    )
+    s.add_argument(
+        "--api-key",
+        default=None,
+        help="require this key (x-api-key or Authorization: Bearer) on every route but /health "
+        "(default: $TURBOSPARK_API_KEY)",
+    )
+    system = s.add_mutually_exclusive_group()
+    system.add_argument(
+        "--system",
+        action="append",
+        metavar="TEXT",
+        help="default system prompt, used when a request has no system message (repeatable, "
+        "joined with newlines)",
+    )
+    system.add_argument("--system-file", type=Path, metavar="PATH", help="default system prompt from a file")
+    s.add_argument(
+        "--max-queue",
+        type=_positive_int,
+        default=16,
+        metavar="N",
+        help="generations allowed to wait per model; more are refused with 503 queue_full (default 16)",
+    )
+    s.add_argument(
+        "--max-resolutions",
+        type=_positive_int,
+        default=4,
+        metavar="N",
+        help="model resolutions in flight at once; more are refused with 503 (default 4)",
+    )
+    s.add_argument("--events", type=Path, metavar="FILE", help="append observer events to FILE as JSON lines")
+    s.add_argument("--script", type=Path, metavar="FILE", help="scripted backend: emit this UTF-8 text, then end the turn")
+    s.add_argument(
+        "--token-delay-ms",
+        type=_delay_ms,
+        default=0,
+        metavar="N",
+        help="scripted backend: pause N ms per decode step and per prefill chunk",
+    )
+    m = commands.add_parser("models", help="manage the model store (import, list, rm, pull)", add_help=False)
+    m.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Settings:
+    api_key = args.api_key
+    if api_key is not None and not api_key.strip():
+        parser.error("--api-key must not be empty")
+    if api_key is None:
+        api_key = os.environ.get("TURBOSPARK_API_KEY") or None
+    system_prompt = None
+    if args.system:
+        if any(not text.strip() for text in args.system):
+            parser.error("--system must not be blank")
+        system_prompt = "\n".join(args.system)
+    elif args.system_file:
+        try:
+            system_prompt = args.system_file.read_text(encoding="utf-8").rstrip()
+        except OSError as exc:
+            parser.error(f"--system-file: {exc.strerror}: {args.system_file}")
+        if not system_prompt:
+            parser.error(f"--system-file: {args.system_file} is empty")
+    script = None
+    if args.script:
+        try:
+            script = args.script.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            parser.error(f"--script: cannot read {args.script}: {exc}")
+    return Settings(
+        host=args.host,
+        port=args.port,
+        models=tuple(args.model),
+        api_key=api_key,
+        system_prompt=system_prompt,
+        max_queue=args.max_queue,
+        max_resolutions=args.max_resolutions,
+        events_path=args.events,
+        script=script,
+        token_delay=args.token_delay_ms / 1000,
+    )
+
+
+async def _run(settings: Settings, specs: Sequence[BackendSpec]) -> None:
+    from .server import serve
+
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(serve, settings, specs)
+            print(f"turbospark listening on {server.url}", file=sys.stderr, flush=True)
+            auth = "on (x-api-key or Authorization: Bearer, except /health)" if settings.api_key else "off"
+            print(f"  auth: {auth}", file=sys.stderr)
+            print(f"  models: {', '.join(server.system.registry.public_names()) or 'none'}", file=sys.stderr, flush=True)
+            async for signum in signals:
+                print(f"turbospark: {signal.Signals(signum).name}, shutting down", file=sys.stderr, flush=True)
+                server.stop.set()
+                break
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "models":
+        from .models_cli import main as models_main
+
+        return models_main(args.args)
+    if args.command != "serve":
+        parser.print_usage(sys.stderr)
+        return 2
+    settings = _settings(args, parser)
+    from .attach import ModelSetupError, backend_specs
+
+    try:
+        specs = backend_specs(settings)
+        trio.run(_run, settings, specs)
+    except ModelSetupError as exc:
+        print(f"turbospark: {exc}", file=sys.stderr)
+        return 1
+    except BaseExceptionGroup as group:
+        setup, rest = group.split(ModelSetupError)
+        if setup is None or rest is not None:
+            raise
+        for exc in _leaves(setup):
+            print(f"turbospark: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    return [
+        leaf
+        for exc in group.exceptions
+        for leaf in (_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    ]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

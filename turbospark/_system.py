@@ -1,0 +1,131 @@
+"""The actor tree: ``run_system`` starts every actor in dependency order and hands back a
+``System``, the immutable set of handles routes use to talk to them.
+
+    run_system (one nursery)
+    ├── observer            inbox: events, RenderMetrics, Subscribe
+    ├── generation_queue    inbox: Submit, Withdraw, Take
+    ├── model_actor × N     each owns one pinned model thread; Take goes to the queue
+    └── resolver            inbox: Resolve; owns the resolution slots
+
+Shutdown is cancellation of this nursery: the model threads notice at their next
+``check_cancelled`` (one step) and the actors unwind.  The HTTP server runs beside it in the
+root nursery of ``__main__`` and is stopped first, so intake ends before the actors do.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from functools import partial
+
+import attrs
+import trio
+
+from .actors.generation import QueueMessage, generation_queue
+from .actors.models import model_actor
+from .actors.observer import Observer, ObserverMessage, RenderMetrics, Subscribe, observer
+from .actors.resolver import Resolve, ResolveFn, resolve_in_registry, resolver
+from .config import Settings
+from .errors import TurboSparkError
+from .actors.observer import Event
+from .messages import GenerationJob, Submit, Withdraw
+from .model.backend import BackendSpec
+from .routing import Capability, ModelEntry, Registry, alias_for
+
+__all__ = ["BackendSpec", "System", "run_system"]
+
+
+@attrs.frozen
+class System:
+    settings: Settings
+    registry: Registry
+    observer: Observer
+    queue: trio.MemorySendChannel[QueueMessage]
+    resolver: trio.MemorySendChannel[Resolve]
+    started_at: float
+
+    def emit(self, event: object) -> None:
+        self.observer.emit(event)
+
+    async def resolve(self, name: str | None, want: Capability = "chat") -> ModelEntry:
+        """Which model answers ``name``; raises the resolution error (404/503) otherwise."""
+        reply_send, reply_recv = trio.open_memory_channel[ModelEntry | TurboSparkError](1)
+        with reply_recv:
+            await self.resolver.send(Resolve(name, want, reply_send))
+            answer = await reply_recv.receive()
+        if isinstance(answer, TurboSparkError):
+            raise answer
+        return answer
+
+    async def submit(self, job: GenerationJob) -> None:
+        await self.queue.send(Submit(job))
+
+    def withdraw(self, job: GenerationJob) -> None:
+        """Tell the queue the route is leaving (sync: safe in a cancelled ``finally``)."""
+        try:
+            self.queue.send_nowait(Withdraw(job))
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            pass  # the model thread's first send will find the closed reply channel instead
+
+    async def metrics(self) -> bytes:
+        reply_send, reply_recv = trio.open_memory_channel[bytes](1)
+        with reply_recv:
+            await self.observer.inbox.send(RenderMetrics(reply_send))
+            return await reply_recv.receive()
+
+    def subscribe(self, buffer: int = 256) -> trio.MemoryReceiveChannel[Event]:
+        """A channel that receives every event from now on (dropped if it falls behind)."""
+        send, recv = trio.open_memory_channel[Event](buffer)
+        self.observer.inbox.send_nowait(Subscribe(send))
+        return recv
+
+
+async def run_system(
+    settings: Settings,
+    backends: Sequence[BackendSpec],
+    *,
+    resolve: ResolveFn = resolve_in_registry,
+    task_status: trio.TaskStatus[System] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    async with trio.open_nursery() as nursery:
+        obs_send, obs_recv = trio.open_memory_channel[ObserverMessage](4096)
+        await nursery.start(partial(observer, obs_recv, events_path=settings.events_path))
+        obs = Observer(obs_send)
+
+        # Withdraw is sent with send_nowait from cancelled routes: leave it room.
+        queue_send, queue_recv = trio.open_memory_channel[QueueMessage](1024)
+        await nursery.start(
+            partial(generation_queue, queue_recv, obs.emit, max_queue=settings.max_queue)
+        )
+
+        entries = []
+        for spec in backends:
+            info = await nursery.start(model_actor, spec.id, spec.make, queue_send.clone(), obs.emit)
+            capabilities: frozenset[Capability] = frozenset(
+                {"chat", "completion"} if info.has_chat_template else {"completion"}
+            )
+            entries.append(
+                ModelEntry(
+                    id=info.id,
+                    context_window=info.context_window,
+                    capabilities=capabilities,
+                    aliases=(alias_for(info.id),),
+                    created=int(time.time()),
+                )
+            )
+        registry = Registry(tuple(entries))
+
+        resolve_send, resolve_recv = trio.open_memory_channel[Resolve](64)
+        await nursery.start(
+            partial(resolver, resolve_recv, registry, slots=settings.max_resolutions, resolve=resolve)
+        )
+        task_status.started(
+            System(
+                settings=settings,
+                registry=registry,
+                observer=obs,
+                queue=queue_send,
+                resolver=resolve_send,
+                started_at=time.time(),
+            )
+        )

@@ -1,0 +1,114 @@
+"""The generation queue actor: a bounded FIFO per model between routes and model threads.
+
+Inbox messages: ``Submit`` (a route's job), ``Withdraw`` (the route left before the job started),
+``Take`` (a model thread is idle).  Admission answers on the job's own reply channel at once:
+``Queued(ahead)``, or ``Failed(QueueFull)`` when ``max_queue`` jobs already wait, so a full
+queue costs the caller nothing but this message.  A withdrawn job leaves the FIFO immediately.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import trio
+
+from ..errors import QueueFull
+from ..messages import (
+    Failed,
+    Generated,
+    GenerationJob,
+    QueueDepth,
+    Queued,
+    QueueRejected,
+    Submit,
+    Take,
+    Withdraw,
+)
+from ._fifo import FifoPolicy
+
+__all__ = ["QueueMessage", "generation_queue"]
+
+QueueMessage = Submit | Withdraw | Take
+
+
+def _cancelled_while_queued(job: GenerationJob) -> Generated:
+    return Generated(
+        id=job.request_id,
+        model=job.model,
+        prompt_tokens=0,
+        new_tokens=0,
+        prefill_seconds=0.0,
+        decode_seconds=0.0,
+        stop_reason="Cancelled",
+        reused_prefix_tokens=0,
+        phase="queued",
+        began=False,
+    )
+
+
+@attrs.define
+class _Queue:
+    policy: FifoPolicy[GenerationJob, trio.MemorySendChannel[GenerationJob]]
+    emit: Callable[[object], None]
+
+    def handle(self, msg: QueueMessage) -> None:
+        if isinstance(msg, Submit):
+            self._submit(msg.job)
+        elif isinstance(msg, Withdraw):
+            if self.policy.withdraw(msg.job.model, msg.job):
+                self.emit(_cancelled_while_queued(msg.job))
+                msg.job.reply.close()
+                self._depth(msg.job.model)
+        else:
+            self.policy.add_taker(msg.model, msg.reply)
+        self._dispatch()
+
+    def _submit(self, job: GenerationJob) -> None:
+        ahead = self.policy.admit(job.model, job)
+        if ahead is None:
+            self.emit(QueueRejected(job.request_id, job.model))
+            try:
+                job.reply.send_nowait(Failed(QueueFull(job.model, self.policy.limit)))
+            except trio.BrokenResourceError:
+                pass
+            job.reply.close()
+            return
+        try:
+            job.reply.send_nowait(Queued(ahead))
+        except trio.BrokenResourceError:  # the route left while its Submit was in flight
+            self.policy.withdraw(job.model, job)
+            self.emit(_cancelled_while_queued(job))
+            job.reply.close()
+        self._depth(job.model)
+
+    def _dispatch(self) -> None:
+        for model, taker, job in list(self.policy.dispatch()):
+            try:
+                taker.send_nowait(job)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.policy.requeue(model, job)  # that model thread is gone (shutdown)
+            self._depth(model)
+
+    def _depth(self, model: str) -> None:
+        self.emit(QueueDepth(model, self.policy.depth(model)))
+
+
+async def generation_queue(
+    inbox: trio.MemoryReceiveChannel[QueueMessage],
+    emit: Callable[[object], None],
+    *,
+    max_queue: int,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the queue until every sender has closed its end of ``inbox``."""
+    queue = _Queue(FifoPolicy(max_queue), emit)
+    with inbox:
+        task_status.started()
+        try:
+            async for msg in inbox:
+                queue.handle(msg)
+        finally:
+            takers, jobs = queue.policy.drain()
+            for channel in (*takers, *(job.reply for job in jobs)):
+                channel.close()

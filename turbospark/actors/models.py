@@ -1,0 +1,76 @@
+"""The model actor: owns one model's pinned OS thread, from load to shutdown.
+
+``model_actor`` starts the thread (``trio.to_thread.run_sync`` once, never abandoned: an
+abandoned MLX thread would keep computing and holding memory), waits until the thread has loaded
+the backend, and only then reports ready through ``task_status.started(ModelInfo)``.  The thread
+pulls jobs from the generation queue one at a time with ``Take``; a future batched decoder would
+take several, and nothing on the callers' side would change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import attrs
+import trio
+
+from ..messages import GenerationJob, Take
+from ..model._worker import serve_model
+from ..model.backend import Backend
+from .generation import QueueMessage
+
+__all__ = ["ModelInfo", "model_actor"]
+
+
+@attrs.frozen
+class ModelInfo:
+    """What the rest of the system may know about a loaded model."""
+
+    id: str
+    context_window: int
+    has_chat_template: bool
+
+
+async def model_actor(
+    model_id: str,
+    make_backend: Callable[[], Backend],
+    queue: trio.MemorySendChannel[QueueMessage],
+    emit: Callable[[object], None],
+    *,
+    task_status: trio.TaskStatus[ModelInfo] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``model_id`` until cancelled.  ``queue`` is this actor's own clone."""
+
+    async def take() -> GenerationJob | None:
+        job_send, job_recv = trio.open_memory_channel[GenerationJob](1)
+        with job_recv:
+            try:
+                await queue.send(Take(model_id, job_send))
+                return await job_recv.receive()
+            except (trio.EndOfChannel, trio.ClosedResourceError, trio.BrokenResourceError):
+                return None
+
+    ready_send, ready_recv = trio.open_memory_channel[Backend](1)
+    with queue, ready_recv:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                partial(
+                    trio.to_thread.run_sync,
+                    serve_model,
+                    make_backend,
+                    take,
+                    emit,
+                    ready_send.send_nowait,
+                    thread_name=f"model:{model_id}",
+                    abandon_on_cancel=False,
+                )
+            )
+            backend = await ready_recv.receive()
+            task_status.started(
+                ModelInfo(
+                    id=model_id,
+                    context_window=backend.context_window,
+                    has_chat_template=backend.tokenizer.has_chat_template,
+                )
+            )

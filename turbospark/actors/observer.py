@@ -1,0 +1,187 @@
+"""The observer actor: the one sink for what happened, feeding metrics, the events file and
+subscribers.
+
+Anything may ``emit`` an event (a sync, never-blocking call: routes, other actors, and the model
+threads through ``from_thread.run_sync``).  The observer keeps the Prometheus metrics, appends each
+event as a JSON line to ``--events FILE``, and forwards it to subscribers.  Trio channels do not
+broadcast, so every subscriber has its own bounded channel; one that falls behind is dropped and
+closed rather than slowing anybody down.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import IO, Any
+
+import attrs
+import trio
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+from ..messages import (
+    Generated,
+    GenerationBegan,
+    QueueDepth,
+    QueueRejected,
+    RequestFinished,
+    RequestRouted,
+    RequestStarted,
+)
+
+__all__ = ["Observer", "RenderMetrics", "Subscribe", "event_to_json", "observer"]
+
+Event = (
+    RequestStarted
+    | RequestRouted
+    | GenerationBegan
+    | Generated
+    | QueueDepth
+    | QueueRejected
+    | RequestFinished
+)
+
+
+@attrs.frozen
+class RenderMetrics:
+    reply: trio.MemorySendChannel[bytes]
+
+
+@attrs.frozen
+class Subscribe:
+    events: trio.MemorySendChannel[Event]
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def event_to_json(event: Event) -> dict[str, Any]:
+    """``{"kind": <camelCase event name>, ...camelCase fields}``."""
+    name = type(event).__name__
+    out: dict[str, Any] = {"kind": name[0].lower() + name[1:]}
+    for field in attrs.fields(type(event)):
+        out[_camel(field.name)] = getattr(event, field.name)
+    return out
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        reg = self.registry
+        self.requests = Counter(
+            "turbospark_requests", "HTTP requests answered", ["route", "status"], registry=reg
+        )
+        self.in_flight = Gauge(
+            "turbospark_generations_in_flight", "Generations a model is working on", registry=reg
+        )
+        self.queue_depth = Gauge(
+            "turbospark_queue_depth", "Generations waiting in the queues", registry=reg
+        )
+        self.tokens = Counter(
+            "turbospark_generated_tokens", "Tokens generated (decode steps)", registry=reg
+        )
+        self.prompt_tokens = Counter(
+            "turbospark_prompt_tokens", "Prompt tokens processed", registry=reg
+        )
+        self.cancellations = Counter(
+            "turbospark_cancellations",
+            "Generations stopped because their client left",
+            ["phase"],
+            registry=reg,
+        )
+        for phase in ("queued", "prefill", "decode"):
+            self.cancellations.labels(phase)
+        self.rejections = Counter(
+            "turbospark_queue_rejections", "Requests refused with queue_full", registry=reg
+        )
+        self.ttft = Histogram(
+            "turbospark_time_to_first_token_seconds",
+            "From request accepted to first generated token",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=reg,
+        )
+        self._depths: dict[str, int] = {}
+
+    def record(self, event: Event) -> None:
+        if isinstance(event, RequestFinished):
+            self.requests.labels(event.route, str(event.status)).inc()
+        elif isinstance(event, GenerationBegan):
+            self.in_flight.inc()
+        elif isinstance(event, Generated):
+            if event.began:
+                self.in_flight.dec()
+            self.tokens.inc(event.new_tokens)
+            self.prompt_tokens.inc(event.prompt_tokens)
+            if event.stop_reason == "Cancelled" and event.phase:
+                self.cancellations.labels(event.phase).inc()
+            if event.ttft_seconds is not None:
+                self.ttft.observe(event.ttft_seconds)
+        elif isinstance(event, QueueRejected):
+            self.rejections.inc()
+        elif isinstance(event, QueueDepth):
+            self._depths[event.model] = event.depth
+            self.queue_depth.set(sum(self._depths.values()))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+ObserverMessage = Event | RenderMetrics | Subscribe
+
+
+@attrs.define
+class Observer:
+    """The send side every producer uses; ``emit`` never blocks and never raises."""
+
+    inbox: trio.MemorySendChannel[ObserverMessage]
+    dropped: int = 0
+
+    def emit(self, event: object) -> None:
+        try:
+            self.inbox.send_nowait(event)  # type: ignore[arg-type]
+        except trio.WouldBlock:
+            self.dropped += 1
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass  # shutting down
+
+
+async def observer(
+    inbox: trio.MemoryReceiveChannel[ObserverMessage],
+    *,
+    events_path: Path | None = None,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    metrics = _Metrics()
+    subscribers: list[trio.MemorySendChannel[Event]] = []
+    sink: IO[str] | None = events_path.open("a", encoding="utf-8") if events_path else None
+    try:
+        with inbox:
+            task_status.started()
+            async for msg in inbox:
+                if isinstance(msg, RenderMetrics):
+                    with msg.reply:
+                        try:
+                            msg.reply.send_nowait(metrics.render())
+                        except trio.BrokenResourceError:
+                            pass
+                    continue
+                if isinstance(msg, Subscribe):
+                    subscribers.append(msg.events)
+                    continue
+                metrics.record(msg)
+                if sink is not None:
+                    sink.write(json.dumps(event_to_json(msg)) + "\n")
+                    sink.flush()
+                for sub in list(subscribers):
+                    try:
+                        sub.send_nowait(msg)
+                    except (trio.WouldBlock, trio.BrokenResourceError):
+                        subscribers.remove(sub)
+                        sub.close()
+    finally:
+        for sub in subscribers:
+            sub.close()
+        if sink is not None:
+            sink.close()

@@ -1,0 +1,73 @@
+"""Resolution slots: a bounded number of model resolutions in flight at once.
+
+Inbox: ``Resolve(name, want, reply)``.  The actor holds a ``trio.CapacityLimiter``; a request that
+finds every slot taken is answered ``ResolutionBusy`` at once (a retryable 503), never queued.  A
+granted slot is held until the resolution finishes, even if the asker has gone.  ``/health`` and
+``/v1/models`` never come here, so they are never blocked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import attrs
+import trio
+
+from ..errors import ResolutionBusy, TurboSparkError
+from ..routing import Capability, ModelEntry, Registry
+
+__all__ = ["Resolve", "resolve_in_registry", "resolver"]
+
+
+@attrs.frozen
+class Resolve:
+    name: str | None
+    want: Capability
+    reply: trio.MemorySendChannel[ModelEntry | TurboSparkError]
+
+
+ResolveFn = Callable[[Registry, str | None, Capability], Awaitable[ModelEntry]]
+
+
+async def resolve_in_registry(registry: Registry, name: str | None, want: Capability) -> ModelEntry:
+    return registry.resolve(name, want)
+
+
+async def resolver(
+    inbox: trio.MemoryReceiveChannel[Resolve],
+    registry: Registry,
+    *,
+    slots: int,
+    resolve: ResolveFn = resolve_in_registry,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    limiter = trio.CapacityLimiter(slots)
+
+    async def run(msg: Resolve, lease: object) -> None:
+        try:
+            try:
+                answer: ModelEntry | TurboSparkError = await resolve(registry, msg.name, msg.want)
+            except TurboSparkError as exc:
+                answer = exc
+            with msg.reply:
+                msg.reply.send_nowait(answer)
+        except trio.BrokenResourceError:
+            pass  # the asker left; the slot was still held until here
+        finally:
+            limiter.release_on_behalf_of(lease)
+
+    with inbox:
+        async with trio.open_nursery() as nursery:
+            task_status.started()
+            async for msg in inbox:
+                lease = object()
+                try:
+                    limiter.acquire_on_behalf_of_nowait(lease)
+                except trio.WouldBlock:
+                    with msg.reply:
+                        try:
+                            msg.reply.send_nowait(ResolutionBusy())
+                        except trio.BrokenResourceError:
+                            pass
+                    continue
+                nursery.start_soon(run, msg, lease)

@@ -1,0 +1,129 @@
+"""The exceptions turbospark raises, and the HTTP status each one hints at.
+
+    TurboSparkError                  base of everything below; ``status`` is the HTTP hint
+    ├── RequestInvalid (400)         the caller sent something we will not run
+    │   └── ContextOverflow (400)    prompt + budget exceed the model's context window
+    ├── Unauthorized (401)           missing or wrong API key
+    ├── ModelNotFound (404)          several models attached, none answers to the name
+    ├── Rejected (503, retryable)    capacity refusals, answered before any expensive work
+    │   ├── QueueFull                the model's generation queue is at --max-queue
+    │   └── ResolutionBusy           every model-resolution slot is taken
+    ├── NoModel (503)                nothing capable of the request is attached
+    └── GenerationFailed (500)       the backend failed while generating
+
+These are plain exceptions, never exception groups: Quart-Trio dispatches error handlers on the
+members of a group, so validation errors (which cattrs raises as groups) are turned into one
+``RequestInvalid`` at the codec boundary.  Each route family renders them in its own shape.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ContextOverflow",
+    "GenerationFailed",
+    "ModelNotFound",
+    "NoModel",
+    "QueueFull",
+    "Rejected",
+    "RequestInvalid",
+    "ResolutionBusy",
+    "TurboSparkError",
+    "Unauthorized",
+]
+
+
+class TurboSparkError(Exception):
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = None
+    param: str | None = None
+    retryable: bool | None = None
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def extra(self) -> dict[str, object]:
+        """Fields beyond message/type/param/code that this error adds to the OpenAI shape."""
+        return {}
+
+
+class RequestInvalid(TurboSparkError):
+    status = 400
+    type = "invalid_request_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ContextOverflow(RequestInvalid):
+    code = "context_length_exceeded"
+
+
+class Unauthorized(TurboSparkError):
+    status = 401
+    type = "authentication_error"
+
+    def __init__(self) -> None:
+        super().__init__("invalid or missing API key")
+
+
+class ModelNotFound(TurboSparkError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+    param = "model"
+
+    def __init__(self, requested: str, available: list[str]) -> None:
+        if available:
+            names = ", ".join(available)
+            message = (
+                f"The model '{requested}' does not exist. This server has "
+                f"{len(available)} models attached: {names}"
+            )
+        else:
+            message = f"The model '{requested}' does not exist"
+        super().__init__(message)
+        self.available = available
+
+    def extra(self) -> dict[str, object]:
+        return {"available": self.available}
+
+
+class Rejected(TurboSparkError):
+    status = 503
+    retryable = True
+    retry_after: int = 1
+
+
+class QueueFull(Rejected):
+    code = "queue_full"
+
+    def __init__(self, model: str, limit: int) -> None:
+        super().__init__(
+            f"The generation queue for '{model}' is full ({limit} waiting). Retry the request shortly."
+        )
+
+
+class ResolutionBusy(Rejected):
+    code = "model_resolution_busy"
+    param = "model"
+
+    def __init__(self) -> None:
+        super().__init__("Model resolution is at capacity. Retry the request shortly.")
+
+
+class NoModel(TurboSparkError):
+    status = 503
+    type = "invalid_request_error"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "no model capable of this request is loaded; attach one before sending requests"
+        )
+
+
+class GenerationFailed(TurboSparkError):
+    status = 500
+    type = "server_error"

@@ -1,0 +1,212 @@
+"""Messages between routes, actors and the model threads (the message catalogue).
+
+Every request/reply message carries the send end of a reply channel; the asker holds the receive
+end in ``with reply_recv:``.  Closing that end is how a caller says "I am gone": the producer's
+next send raises ``BrokenResourceError`` and it drops the work.  ``design/messages.md`` lists who
+sends what to whom.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+import trio
+
+from .errors import TurboSparkError
+from .model.backend import SamplingParams
+
+__all__ = [
+    "ChatPrompt",
+    "Delta",
+    "Failed",
+    "Finished",
+    "GenerationJob",
+    "Generated",
+    "GenerationBegan",
+    "Phase",
+    "PrefillDone",
+    "Queued",
+    "QueueDepth",
+    "QueueRejected",
+    "Reply",
+    "RequestFinished",
+    "RequestRouted",
+    "RequestStarted",
+    "Started",
+    "StopReason",
+    "Submit",
+    "Take",
+    "TextPrompt",
+    "Withdraw",
+]
+
+Phase = Literal["queued", "prefill", "decode"]
+StopReason = Literal["MaxTokens", "EndOfTurn", "Eos", "StopString", "Cancelled", "Error"]
+
+
+# --- what a route asks a model to generate -------------------------------------------------
+
+
+@attrs.frozen
+class ChatPrompt:
+    """A conversation, rendered with the model's own chat template on the model thread."""
+
+    messages: tuple[dict[str, Any], ...]
+    tools: tuple[dict[str, Any], ...] = ()
+    template_kwargs: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class TextPrompt:
+    """Raw text, encoded as is (with BOS where the model wants one); no template."""
+
+    text: str
+
+
+@attrs.frozen(eq=False)
+class GenerationJob:
+    """One generation.  Compared by identity: a job is a unique piece of work."""
+
+    request_id: int
+    model: str
+    prompt: ChatPrompt | TextPrompt
+    params: SamplingParams
+    reply: trio.MemorySendChannel[Reply]
+    created: float  # time.monotonic() when the route accepted the request
+
+
+# --- replies a generation sends back, in order ----------------------------------------------
+
+
+@attrs.frozen
+class Queued:
+    """Admitted to the model's queue; ``ahead`` jobs wait before it (the active one excluded)."""
+
+    ahead: int
+
+
+@attrs.frozen
+class Started:
+    """The prompt is tokenised and fits; prefill begins."""
+
+    prompt_tokens: int
+
+
+@attrs.frozen
+class PrefillDone:
+    """Progress through the prompt, sent after every prefill chunk."""
+
+    done: int
+    total: int
+    cached: int
+
+
+@attrs.frozen
+class Delta:
+    """One decode step: ``text`` is what became safe to show (possibly empty)."""
+
+    text: str
+
+
+@attrs.frozen
+class Finished:
+    finish_reason: Literal["stop", "length"]
+    stop_reason: StopReason
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@attrs.frozen
+class Failed:
+    error: TurboSparkError
+
+
+Reply = Queued | Started | PrefillDone | Delta | Finished | Failed
+
+
+# --- the generation queue's inbox ----------------------------------------------------------
+
+
+@attrs.frozen
+class Submit:
+    job: GenerationJob
+
+
+@attrs.frozen
+class Withdraw:
+    """The route is leaving; drop the job if it has not been handed to the model yet."""
+
+    job: GenerationJob
+
+
+@attrs.frozen
+class Take:
+    """A model thread is idle and wants its next job (or end-of-channel at shutdown)."""
+
+    model: str
+    reply: trio.MemorySendChannel[GenerationJob]
+
+
+# --- observer events ----------------------------------------------------------------------
+
+
+@attrs.frozen
+class RequestStarted:
+    id: int
+    at_ms: int
+    method: str
+    path: str
+
+
+@attrs.frozen
+class RequestRouted:
+    id: int
+    requested: str | None
+    served: str
+    stream: bool
+
+
+@attrs.frozen
+class GenerationBegan:
+    id: int
+    model: str
+
+
+@attrs.frozen
+class Generated:
+    id: int
+    model: str
+    prompt_tokens: int
+    new_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+    stop_reason: StopReason
+    reused_prefix_tokens: int
+    phase: Phase | None = None  # where a cancelled generation stopped
+    ttft_seconds: float | None = None
+    began: bool = True  # False when it was cancelled before the model started on it
+
+
+@attrs.frozen
+class QueueDepth:
+    model: str
+    depth: int
+
+
+@attrs.frozen
+class QueueRejected:
+    """A request was refused with ``queue_full``."""
+
+    id: int
+    model: str
+
+
+@attrs.frozen
+class RequestFinished:
+    id: int
+    route: str
+    status: int
+    duration_ms: float
+    error: str | None = None

@@ -1,0 +1,187 @@
+"""Tokenizer and chat template: the text side of every backend.
+
+A model directory in the store carries ``tokenizer.json`` (read by the ``tokenizers`` library)
+and ``tokenizer_config.json`` (its ``chat_template`` is a Jinja template, rendered here the way
+Hugging Face renders it).  The scripted backend and the MLX backend share this class, so token
+counts are the same whichever backend answers.  No Trio import: this runs on the model thread.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as _HFTokenizer
+
+from ..errors import RequestInvalid
+
+__all__ = ["StreamDecoder", "Tokenizer"]
+
+# Tokens that end an assistant turn in the chat formats we know, when a vocabulary has them.
+_END_OF_TURN = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "<|end|>", "<|return|>")
+
+
+def _token_text(value: object) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def _tojson(value: Any, indent: int | None = None, **_: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class Tokenizer:
+    """Encode, decode and render chats for one model."""
+
+    def __init__(
+        self,
+        tokenizer: _HFTokenizer,
+        *,
+        chat_template: str | None,
+        bos_token: str | None,
+        eos_token: str | None,
+        add_bos_token: bool,
+        extra_stop_ids: Iterable[int] = (),
+    ) -> None:
+        self._tok = tokenizer
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.add_bos_token = add_bos_token
+        self.chat_template = chat_template
+        self.bos_id = tokenizer.token_to_id(bos_token) if bos_token else None
+        self.eos_id = tokenizer.token_to_id(eos_token) if eos_token else None
+        stops = set(extra_stop_ids)
+        for name in (eos_token, *_END_OF_TURN):
+            if name and (tid := tokenizer.token_to_id(name)) is not None:
+                stops.add(tid)
+        self.stop_ids: frozenset[int] = frozenset(stops)
+        self._template = None
+        if chat_template:
+            env = ImmutableSandboxedEnvironment(
+                trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+            )
+            env.filters["tojson"] = _tojson
+            env.globals["raise_exception"] = _raise_exception
+            env.globals["strftime_now"] = _strftime_now
+            self._template = env.from_string(chat_template)
+
+    @classmethod
+    def from_dir(cls, path: Path) -> Tokenizer:
+        """Load ``tokenizer.json`` and ``tokenizer_config.json`` (and ``config.json`` if present)."""
+        config: dict[str, Any] = {}
+        if (path / "tokenizer_config.json").exists():
+            config = json.loads((path / "tokenizer_config.json").read_text())
+        extra: list[int] = []
+        if (path / "config.json").exists():
+            eos = json.loads((path / "config.json").read_text()).get("eos_token_id")
+            extra = [eos] if isinstance(eos, int) else list(eos or [])
+        return cls(
+            _HFTokenizer.from_file(str(path / "tokenizer.json")),
+            chat_template=config.get("chat_template"),
+            bos_token=_token_text(config.get("bos_token")),
+            eos_token=_token_text(config.get("eos_token")),
+            add_bos_token=bool(config.get("add_bos_token", False)),
+            extra_stop_ids=extra,
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self._template is not None
+
+    def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
+        """Token ids of ``text``; special-token markup in the text is recognised as such."""
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            ids = [self.bos_id, *ids]
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> str:
+        """Render a conversation with the model's own chat template.
+
+        Raises:
+            RequestInvalid: the model has no chat template, or the template refused the
+                conversation (e.g. a role it does not support).
+        """
+        if self._template is None:
+            raise RequestInvalid(
+                "this model has no chat template (a base model): use /v1/completions instead"
+            )
+        try:
+            return self._template.render(
+                messages=list(messages),
+                tools=list(tools) if tools else None,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+                **template_kwargs,
+            )
+        except jinja2.TemplateError as exc:
+            raise RequestInvalid(f"the chat template refused this conversation: {exc}") from exc
+
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> list[int]:
+        # The template writes its own BOS; adding another degrades some models.
+        return self.encode(self.render_chat(messages, **kwargs))
+
+    def stream_decoder(self) -> StreamDecoder:
+        return StreamDecoder(self)
+
+
+class StreamDecoder:
+    """Turns a growing list of token ids into text pieces, never splitting a character.
+
+    It decodes a short window of recent ids and emits what that window added; a window that
+    ends inside a multi-byte character (decoded as U+FFFD) waits for the next token.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tok = tokenizer
+        self._ids: list[int] = []
+        self._prefix = 0
+        self._read = 0
+
+    def add(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        return self._advance(final=False)
+
+    def flush(self) -> str:
+        return self._advance(final=True)
+
+    def _advance(self, *, final: bool) -> str:
+        before = self._tok.decode(self._ids[self._prefix : self._read])
+        after = self._tok.decode(self._ids[self._prefix :])
+        if len(after) <= len(before) or (not final and after.endswith("\ufffd")):
+            return ""
+        piece = after[len(before) :]
+        self._prefix = self._read
+        self._read = len(self._ids)
+        return piece

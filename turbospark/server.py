@@ -1,0 +1,67 @@
+"""Running the whole server: the actor tree and Hypercorn's trio server in one root nursery.
+
+``serve`` is what ``python -m turbospark serve`` runs and what the tests start with
+``nursery.start``: it hands back a ``Server`` once the models are loaded and the socket is bound.
+Setting ``Server.stop`` begins a graceful shutdown: Hypercorn stops accepting, in-flight requests
+get ``graceful_timeout`` seconds, then the actors are cancelled (each model thread stops within
+one step) and ``serve`` returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+
+import attrs
+import hypercorn.trio
+import trio
+from hypercorn.config import Config as HypercornConfig
+
+from ._system import System, run_system
+from .model.backend import BackendSpec
+from .actors.resolver import ResolveFn, resolve_in_registry
+from .config import Settings
+from .routes import create_app
+
+__all__ = ["Server", "serve"]
+
+
+@attrs.frozen
+class Server:
+    url: str
+    system: System
+    stop: trio.Event
+
+
+def _hypercorn_config(settings: Settings) -> HypercornConfig:
+    config = HypercornConfig()
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    config.bind = [f"{host}:{settings.port}"]
+    config.graceful_timeout = settings.graceful_timeout
+    config.accesslog = None
+    config.errorlog = "-"
+    return config
+
+
+async def serve(
+    settings: Settings,
+    backends: Sequence[BackendSpec],
+    *,
+    resolve: ResolveFn = resolve_in_registry,
+    task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    async with trio.open_nursery() as root:
+        system = await root.start(partial(run_system, settings, backends, resolve=resolve))
+        app = create_app(system)
+        stop = trio.Event()
+        async with trio.open_nursery() as http:
+            binds = await http.start(
+                partial(
+                    hypercorn.trio.serve,
+                    app,
+                    _hypercorn_config(settings),
+                    shutdown_trigger=stop.wait,
+                )
+            )
+            task_status.started(Server(binds[0], system, stop))
+        root.cancel_scope.cancel()

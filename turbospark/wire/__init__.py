@@ -1,0 +1,1 @@
+"""Wire types: one module per API family, attrs classes and no behaviour beyond validation."""

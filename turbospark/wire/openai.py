@@ -1,0 +1,120 @@
+"""OpenAI request shapes (``/v1/chat/completions``).
+
+Every field a current client may send is declared, so an unknown key is refused by name; fields
+that are accepted but not honoured are reported on the ``x-anyllm-degradation`` header by the
+route.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+
+from ..codec import converter
+
+__all__ = ["ChatCompletionRequest", "ChatMessage", "StreamOptions"]
+
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
+def _positive(_: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    if value is not None and value <= 0:
+        raise ValueError(f"{attribute.name} must be greater than 0")
+
+
+def _in_range(lo: float, hi: float):  # type: ignore[no-untyped-def]
+    def check(_: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
+        if value is not None and not lo <= value <= hi:
+            raise ValueError(f"{attribute.name} must be between {lo} and {hi}, got {value}")
+
+    return check
+
+
+@attrs.frozen
+class ChatMessage:
+    role: Role
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    refusal: str | None = None
+    function_call: dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+
+
+@attrs.frozen
+class StreamOptions:
+    include_usage: bool = False
+    include_obfuscation: bool | None = None
+
+
+@attrs.frozen
+class ChatCompletionRequest:
+    messages: list[ChatMessage] = attrs.field(
+        validator=attrs.validators.min_len(1)
+    )
+    model: str | None = None
+    max_tokens: int | None = attrs.field(default=None, validator=_positive)
+    max_completion_tokens: int | None = attrs.field(default=None, validator=_positive)
+    temperature: float | None = attrs.field(default=None, validator=_in_range(0.0, 2.0))
+    top_p: float | None = attrs.field(default=None, validator=_in_range(0.0, 1.0))
+    top_k: int | None = attrs.field(default=None, validator=_in_range(0, 2**32 - 1))
+    min_p: float | None = attrs.field(default=None, validator=_in_range(0.0, 1.0))
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
+    frequency_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
+    repetition_penalty: float | None = attrs.field(default=None, validator=_in_range(0.0, 10.0))
+    n: int | None = attrs.field(default=None, validator=_positive)
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning_effort: str | None = None
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    modalities: list[str] | None = None
+    prediction: dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    verbosity: str | None = None
+
+
+def _structure_content(value: Any, _: type) -> str | list[dict[str, Any]] | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(
+        isinstance(p, dict) and isinstance(p.get("type"), str) for p in value
+    ):
+        return value
+    raise TypeError("content must be a string or an array of typed content parts")
+
+
+def _structure_stop(value: Any, _: type) -> str | list[str] | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return value
+    raise TypeError("stop must be a string or an array of strings")
+
+
+def _structure_tool_choice(value: Any, _: type) -> str | dict[str, Any] | None:
+    if value is None or isinstance(value, (str, dict)):
+        return value
+    raise TypeError("tool_choice must be a string or an object")
+
+
+converter.register_structure_hook(str | list[dict[str, Any]] | None, _structure_content)
+converter.register_structure_hook(str | list[str] | None, _structure_stop)
+converter.register_structure_hook(str | dict[str, Any] | None, _structure_tool_choice)
