@@ -32,3 +32,30 @@ async def wait_for(condition: Any, timeout: float = 10) -> None:
     with trio.fail_after(timeout):
         while not condition():
             await trio.sleep(0.005)
+
+
+async def raw_post(url: str, path: str, body: dict[str, Any]) -> trio.SocketStream:
+    """Send a POST over a raw socket and leave the response unread (the test closes it)."""
+    import json
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    stream = await trio.open_tcp_stream(parts.hostname, parts.port)
+    data = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n"
+    ).encode()
+    await stream.send_all(head + data)
+    return stream
+
+
+async def read_until(stream: trio.SocketStream, needle: bytes, timeout: float = 10) -> bytes:
+    buf = b""
+    with trio.fail_after(timeout):
+        while needle not in buf:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                raise AssertionError(f"connection closed before {needle!r}; got {buf!r}")
+            buf += chunk
+    return buf
