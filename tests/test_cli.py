@@ -1,0 +1,144 @@
+"""``python -m turbospark serve`` as a user runs it, driven by the official openai SDK."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from turbospark.model.scripted import shipped_tokenizer
+
+TOK = shipped_tokenizer()
+
+
+def _start(*args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turbospark", "serve", "--port", "0", *args],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    deadline = time.monotonic() + 60
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if m := re.match(r"turbospark listening on (http://\S+)", line):
+            return proc, m.group(1)
+        if time.monotonic() > deadline:
+            break
+    proc.kill()
+    raise AssertionError("the server did not say it was listening")
+
+
+@pytest.fixture
+def scripted_server(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    script = tmp_path / "script.txt"
+    script.write_text("Paris is the capital of France.", encoding="utf-8")
+    proc, url = _start("--model", "scripted", "--script", str(script), "--events", str(tmp_path / "ev.jsonl"))
+    try:
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_openai_sdk_streaming_and_not(scripted_server) -> None:
+    proc, url = scripted_server
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt_tokens = len(TOK.encode_chat(messages))
+    answer = client.chat.completions.create(model="scripted", messages=messages)
+    assert answer.choices[0].message.content == "Paris is the capital of France."
+    assert answer.choices[0].finish_reason == "stop"
+    assert answer.usage.prompt_tokens == prompt_tokens
+    assert answer.usage.completion_tokens == len(TOK.encode("Paris is the capital of France.")) + 1
+
+    stream = client.chat.completions.create(
+        model="gpt-4o-mini", messages=messages, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Paris is the capital of France."
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage.prompt_tokens == prompt_tokens
+
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["scripted", "claude-turbospark-scripted"]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="scripted", messages=messages, max_tokens=0)
+    assert "max_tokens must be greater than 0" in str(err.value)
+
+
+def test_sigterm_shuts_down_gracefully(scripted_server) -> None:
+    proc, url = scripted_server
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "hi"}])
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=15) == 0
+
+
+def test_sigint_during_a_stream_exits_zero(tmp_path: Path) -> None:
+    proc, url = _start("--model", "scripted", "--token-delay-ms", "20")
+    try:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        stream = client.chat.completions.create(
+            model="scripted", messages=[{"role": "user", "content": "hi"}], stream=True, max_tokens=4000
+        )
+        next(iter(stream))
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--api-key", ""], "--api-key must not be empty"),
+        (["--port", "http"], "expected a port number"),
+        (["--max-queue", "0"], "must be at least 1"),
+        (["--system", "a", "--system-file", "x"], "not allowed with argument"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_clear_line(args: list[str], needle: str) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "turbospark", "serve", *args], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 2
+    assert needle in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_help_lists_every_flag() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "turbospark", "serve", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0
+    for flag in (
+        "--host", "--port", "--model", "--api-key", "--system", "--system-file", "--max-queue",
+        "--events", "--script", "--token-delay-ms",
+    ):
+        assert flag in run.stdout
+
+
+def test_api_key_from_the_environment(tmp_path: Path) -> None:
+    proc, url = _start("--model", "scripted", env={"TURBOSPARK_API_KEY": "k3y"})
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+        models = openai.OpenAI(base_url=f"{url}/v1", api_key="k3y").models.list()
+        assert models.data[0].id == "scripted"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
