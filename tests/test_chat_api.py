@@ -340,3 +340,30 @@ async def test_auth_failures_are_observed(start_server, client: httpx.AsyncClien
                 break
     assert [type(e).__name__ for e in kinds] == ["RequestStarted", "RequestFinished"]
     assert kinds[1].status == 401 and kinds[1].error == "invalid or missing API key"
+
+
+class FailingBackend(ScriptedBackend):
+    """Fails after a few decode steps, as a broken model would."""
+
+    def generate(self, prompt, params):
+        for n, item in enumerate(super().generate(prompt, params)):
+            if n == 4:
+                raise RuntimeError("the accelerator caught fire")
+            yield item
+
+
+async def test_a_failure_mid_stream_is_an_error_frame_without_done(start_server, client) -> None:
+    server = await start_server([FailingBackend()])
+    r = await client.post(f"{server.url}/v1/chat/completions", json=chat_body(stream=True))
+    frames = sse_events(r.text)
+    assert [name for name, _ in frames if name] == ["error"]
+    assert frames[-1][0] == "error"
+    error = json.loads(frames[-1][1])["error"]
+    assert error["type"] == "server_error" and "caught fire" in error["message"]
+    assert "[DONE]" not in r.text
+    r = await client.post(f"{server.url}/v1/chat/completions", json=chat_body())
+    assert r.status_code == 500
+    assert r.json()["error"]["type"] == "server_error"
+    # the model thread survives its failures
+    healthy = await client.get(f"{server.url}/metrics")
+    assert "turbospark_generations_in_flight 0.0" in healthy.text

@@ -32,7 +32,8 @@ class FifoPolicy(Generic[J, T]):
     def admit(self, model: str, job: J) -> int | None:
         """Queue ``job``; return how many wait ahead of it, or None when the FIFO is full."""
         waiting = self._waiting.setdefault(model, deque())
-        if len(waiting) >= self.limit and not self._takers.get(model):
+        idle = len(self._takers.get(model, ()))  # jobs that will not wait at all
+        if len(waiting) >= self.limit + idle:
             return None
         waiting.append(job)
         return len(waiting) - 1

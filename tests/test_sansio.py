@@ -1,0 +1,121 @@
+"""The sans-io pieces, tested directly: stop strings, the queue policy, SSE framing, the codec,
+the streaming detokenizer and the routing policy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from turbospark.actors._fifo import FifoPolicy
+from turbospark.codec import structure
+from turbospark.errors import ModelNotFound, NoModel, RequestInvalid
+from turbospark.model.scripted import shipped_tokenizer
+from turbospark.model.stops import StopMatcher
+from turbospark.routes import _sse
+from turbospark.routing import ModelEntry, Registry
+from turbospark.wire.openai import ChatCompletionRequest
+
+
+def feed_all(matcher: StopMatcher, pieces: list[str]) -> str:
+    out = "".join(matcher.feed(p) for p in pieces)
+    return out + (matcher.flush() if matcher.matched is None else "")
+
+
+@pytest.mark.parametrize(
+    ("pieces", "stops", "text", "matched"),
+    [
+        (["hello wor", "ld"], ["world"], "hello ", "world"),
+        (["ab", "c", "d"], ["cd", "bcx"], "ab", "cd"),
+        (["wo", "rk done"], ["world"], "work done", None),
+        (["a", "b"], [], "ab", None),
+        (["stop here"], ["stop"], "", "stop"),
+        (["x</", "s", ">y"], ["</s>"], "x", "</s>"),
+        (["tail <"], ["<|end|>"], "tail <", None),  # a held tail is flushed at the end
+    ],
+)
+def test_stop_matcher(pieces, stops, text, matched) -> None:
+    m = StopMatcher(stops)
+    assert feed_all(m, pieces) == text
+    assert m.matched == matched
+
+
+def test_stop_matcher_holds_back_only_what_could_still_match() -> None:
+    m = StopMatcher(["STOP"])
+    assert m.feed("abc ST") == "abc "
+    assert m.feed("x") == "STx"
+
+
+def test_fifo_policy_order_limit_withdraw() -> None:
+    p: FifoPolicy[str, str] = FifoPolicy(limit=2)
+    assert p.admit("m", "a") == 0
+    assert p.admit("m", "b") == 1
+    assert p.admit("m", "c") is None  # full
+    assert p.admit("other", "x") == 0  # per model
+    assert p.withdraw("m", "a") and not p.withdraw("m", "a")
+    assert p.depth("m") == 1
+    p.add_taker("m", "t1")
+    assert list(p.dispatch()) == [("m", "t1", "b")]
+    assert p.depth("m") == 0
+    p.add_taker("m", "t2")
+    # one idle taker: "d" will not wait, so two more fit before the limit
+    assert [p.admit("m", j) for j in "defg"] == [0, 1, 2, None]
+    assert list(p.dispatch()) == [("m", "t2", "d")]
+    p.requeue("m", "d")
+    assert p.drain() == ([], ["d", "e", "f", "x"])
+
+
+def test_sse_framing() -> None:
+    assert _sse.data({"a": "é"}) == 'data: {"a":"é"}\n\n'.encode()
+    assert _sse.event("error", {"x": 1}) == b'event: error\ndata: {"x":1}\n\n'
+    assert _sse.DONE == b"data: [DONE]\n\n"
+    assert _sse.KEEPALIVE == b": keepalive\n\n"
+
+
+def test_codec_refuses_coercions() -> None:
+    base = {"messages": [{"role": "user", "content": "hi"}]}
+    for field, value in [("stream", "false"), ("stream", 0), ("max_tokens", "2"), ("max_tokens", True),
+                         ("temperature", "0.5"), ("model", 5)]:
+        with pytest.raises(RequestInvalid) as err:
+            structure(base | {field: value}, ChatCompletionRequest)
+        assert f"body.{field}" in err.value.message
+    ok = structure(base | {"max_tokens": 3.0, "temperature": 1}, ChatCompletionRequest)
+    assert ok.max_tokens == 3 and ok.temperature == 1.0
+
+
+def test_stream_decoder_never_splits_a_character() -> None:
+    tok = shipped_tokenizer()
+    text = "naïve café 🙂 日本語 done"
+    ids = tok.encode(text)
+    decoder = tok.stream_decoder()
+    pieces = [decoder.add(i) for i in ids] + [decoder.flush()]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_chat_template_and_counts() -> None:
+    tok = shipped_tokenizer()
+    rendered = tok.render_chat([{"role": "user", "content": "Hi"}])
+    assert rendered.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    ids = tok.encode(rendered)
+    assert tok.encode("<|im_end|>") == [2] and 2 in tok.stop_ids
+    assert ids.count(1) == 3  # <|im_start|> is one special token each time
+    assert json.loads(json.dumps(tok.decode(ids)))  # decodes without the special tokens
+
+
+def test_routing_policy() -> None:
+    a = ModelEntry("a", 100, frozenset({"chat"}), ("claude-turbospark-a",))
+    b = ModelEntry("b", 100, frozenset({"chat"}))
+    base = ModelEntry("base", 100, frozenset({"completion"}))
+    assert Registry((a,)).resolve("anything") is a
+    two = Registry((a, b, base))
+    assert two.resolve("claude-turbospark-a") is a
+    assert two.resolve("base", "completion") is base
+    with pytest.raises(ModelNotFound) as err:
+        two.resolve("gpt-4o")
+    assert err.value.available == ["a", "b"]
+    with pytest.raises(NoModel):
+        Registry((base,)).resolve("x", "chat")
+    assert two.lookup("x") is None
+    with pytest.raises(ValueError):
+        Registry((a, a))
