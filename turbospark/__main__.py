@@ -12,6 +12,8 @@ from pathlib import Path
 import trio
 
 from . import __version__
+from .blas import describe as describe_blas
+from .blas import reexec_with_openblas
 from .model.backend import BackendSpec
 from .config import Settings
 
@@ -158,7 +160,10 @@ async def _run(settings: Settings, specs: Sequence[BackendSpec]) -> None:
             print(f"turbospark listening on {server.url}", file=sys.stderr, flush=True)
             auth = "on (x-api-key or Authorization: Bearer, except /health)" if settings.api_key else "off"
             print(f"  auth: {auth}", file=sys.stderr)
-            print(f"  models: {', '.join(server.system.registry.public_names()) or 'none'}", file=sys.stderr, flush=True)
+            print(f"  models: {', '.join(server.system.registry.public_names()) or 'none'}", file=sys.stderr)
+            if "mlx.core" in sys.modules:
+                print(f"  blas: {describe_blas()}", file=sys.stderr)
+            sys.stderr.flush()
             async for signum in signals:
                 print(f"turbospark: {signal.Signals(signum).name}, shutting down", file=sys.stderr, flush=True)
                 server.stop.set()
@@ -177,7 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         return 2
     settings = _settings(args, parser)
-    from .attach import ModelSetupError, backend_specs
+    from .attach import ModelSetupError, backend_specs, needs_mlx
+
+    if needs_mlx(settings):
+        reexec_with_openblas(argv)
 
     try:
         specs = backend_specs(settings)
