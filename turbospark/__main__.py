@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .attach import ModelSetupError, backend_specs, needs_mlx
 
     if needs_mlx(settings):
-        reexec_with_openblas(argv)
+        reexec_with_openblas([sys.executable, "-m", "turbospark", *argv])
 
     try:
         specs = backend_specs(settings)

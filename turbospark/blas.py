@@ -51,8 +51,9 @@ def _core_type() -> str | None:
     return None
 
 
-def reexec_with_openblas(argv: Sequence[str]) -> None:
-    """Replace this process by itself with OpenBLAS preloaded, if that helps and is possible.
+def reexec_with_openblas(command: Sequence[str]) -> None:
+    """Replace this process by ``command`` (itself) with OpenBLAS preloaded, if that helps and is
+    possible.
 
     Returns (doing nothing) when OpenBLAS is absent, already preloaded, refused with
     ``TURBOSPARK_BLAS=reference``, or when MLX is already imported.
@@ -71,7 +72,7 @@ def reexec_with_openblas(argv: Sequence[str]) -> None:
     if "OPENBLAS_CORETYPE" not in env and (core := _core_type()):
         env["OPENBLAS_CORETYPE"] = core
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "turbospark", *argv], env)
+    os.execve(command[0], list(command), env)
 
 
 def describe() -> str:

@@ -1,0 +1,229 @@
+"""Decode speed side by side: raw ``mlx_lm.stream_generate`` against turbospark's streaming
+endpoint (and llama.cpp on the same GGUF when ``llama-cpp-python`` is importable).
+
+The same chat prompt, greedy, the same number of new tokens, several runs each; every run starts
+with a distinct system line so the server's prefix cache cannot help.  Reported per path (medians):
+time to first token, prefill tok/s (prompt tokens / time to first token), decode tok/s
+((new tokens - 1) / time from first to last token, as the client sees them) and peak RSS of the
+process doing the work.  The headline figure is the server/raw decode ratio.
+
+    python benchmarks/bench_decode.py [--model smollm2-135m-instruct] [--runs 5] [--max-tokens 64]
+                                      [--gguf PATH]
+
+Each path runs in its own process (so peak RSS is its own), with OpenBLAS preloaded where
+installed, exactly as ``python -m turbospark serve`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+PROMPT = (
+    "Write a detailed, multi-paragraph story about a lighthouse keeper who discovers a message "
+    "in a bottle, describing the sea, the weather and the keeper's daily routine."
+)
+
+
+def messages(run: int) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": f"Run {run}. You are a helpful assistant."},
+        {"role": "user", "content": PROMPT},
+    ]
+
+
+def summary(samples: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(s[key] for s in samples) for key in samples[0]}
+
+
+def timing(t0: float, stamps: list[float], prompt_tokens: int) -> dict[str, float]:
+    ttft = stamps[0] - t0
+    return {
+        "ttft_s": ttft,
+        "prefill_tps": prompt_tokens / ttft,
+        "decode_tps": (len(stamps) - 1) / (stamps[-1] - stamps[0]),
+        "new_tokens": len(stamps),
+    }
+
+
+# --- raw mlx-lm (child process) -------------------------------------------------------------
+
+
+def run_raw(model_dir: Path, runs: int, max_tokens: int) -> dict[str, Any]:
+    import mlx.core as mx
+    from mlx_lm import load, stream_generate
+
+    from turbospark.model.tokenizer import Tokenizer
+
+    model, hf_tokenizer = load(str(model_dir))
+    tok = Tokenizer.from_dir(model_dir)  # the same prompt ids the server renders
+    samples, texts = [], []
+    for run in range(runs):
+        ids = tok.encode_chat(messages(run))
+        stamps, tokens = [], []
+        t0 = time.perf_counter()
+        for response in stream_generate(model, hf_tokenizer, ids, max_tokens=max_tokens):
+            stamps.append(time.perf_counter())
+            tokens.append(response.token)
+        samples.append(timing(t0, stamps, len(ids)) | {"prompt_tokens": len(ids)})
+        texts.append(tok.decode(tokens))
+        mx.clear_cache()
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"summary": summary(samples) | {"peak_rss_mb": peak_mb}, "texts": texts}
+
+
+# --- llama.cpp (child process) --------------------------------------------------------------
+
+
+def run_llamacpp(gguf: Path, model_dir: Path, runs: int, max_tokens: int) -> dict[str, Any]:
+    from llama_cpp import Llama
+
+    from turbospark.model.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(model_dir)
+    llm = Llama(model_path=str(gguf), n_ctx=2048, n_threads=os.cpu_count() or 2, verbose=False)
+    samples = []
+    for run in range(runs):
+        ids = tok.encode_chat(messages(run))
+        llm.reset()
+        stamps = []
+        t0 = time.perf_counter()
+        for n, _ in enumerate(llm.generate(ids, temp=0.0, top_k=1, reset=True)):
+            stamps.append(time.perf_counter())
+            if n + 1 >= max_tokens:
+                break
+        samples.append(timing(t0, stamps, len(ids)) | {"prompt_tokens": len(ids)})
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {"summary": summary(samples) | {"peak_rss_mb": peak_mb}}
+
+
+# --- the server (this process drives a child server) ----------------------------------------
+
+
+def run_server(model: str, runs: int, max_tokens: int) -> dict[str, Any]:
+    import httpx
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turbospark", "serve", "--model", model, "--port", "0"],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    url = None
+    for line in proc.stderr:
+        if m := re.match(r"turbospark listening on (\S+)", line):
+            url = m.group(1)
+            break
+    if url is None:
+        raise SystemExit("the server did not start")
+    samples, texts = [], []
+    try:
+        with httpx.Client(timeout=600) as client:
+            for run in range(runs):
+                body = {
+                    "model": model,
+                    "messages": messages(run),
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
+                stamps, parts, usage = [], [], None
+                t0 = time.perf_counter()
+                with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+                    for line in r.iter_lines():
+                        if not line.startswith("data: {"):
+                            continue
+                        chunk = json.loads(line[6:])
+                        if chunk.get("usage"):
+                            usage = chunk["usage"]
+                        for choice in chunk["choices"]:
+                            if content := choice["delta"].get("content"):
+                                stamps.append(time.perf_counter())
+                                parts.append(content)
+                assert usage is not None
+                # one SSE chunk per token with visible text; scale to the real token count
+                sample = timing(t0, stamps, usage["prompt_tokens"])
+                sample["decode_tps"] *= (usage["completion_tokens"] - 1) / max(len(stamps) - 1, 1)
+                sample["new_tokens"] = usage["completion_tokens"]
+                samples.append(sample | {"prompt_tokens": usage["prompt_tokens"]})
+                texts.append("".join(parts))
+        status = Path(f"/proc/{proc.pid}/status")
+        peak_mb = float("nan")
+        if status.exists():
+            peak_kb = re.search(r"VmHWM:\s+(\d+)", status.read_text())
+            peak_mb = int(peak_kb.group(1)) / 1024 if peak_kb else float("nan")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return {"summary": summary(samples) | {"peak_rss_mb": peak_mb}, "texts": texts}
+
+
+def child(kind: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--child", kind, "--runs", str(args.runs),
+           "--max-tokens", str(args.max_tokens), "--model", args.model]
+    if args.gguf:
+        cmd += ["--gguf", str(args.gguf)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--gguf", type=Path, help="the GGUF for the llama.cpp comparison")
+    parser.add_argument("--child", choices=["raw", "llamacpp"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    from turbospark.attach import stored_model
+    from turbospark.blas import describe, reexec_with_openblas
+
+    if args.child:
+        reexec_with_openblas([sys.executable, *sys.argv])
+        model_dir, _ = stored_model(args.model)
+        if args.child == "raw":
+            result = run_raw(model_dir, args.runs, args.max_tokens)
+            result["blas"] = describe()
+        else:
+            result = run_llamacpp(args.gguf, model_dir, args.runs, args.max_tokens)
+        print(json.dumps(result))
+        return
+
+    stored_model(args.model)  # import or pull once, before anything is timed
+    results = {"raw mlx_lm": child("raw", args), "turbospark": run_server(args.model, args.runs, args.max_tokens)}
+    try:
+        import llama_cpp  # noqa: F401
+
+        if args.gguf:
+            results["llama.cpp"] = child("llamacpp", args)
+        else:
+            print("llama.cpp: importable, pass --gguf to compare it", file=sys.stderr)
+    except ImportError:
+        print("llama.cpp: llama-cpp-python is not installed, skipped", file=sys.stderr)
+
+    raw, server = results["raw mlx_lm"], results["turbospark"]
+    print(f"model {args.model}, {args.runs} runs, {args.max_tokens} new tokens, greedy; "
+          f"BLAS: {raw['blas']}")
+    print(f"{'path':<12} {'TTFT s':>8} {'prefill tok/s':>14} {'decode tok/s':>13} {'peak RSS MB':>12}")
+    for name, result in results.items():
+        s = result["summary"]
+        print(f"{name:<12} {s['ttft_s']:>8.3f} {s['prefill_tps']:>14.1f} {s['decode_tps']:>13.2f} "
+              f"{s['peak_rss_mb']:>12.0f}")
+    ratio = server["summary"]["decode_tps"] / raw["summary"]["decode_tps"]
+    print(f"server/raw decode ratio: {ratio:.3f}")
+    print(f"same greedy text: {raw['texts'] == server['texts']}")
+
+
+if __name__ == "__main__":
+    main()
