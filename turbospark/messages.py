@@ -184,6 +184,7 @@ class Generated:
     decode_seconds: float
     stop_reason: StopReason
     reused_prefix_tokens: int
+    prefilled_tokens: int = 0  # prompt tokens in the KV cache when it stopped
     phase: Phase | None = None  # where a cancelled generation stopped
     ttft_seconds: float | None = None
     began: bool = True  # False when it was cancelled before the model started on it

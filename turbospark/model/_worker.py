@@ -100,6 +100,7 @@ class _Tally:
     prompt_tokens: int = 0
     new_tokens: int = 0
     cached: int = 0
+    prefilled: int = 0
     prefill_end: float | None = None
     reported: bool = False
 
@@ -116,6 +117,7 @@ class _Tally:
             decode_seconds=ended - prefill_end if prefill_end else 0.0,
             stop_reason=self.stop_reason,
             reused_prefix_tokens=self.cached,
+            prefilled_tokens=self.prompt_tokens if prefill_end else self.prefilled,
             phase=self.phase if self.stop_reason == "Cancelled" else None,
             ttft_seconds=prefill_end - job.created if prefill_end else None,
             began=self.phase != "queued",
@@ -148,7 +150,7 @@ def _run_job(backend: Backend, job: GenerationJob, emit: Callable[[object], None
         for item in steps:
             trio.from_thread.check_cancelled()
             if isinstance(item, PrefillProgress):
-                tally.cached = item.cached
+                tally.cached, tally.prefilled = item.cached, item.done
                 if item.done:
                     _send(job, PrefillDone(item.done, item.total, item.cached))
                 continue
