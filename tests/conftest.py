@@ -10,21 +10,15 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
 from typing import Any
 
-import sys
-
 import httpx
 import pytest
 import trio
-
-from turbospark.blas import reexec_with_openblas
 
 from turbospark.config import Settings
 from turbospark.model.backend import BackendSpec
 from turbospark.model.scripted import ScriptedBackend
 from turbospark.server import Server, serve
 
-# The MLX tests run the way the server runs: with OpenBLAS preloaded where it is installed.
-reexec_with_openblas([sys.executable, "-m", "pytest", *sys.argv[1:]])
 
 
 @pytest.fixture

@@ -367,3 +367,10 @@ async def test_a_failure_mid_stream_is_an_error_frame_without_done(start_server,
     # the model thread survives its failures
     healthy = await client.get(f"{server.url}/metrics")
     assert "turbospark_generations_in_flight 0.0" in healthy.text
+
+
+async def test_quiet_streams_carry_keepalive_comments(start_server, client) -> None:
+    server = await start_server([ScriptedBackend(token_delay=0.15)], keepalive_interval=0.05)
+    r = await client.post(f"{server.url}/v1/chat/completions", json=chat_body(max_tokens=3, stream=True))
+    assert r.text.count(": keepalive\n\n") >= 3
+    assert sse_events(r.text)[-1][1] == "[DONE]"

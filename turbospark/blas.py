@@ -91,3 +91,16 @@ def describe() -> str:
         hint = "" if openblas_path() else "; install libopenblas0-pthread for ~19x faster prefill"
         return f"reference BLAS from the MLX wheel{hint}"
     return "unknown"
+
+
+def main(argv: Sequence[str]) -> None:
+    """``python -m turbospark.blas CMD [ARGS]``: run CMD with OpenBLAS preloaded where possible
+    (how ``scripts/test`` runs the test suite, so real-model tests run as the server does)."""
+    if not argv:
+        raise SystemExit("usage: python -m turbospark.blas CMD [ARGS...]")
+    reexec_with_openblas([sys.executable, "-m", "turbospark.blas", *argv])
+    os.execvp(argv[0], list(argv))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
