@@ -108,8 +108,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="scripted backend: pause N ms per decode step and per prefill chunk",
     )
-    m = commands.add_parser("models", help="manage the model store (import, list, rm, pull)", add_help=False)
-    m.add_argument("args", nargs=argparse.REMAINDER)
+    commands.add_parser("models", help="manage the model store: import, list, rm, pull")
     return parser
 
 
@@ -172,12 +171,12 @@ async def _run(settings: Settings, specs: Sequence[BackendSpec]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.command == "models":
+    if argv[:1] == ["models"]:  # its own parser, so that `models --help` and `models X -h` work
         from .models_cli import main as models_main
 
-        return models_main(args.args)
+        return models_main(argv[1:])
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.command != "serve":
         parser.print_usage(sys.stderr)
         return 2
