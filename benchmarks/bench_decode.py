@@ -11,7 +11,8 @@ process doing the work.  The headline figure is the server/raw decode ratio.
                                       [--gguf PATH]
 
 Each path runs in its own process (so peak RSS is its own), with OpenBLAS preloaded where
-installed, exactly as ``python -m turbospark serve`` does.
+installed, exactly as ``python -m turbospark serve`` does.  Raw and server runs alternate (after
+one warm-up run each), so whatever else the machine is doing weighs on both alike.
 """
 
 from __future__ import annotations
@@ -58,27 +59,29 @@ def timing(t0: float, stamps: list[float], prompt_tokens: int) -> dict[str, floa
 # --- raw mlx-lm (child process) -------------------------------------------------------------
 
 
-def run_raw(model_dir: Path, runs: int, max_tokens: int) -> dict[str, Any]:
+def run_raw(model_dir: Path, max_tokens: int) -> None:
+    """Child: load once, then answer ``run N`` lines on stdin with one JSON line each."""
     import mlx.core as mx
     from mlx_lm import load, stream_generate
 
+    from turbospark.blas import describe
     from turbospark.model.tokenizer import Tokenizer
 
     model, hf_tokenizer = load(str(model_dir))
     tok = Tokenizer.from_dir(model_dir)  # the same prompt ids the server renders
-    samples, texts = [], []
-    for run in range(runs):
+    print(json.dumps({"blas": describe()}), flush=True)
+    for line in sys.stdin:
+        run = int(line.split()[1])
         ids = tok.encode_chat(messages(run))
         stamps, tokens = [], []
         t0 = time.perf_counter()
         for response in stream_generate(model, hf_tokenizer, ids, max_tokens=max_tokens):
             stamps.append(time.perf_counter())
             tokens.append(response.token)
-        samples.append(timing(t0, stamps, len(ids)) | {"prompt_tokens": len(ids)})
-        texts.append(tok.decode(tokens))
         mx.clear_cache()
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"summary": summary(samples) | {"peak_rss_mb": peak_mb}, "texts": texts}
+        sample = timing(t0, stamps, len(ids)) | {"prompt_tokens": len(ids)}
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(json.dumps({"sample": sample, "text": tok.decode(tokens), "peak_rss_mb": peak_mb}), flush=True)
 
 
 # --- llama.cpp (child process) --------------------------------------------------------------
@@ -109,72 +112,102 @@ def run_llamacpp(gguf: Path, model_dir: Path, runs: int, max_tokens: int) -> dic
 # --- the server (this process drives a child server) ----------------------------------------
 
 
-def run_server(model: str, runs: int, max_tokens: int) -> dict[str, Any]:
-    import httpx
+class ServerPath:
+    """A ``python -m turbospark serve`` child and a client streaming from it."""
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "turbospark", "serve", "--model", model, "--port", "0"],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stderr is not None
-    url = None
-    for line in proc.stderr:
-        if m := re.match(r"turbospark listening on (\S+)", line):
-            url = m.group(1)
-            break
-    if url is None:
-        raise SystemExit("the server did not start")
-    samples, texts = [], []
-    try:
-        with httpx.Client(timeout=600) as client:
-            for run in range(runs):
-                body = {
-                    "model": model,
-                    "messages": messages(run),
-                    "max_tokens": max_tokens,
-                    "temperature": 0,
-                    "stream": True,
-                    "stream_options": {"include_usage": True},
-                }
-                stamps, parts, usage = [], [], None
-                t0 = time.perf_counter()
-                with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
-                    for line in r.iter_lines():
-                        if not line.startswith("data: {"):
-                            continue
-                        chunk = json.loads(line[6:])
-                        if chunk.get("usage"):
-                            usage = chunk["usage"]
-                        for choice in chunk["choices"]:
-                            if content := choice["delta"].get("content"):
-                                stamps.append(time.perf_counter())
-                                parts.append(content)
-                assert usage is not None
-                # one SSE chunk per token with visible text; scale to the real token count
-                sample = timing(t0, stamps, usage["prompt_tokens"])
-                sample["decode_tps"] *= (usage["completion_tokens"] - 1) / max(len(stamps) - 1, 1)
-                sample["new_tokens"] = usage["completion_tokens"]
-                samples.append(sample | {"prompt_tokens": usage["prompt_tokens"]})
-                texts.append("".join(parts))
-        status = Path(f"/proc/{proc.pid}/status")
-        peak_mb = float("nan")
-        if status.exists():
-            peak_kb = re.search(r"VmHWM:\s+(\d+)", status.read_text())
-            peak_mb = int(peak_kb.group(1)) / 1024 if peak_kb else float("nan")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-    return {"summary": summary(samples) | {"peak_rss_mb": peak_mb}, "texts": texts}
+    def __init__(self, model: str, max_tokens: int) -> None:
+        import httpx
+
+        self.model, self.max_tokens = model, max_tokens
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "turbospark", "serve", "--model", model, "--port", "0"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            if m := re.match(r"turbospark listening on (\S+)", line):
+                self.url = m.group(1)
+                break
+        else:
+            raise SystemExit("the server did not start")
+        self.client = httpx.Client(timeout=600)
+
+    def run(self, run: int) -> tuple[dict[str, float], str]:
+        body = {
+            "model": self.model,
+            "messages": messages(run),
+            "max_tokens": self.max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        stamps, parts, usage = [], [], None
+        t0 = time.perf_counter()
+        with self.client.stream("POST", f"{self.url}/v1/chat/completions", json=body) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                usage = chunk.get("usage") or usage
+                for choice in chunk["choices"]:
+                    if content := choice["delta"].get("content"):
+                        stamps.append(time.perf_counter())
+                        parts.append(content)
+        assert usage is not None
+        # one SSE chunk per token with visible text; scale to the real token count
+        sample = timing(t0, stamps, usage["prompt_tokens"])
+        sample["decode_tps"] *= (usage["completion_tokens"] - 1) / max(len(stamps) - 1, 1)
+        sample["new_tokens"] = usage["completion_tokens"]
+        return sample | {"prompt_tokens": usage["prompt_tokens"]}, "".join(parts)
+
+    def peak_rss_mb(self) -> float:
+        status = Path(f"/proc/{self.proc.pid}/status")
+        found = re.search(r"VmHWM:\s+(\d+)", status.read_text()) if status.exists() else None
+        return int(found.group(1)) / 1024 if found else float("nan")
+
+    def close(self) -> None:
+        self.client.close()
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
 
 
-def child(kind: str, args: argparse.Namespace) -> dict[str, Any]:
+def child_command(kind: str, args: argparse.Namespace) -> list[str]:
     cmd = [sys.executable, __file__, "--child", kind, "--runs", str(args.runs),
            "--max-tokens", str(args.max_tokens), "--model", args.model]
-    if args.gguf:
-        cmd += ["--gguf", str(args.gguf)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.splitlines()[-1])
+    return cmd + (["--gguf", str(args.gguf)] if args.gguf else [])
+
+
+def compare_mlx(args: argparse.Namespace) -> dict[str, Any]:
+    """Raw and server, one run each in turn (warm-up first), so load on the machine hits both."""
+    raw = subprocess.Popen(child_command("raw", args), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert raw.stdin is not None and raw.stdout is not None
+    blas = json.loads(raw.stdout.readline())["blas"]
+    server = ServerPath(args.model, args.max_tokens)
+    raw_samples, server_samples, raw_texts, server_texts = [], [], [], []
+    peak = 0.0
+    try:
+        for run in range(-1, args.runs):  # run -1 warms both up and is not counted
+            raw.stdin.write(f"run {run}\n")
+            raw.stdin.flush()
+            result = json.loads(raw.stdout.readline())
+            sample, text = server.run(run)
+            if run >= 0:
+                raw_samples.append(result["sample"])
+                raw_texts.append(result["text"])
+                peak = result["peak_rss_mb"]
+                server_samples.append(sample)
+                server_texts.append(text)
+        server_peak = server.peak_rss_mb()
+    finally:
+        server.close()
+        raw.stdin.close()
+        raw.wait(timeout=30)
+    return {
+        "blas": blas,
+        "raw mlx_lm": {"summary": summary(raw_samples) | {"peak_rss_mb": peak}, "texts": raw_texts},
+        "turbospark": {"summary": summary(server_samples) | {"peak_rss_mb": server_peak}, "texts": server_texts},
+    }
 
 
 def main() -> None:
@@ -193,20 +226,20 @@ def main() -> None:
         reexec_with_openblas([sys.executable, *sys.argv])
         model_dir, _ = stored_model(args.model)
         if args.child == "raw":
-            result = run_raw(model_dir, args.runs, args.max_tokens)
-            result["blas"] = describe()
+            run_raw(model_dir, args.max_tokens)
         else:
-            result = run_llamacpp(args.gguf, model_dir, args.runs, args.max_tokens)
-        print(json.dumps(result))
+            print(json.dumps(run_llamacpp(args.gguf, model_dir, args.runs, args.max_tokens)))
         return
 
     stored_model(args.model)  # import or pull once, before anything is timed
-    results = {"raw mlx_lm": child("raw", args), "turbospark": run_server(args.model, args.runs, args.max_tokens)}
+    compared = compare_mlx(args)
+    results = {name: compared[name] for name in ("raw mlx_lm", "turbospark")}
     try:
         import llama_cpp  # noqa: F401
 
         if args.gguf:
-            results["llama.cpp"] = child("llamacpp", args)
+            out = subprocess.run(child_command("llamacpp", args), check=True, capture_output=True, text=True)
+            results["llama.cpp"] = json.loads(out.stdout.splitlines()[-1])
         else:
             print("llama.cpp: importable, pass --gguf to compare it", file=sys.stderr)
     except ImportError:
@@ -214,7 +247,7 @@ def main() -> None:
 
     raw, server = results["raw mlx_lm"], results["turbospark"]
     print(f"model {args.model}, {args.runs} runs, {args.max_tokens} new tokens, greedy; "
-          f"BLAS: {raw['blas']}")
+          f"BLAS: {compared['blas']}")
     print(f"{'path':<12} {'TTFT s':>8} {'prefill tok/s':>14} {'decode tok/s':>13} {'peak RSS MB':>12}")
     for name, result in results.items():
         s = result["summary"]
