@@ -220,7 +220,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from turbospark.attach import stored_model
-    from turbospark.blas import describe, reexec_with_openblas
+    from turbospark.blas import reexec_with_openblas
 
     if args.child:
         reexec_with_openblas([sys.executable, *sys.argv])

@@ -9,6 +9,7 @@
     │   ├── QueueFull                the model's generation queue is at --max-queue
     │   └── ResolutionBusy           every model-resolution slot is taken
     ├── NoModel (503)                nothing capable of the request is attached
+    ├── ShuttingDown (503)           the server stopped before the generation could finish
     └── GenerationFailed (500)       the backend failed while generating
 
 These are plain exceptions, never exception groups: Quart-Trio dispatches error handlers on the
@@ -27,6 +28,7 @@ __all__ = [
     "Rejected",
     "RequestInvalid",
     "ResolutionBusy",
+    "ShuttingDown",
     "TurboSparkError",
     "Unauthorized",
 ]
@@ -122,6 +124,14 @@ class NoModel(TurboSparkError):
         super().__init__(
             "no model capable of this request is loaded; attach one before sending requests"
         )
+
+
+class ShuttingDown(TurboSparkError):
+    status = 503
+    retryable = True
+
+    def __init__(self) -> None:
+        super().__init__("the server is shutting down; retry against a running server")
 
 
 class GenerationFailed(TurboSparkError):

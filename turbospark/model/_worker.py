@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
-
 import attrs
 import trio
 
@@ -41,9 +39,7 @@ from ..messages import (
 from .backend import Backend, PrefillProgress
 from .stops import StopMatcher
 
-__all__ = ["serve_model"]
-
-T = TypeVar("T")
+__all__ = ["encode_prompt", "serve_model"]
 
 
 def serve_model(

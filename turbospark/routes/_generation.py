@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import attrs
 import trio
 
-from ..errors import GenerationFailed
+from ..errors import ShuttingDown
 from ..messages import (
     ChatPrompt,
     Delta,
@@ -49,10 +49,6 @@ class Completion:
     finished: Finished
 
 
-def _shutting_down() -> GenerationFailed:
-    return GenerationFailed("the server is shutting down")
-
-
 async def start(
     *, request_id: int, model: str, prompt: ChatPrompt | TextPrompt, params: SamplingParams
 ) -> Running:
@@ -75,7 +71,7 @@ async def start(
             if isinstance(msg, Failed):
                 raise msg.error
             assert isinstance(msg, Queued), msg
-        raise _shutting_down()
+        raise ShuttingDown()
     finally:
         if not started:
             sys_.withdraw(job)
@@ -93,7 +89,7 @@ async def collect(running: Running) -> Completion:
             raise msg.error
         else:
             assert isinstance(msg, PrefillDone), msg
-    raise _shutting_down()
+    raise ShuttingDown()
 
 
 async def events(
@@ -111,7 +107,7 @@ async def events(
                 try:
                     msg = await running.replies.receive()
                 except trio.EndOfChannel:
-                    msg = Failed(_shutting_down())
+                    msg = Failed(ShuttingDown())
             if isinstance(msg, (PrefillDone, Queued, Started)):
                 continue
             yield msg
