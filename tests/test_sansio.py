@@ -119,3 +119,29 @@ def test_routing_policy() -> None:
     assert two.lookup("x") is None
     with pytest.raises(ValueError):
         Registry((a, a))
+
+
+def test_template_flags_reach_the_template_but_never_replace_the_conversation() -> None:
+    from tokenizers import Tokenizer as HF
+
+    from turbospark.model.tokenizer import Tokenizer
+
+    template = "{{ messages | length }}:{{ 'think' if enable_thinking else 'plain' }}:{{ effort }}"
+    tok = Tokenizer(
+        HF.from_file(str(shipped_tokenizer_path())),
+        chat_template=template,
+        bos_token=None,
+        eos_token=None,
+        add_bos_token=False,
+    )
+    msgs = [{"role": "user", "content": "x"}]
+    flags = {"enable_thinking": True, "effort": "high"}
+    assert tok.render_chat(msgs, template_kwargs=flags) == "1:think:high"
+    hostile = {"messages": [], "enable_thinking": False, "effort": ""}
+    assert tok.render_chat(msgs, template_kwargs=hostile) == "1:plain:"
+
+
+def shipped_tokenizer_path():
+    from turbospark.model.scripted import DATA_DIR
+
+    return DATA_DIR / "tokenizer.json"

@@ -69,7 +69,9 @@ def encode_prompt(backend: Backend, job: GenerationJob) -> list[int]:
     tok = backend.tokenizer
     prompt = job.prompt
     if isinstance(prompt, ChatPrompt):
-        ids = tok.encode_chat(prompt.messages, tools=prompt.tools or None, **prompt.template_kwargs)
+        ids = tok.encode_chat(
+            prompt.messages, tools=prompt.tools or None, template_kwargs=prompt.template_kwargs
+        )
     else:
         assert isinstance(prompt, TextPrompt)
         ids = tok.encode(prompt.text, add_bos=tok.add_bos_token)

@@ -124,7 +124,7 @@ class Tokenizer:
         *,
         tools: Sequence[Mapping[str, Any]] | None = None,
         add_generation_prompt: bool = True,
-        **template_kwargs: Any,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         """Render a conversation with the model's own chat template.
 
@@ -138,12 +138,14 @@ class Tokenizer:
             )
         try:
             return self._template.render(
-                messages=list(messages),
-                tools=list(tools) if tools else None,
-                add_generation_prompt=add_generation_prompt,
-                bos_token=self.bos_token or "",
-                eos_token=self.eos_token or "",
-                **template_kwargs,
+                {
+                    **(template_kwargs or {}),  # flags never replace the conversation
+                    "messages": list(messages),
+                    "tools": list(tools) if tools else None,
+                    "add_generation_prompt": add_generation_prompt,
+                    "bos_token": self.bos_token or "",
+                    "eos_token": self.eos_token or "",
+                }
             )
         except jinja2.TemplateError as exc:
             raise RequestInvalid(f"the chat template refused this conversation: {exc}") from exc

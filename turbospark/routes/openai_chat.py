@@ -76,11 +76,22 @@ def _degradation(body: ChatCompletionRequest, dropped_images: int) -> str | None
     if body.tools and body.tool_choice != "none":
         labels.append("tool_calls")
     if body.reasoning_effort is not None:
-        labels.append("reasoning_effort")
+        labels.append("reasoning_content")  # passed to the template, not yet split out
     header = ", ".join(labels)
     if dropped_images:
         header = f"{header}; {DROPPED_IMAGES}" if header else DROPPED_IMAGES
     return header or None
+
+
+def _template_kwargs(body: ChatCompletionRequest) -> dict[str, Any]:
+    """Flags for the model's own chat template: ``reasoning_effort`` (and the ``enable_thinking``
+    switch that Qwen-style templates read), then the caller's ``chat_template_kwargs``."""
+    kwargs: dict[str, Any] = {}
+    if body.reasoning_effort is not None:
+        kwargs["reasoning_effort"] = body.reasoning_effort
+        kwargs["enable_thinking"] = body.reasoning_effort not in ("off", "none", "minimal")
+    kwargs.update(body.chat_template_kwargs or {})
+    return kwargs
 
 
 def _usage(fin: Finished) -> dict[str, Any]:
@@ -104,7 +115,7 @@ async def chat_completions() -> Response:
     running = await start(
         request_id=g.record.id,
         model=entry.id,
-        prompt=ChatPrompt(tuple(messages), tools),
+        prompt=ChatPrompt(tuple(messages), tools, _template_kwargs(body)),
         params=_params(body),
     )
     response_id = f"chatcmpl-{int(time.time())}-{next(_ids)}"

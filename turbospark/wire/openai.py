@@ -78,6 +78,7 @@ class ChatCompletionRequest:
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     reasoning_effort: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     user: str | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
