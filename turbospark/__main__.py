@@ -116,8 +116,9 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sett
     api_key = args.api_key
     if api_key is not None and not api_key.strip():
         parser.error("--api-key must not be empty")
-    if api_key is None:
-        api_key = os.environ.get("TURBOSPARK_API_KEY") or None
+    if api_key is None and (api_key := os.environ.get("TURBOSPARK_API_KEY")) is not None:
+        if not api_key.strip():  # a blank key would silently turn authentication off
+            parser.error("TURBOSPARK_API_KEY is set but blank: give it a key or unset it")
     system_prompt = None
     if args.system:
         if any(not text.strip() for text in args.system):

@@ -21,6 +21,7 @@ from functools import partial
 import attrs
 import trio
 
+from .actors._mailbox import call
 from .actors.generation import QueueMessage, generation_queue
 from .actors.models import model_actor
 from .actors.observer import Observer, ObserverMessage, RenderMetrics, Subscribe, observer
@@ -42,17 +43,13 @@ class System:
     observer: Observer
     queue: trio.MemorySendChannel[QueueMessage]
     resolver: trio.MemorySendChannel[Resolve]
-    started_at: float
 
     def emit(self, event: object) -> None:
         self.observer.emit(event)
 
     async def resolve(self, name: str | None, want: Capability = "chat") -> ModelEntry:
         """Which model answers ``name``; raises the resolution error (404/503) otherwise."""
-        reply_send, reply_recv = trio.open_memory_channel[ModelEntry | TurboSparkError](1)
-        with reply_recv:
-            await self.resolver.send(Resolve(name, want, reply_send))
-            answer = await reply_recv.receive()
+        answer = await call(self.resolver, partial(Resolve, name, want))
         if isinstance(answer, TurboSparkError):
             raise answer
         return answer
@@ -68,10 +65,7 @@ class System:
             pass  # the model thread's first send will find the closed reply channel instead
 
     async def metrics(self) -> bytes:
-        reply_send, reply_recv = trio.open_memory_channel[bytes](1)
-        with reply_recv:
-            await self.observer.inbox.send(RenderMetrics(reply_send))
-            return await reply_recv.receive()
+        return await call(self.observer.inbox, partial(RenderMetrics, dropped=self.observer.dropped))
 
     def subscribe(self, buffer: int = 256) -> trio.MemoryReceiveChannel[Event]:
         """A channel that receives every event from now on (dropped if it falls behind)."""
@@ -126,6 +120,5 @@ async def run_system(
                 observer=obs,
                 queue=queue_send,
                 resolver=resolve_send,
-                started_at=time.time(),
             )
         )

@@ -18,7 +18,7 @@ from cattrs.v import format_exception, transform_error
 
 from .errors import RequestInvalid
 
-__all__ = ["converter", "parse_json", "structure", "unstructure"]
+__all__ = ["converter", "parse_json", "structure"]
 
 T = TypeVar("T")
 
@@ -112,7 +112,3 @@ def structure(data: Any, cls: type[T]) -> T:
         raise RequestInvalid(_format(exc)) from None
     except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
         raise RequestInvalid(f"invalid request: {exc}") from None
-
-
-def unstructure(obj: Any) -> Any:
-    return converter.unstructure(obj)

@@ -8,6 +8,7 @@
     ├── Rejected (503, retryable)    capacity refusals, answered before any expensive work
     │   ├── QueueFull                the model's generation queue is at --max-queue
     │   └── ResolutionBusy           every model-resolution slot is taken
+    ├── ResolutionFailed (500)       resolving the model raised something unexpected
     ├── NoModel (503)                nothing capable of the request is attached
     ├── ShuttingDown (503)           the server stopped before the generation could finish
     └── GenerationFailed (500)       the backend failed while generating
@@ -28,6 +29,7 @@ __all__ = [
     "Rejected",
     "RequestInvalid",
     "ResolutionBusy",
+    "ResolutionFailed",
     "ShuttingDown",
     "TurboSparkError",
     "Unauthorized",
@@ -114,6 +116,14 @@ class ResolutionBusy(Rejected):
 
     def __init__(self) -> None:
         super().__init__("Model resolution is at capacity. Retry the request shortly.")
+
+
+class ResolutionFailed(TurboSparkError):
+    code = "model_resolution_failed"
+    retryable = False
+
+    def __init__(self) -> None:
+        super().__init__("The model resolution task failed.")
 
 
 class NoModel(TurboSparkError):

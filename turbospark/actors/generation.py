@@ -57,9 +57,7 @@ class _Queue:
             self._submit(msg.job)
         elif isinstance(msg, Withdraw):
             if self.policy.withdraw(msg.job.model, msg.job):
-                self.emit(_cancelled_while_queued(msg.job))
-                msg.job.reply.close()
-                self._depth(msg.job.model)
+                self._dropped(msg.job)
         else:
             self.policy.add_taker(msg.model, msg.reply)
         self._dispatch()
@@ -78,8 +76,14 @@ class _Queue:
             job.reply.send_nowait(Queued(ahead))
         except trio.BrokenResourceError:  # the route left while its Submit was in flight
             self.policy.withdraw(job.model, job)
-            self.emit(_cancelled_while_queued(job))
-            job.reply.close()
+            self._dropped(job)
+        else:
+            self._depth(job.model)
+
+    def _dropped(self, job: GenerationJob) -> None:
+        """A waiting job whose client left: it never runs, and its slot is free now."""
+        self.emit(_cancelled_while_queued(job))
+        job.reply.close()
         self._depth(job.model)
 
     def _dispatch(self) -> None:

@@ -15,7 +15,8 @@ from functools import partial
 import attrs
 import trio
 
-from ..messages import GenerationJob, Take
+from ..errors import ShuttingDown
+from ..messages import Failed, GenerationJob, Take
 from ..model._worker import serve_model
 from ..model.backend import Backend
 from .generation import QueueMessage
@@ -50,6 +51,18 @@ async def model_actor(
                 return await job_recv.receive()
             except (trio.EndOfChannel, trio.ClosedResourceError, trio.BrokenResourceError):
                 return None
+            finally:
+                # Cancelled (shutdown) just as the queue handed a job over: answer it.
+                try:
+                    orphan = job_recv.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    pass
+                else:
+                    with orphan.reply:
+                        try:
+                            orphan.reply.send_nowait(Failed(ShuttingDown()))
+                        except (trio.BrokenResourceError, trio.WouldBlock):
+                            pass
 
     ready_send, ready_recv = trio.open_memory_channel[Backend](1)
     with queue, ready_recv:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import attrs
 import trio
@@ -45,6 +45,7 @@ Event = (
 @attrs.frozen
 class RenderMetrics:
     reply: trio.MemorySendChannel[bytes]
+    dropped: int  # events emit() could not deliver (a full inbox), counted by the sender side
 
 
 @attrs.frozen
@@ -102,6 +103,11 @@ class _Metrics:
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
             registry=reg,
         )
+        self.dropped = Gauge(
+            "turbospark_observer_dropped_events",
+            "Events lost because the observer's inbox was full (metrics may be off by these)",
+            registry=reg,
+        )
         self._depths: dict[str, int] = {}
 
     def record(self, event: Event) -> None:
@@ -124,7 +130,8 @@ class _Metrics:
             self._depths[event.model] = event.depth
             self.queue_depth.set(sum(self._depths.values()))
 
-    def render(self) -> bytes:
+    def render(self, dropped: int) -> bytes:
+        self.dropped.set(dropped)
         return generate_latest(self.registry)
 
 
@@ -155,7 +162,8 @@ async def observer(
 ) -> None:
     metrics = _Metrics()
     subscribers: list[trio.MemorySendChannel[Event]] = []
-    sink: IO[str] | None = events_path.open("a", encoding="utf-8") if events_path else None
+    # File writes go through Trio's thread pool, never blocking the event loop.
+    sink = await trio.open_file(events_path, "a", encoding="utf-8") if events_path else None
     try:
         with inbox:
             task_status.started()
@@ -163,7 +171,7 @@ async def observer(
                 if isinstance(msg, RenderMetrics):
                     with msg.reply:
                         try:
-                            msg.reply.send_nowait(metrics.render())
+                            msg.reply.send_nowait(metrics.render(msg.dropped))
                         except trio.BrokenResourceError:
                             pass
                     continue
@@ -172,8 +180,8 @@ async def observer(
                     continue
                 metrics.record(msg)
                 if sink is not None:
-                    sink.write(json.dumps(event_to_json(msg)) + "\n")
-                    sink.flush()
+                    await sink.write(json.dumps(event_to_json(msg)) + "\n")
+                    await sink.flush()
                 for sub in list(subscribers):
                     try:
                         sub.send_nowait(msg)
@@ -184,4 +192,5 @@ async def observer(
         for sub in subscribers:
             sub.close()
         if sink is not None:
-            sink.close()
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await sink.aclose()

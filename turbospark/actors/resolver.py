@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+import logging
+
 import attrs
 import trio
 
-from ..errors import ResolutionBusy, TurboSparkError
+from ..errors import ResolutionBusy, ResolutionFailed, TurboSparkError
 from ..routing import Capability, ModelEntry, Registry
 
 __all__ = ["Resolve", "resolve_in_registry", "resolver"]
+
+log = logging.getLogger("turbospark")
 
 
 @attrs.frozen
@@ -49,6 +53,9 @@ async def resolver(
                 answer: ModelEntry | TurboSparkError = await resolve(registry, msg.name, msg.want)
             except TurboSparkError as exc:
                 answer = exc
+            except Exception:  # a broken resolution fails its request, not the server
+                log.exception("model resolution failed for %r", msg.name)
+                answer = ResolutionFailed()
             with msg.reply:
                 msg.reply.send_nowait(answer)
         except trio.BrokenResourceError:

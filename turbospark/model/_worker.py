@@ -9,8 +9,10 @@ directly; everything goes through ``trio.from_thread``:
   (the model actor is shutting down) and sends a reply with
   ``from_thread.run_sync(reply.send_nowait, ...)`` -- ``BrokenResourceError`` there means the
   route closed its receive end: the client is gone, and the job stops right here;
-- a reply buffer that is full (a slow client) falls back to ``from_thread.run(reply.send, ...)``,
-  which waits: backpressure, never an unbounded buffer.
+- it never waits on a client: the route sizes the reply buffer to hold every message a job can
+  send (one ``Delta`` per token of the budget, plus a few), and prefill progress, which is only a
+  probe, is dropped when the buffer is full.  A client that stays connected but stops reading
+  therefore cannot stall the model for the others.
 """
 
 from __future__ import annotations
@@ -59,10 +61,17 @@ def serve_model(
 
 
 def _send(job: GenerationJob, message: Reply) -> None:
+    """Deliver a reply; raises ``BrokenResourceError`` when the route has left."""
+    trio.from_thread.run_sync(job.reply.send_nowait, message)
+
+
+def _probe(job: GenerationJob, message: Reply) -> None:
+    """Deliver progress if there is room; still raises ``BrokenResourceError`` when the route has
+    left (trio checks for a closed receiver before a full buffer)."""
     try:
         trio.from_thread.run_sync(job.reply.send_nowait, message)
     except trio.WouldBlock:
-        trio.from_thread.run(job.reply.send, message)
+        pass
 
 
 def encode_prompt(backend: Backend, job: GenerationJob) -> list[int]:
@@ -150,7 +159,7 @@ def _run_job(backend: Backend, job: GenerationJob, emit: Callable[[object], None
             if isinstance(item, PrefillProgress):
                 tally.cached, tally.prefilled = item.cached, item.done
                 if item.done:
-                    _send(job, PrefillDone(item.done, item.total, item.cached))
+                    _probe(job, PrefillDone(item.done, item.total, item.cached))
                 continue
             if tally.phase == "prefill":
                 tally.phase = "decode"
@@ -205,6 +214,6 @@ def _run_job(backend: Backend, job: GenerationJob, emit: Callable[[object], None
 
 def _try_send(job: GenerationJob, message: Reply) -> None:
     try:
-        trio.from_thread.run_sync(job.reply.send_nowait, message)
+        _send(job, message)
     except (trio.BrokenResourceError, trio.WouldBlock):
         pass

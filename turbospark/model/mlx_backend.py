@@ -16,6 +16,7 @@ loading, the prefix cache, prefill and decode.
 
 from __future__ import annotations
 
+import copy
 import json
 import secrets
 from collections.abc import Callable, Generator
@@ -26,7 +27,13 @@ import attrs
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
-from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
+from mlx_lm.sample_utils import (
+    apply_min_p,
+    apply_top_k,
+    apply_top_p,
+    make_logits_processors,
+    make_repetition_penalty,
+)
 from mlx_lm.utils import load_model
 
 from .backend import PrefillProgress, SamplingParams
@@ -38,9 +45,9 @@ DEFAULT_CONTEXT = 4096
 
 
 def make_sampler(params: SamplingParams) -> Callable[[mx.array], mx.array]:
-    """Greedy at temperature 0; otherwise top-k / top-p / min-p, then a draw with this
-    request's own key."""
-    if params.temperature == 0:
+    """Greedy at temperature 0 (or ``top_p`` 0, OpenAI's most restrictive nucleus); otherwise
+    top-k / top-p / min-p, then a draw with this request's own key."""
+    if params.temperature == 0 or params.top_p == 0:
         return lambda logprobs: mx.argmax(logprobs, axis=-1)
     seed = params.seed if params.seed is not None else secrets.randbits(63)
     key = mx.random.key(seed % 2**64)
@@ -49,15 +56,34 @@ def make_sampler(params: SamplingParams) -> Callable[[mx.array], mx.array]:
     def sample(logprobs: mx.array) -> mx.array:
         nonlocal key
         key, draw = mx.random.split(key)
-        if params.top_k > 0:
+        if 0 < params.top_k < logprobs.shape[-1]:  # a k past the vocabulary filters nothing
             logprobs = apply_top_k(logprobs, params.top_k)
-        if 0 < params.top_p < 1:
+        if params.top_p < 1:
             logprobs = apply_top_p(logprobs, params.top_p)
         if params.min_p > 0:
             logprobs = apply_min_p(logprobs, params.min_p)
         return mx.random.categorical(logprobs * inv_temp, key=draw)
 
     return sample
+
+
+def make_processors(params: SamplingParams, prompt: list[int]) -> list[Callable[..., mx.array]]:
+    """Penalties.  Presence and frequency penalties see the generated text only (OpenAI's
+    meaning); the repetition penalty also sees the end of the prompt (Hugging Face's meaning,
+    over mlx-lm's 20-token window), which ``generate_step`` alone would not show it, since it is
+    handed only the last prompt token."""
+    processors: list[Callable[..., mx.array]] = make_logits_processors(
+        presence_penalty=params.presence_penalty or None,
+        presence_context_size=params.max_tokens,
+        frequency_penalty=params.frequency_penalty or None,
+        frequency_context_size=params.max_tokens,
+    )
+    if params.repetition_penalty != 1:
+        window = 20
+        repeat = make_repetition_penalty(params.repetition_penalty, window)
+        before = mx.array(prompt[-window:-1])
+        processors.append(lambda tokens, logits: repeat(mx.concatenate([before, tokens]), logits))
+    return processors
 
 
 @attrs.define
@@ -79,24 +105,32 @@ class PrefixCache:
     entries: list[_Entry] = attrs.field(factory=list)
 
     def take(self, prompt: list[int]) -> tuple[list[Any] | None, int]:
-        """Remove and return the cache sharing the longest prefix with ``prompt`` (trimmed to
-        that prefix, keeping at least one prompt token to prefill), and how many tokens it
-        covers.  ``(None, 0)`` when nothing useful is cached."""
+        """A KV cache holding the longest cached prefix of ``prompt`` (at most all but its last
+        token, which must be fed to get the first logits), and that prefix's length;
+        ``(None, 0)`` when nothing useful is cached.
+
+        An entry that is wholly a prefix of the prompt (the same conversation, one turn on) is
+        handed over and comes back, grown, through ``put``; an entry that only shares a prefix
+        (another conversation with the same system prompt) is copied, so it stays whole for its
+        own next turn.
+        """
         best, best_len = None, 0
         for entry in self.entries:
             n = _common_prefix(entry.tokens, prompt)
             if n > best_len:
                 best, best_len = entry, n
-        if best is None:
-            return None, 0
         reuse = min(best_len, len(prompt) - 1)
-        self.entries.remove(best)
-        have = best.cache[0].offset if best.cache else 0
-        if reuse <= 0 or not can_trim_prompt_cache(best.cache):
+        if best is None or reuse <= 0 or not can_trim_prompt_cache(best.cache):
             return None, 0
-        if trim_prompt_cache(best.cache, have - reuse) != have - reuse:
+        if best_len == len(best.tokens):
+            self.entries.remove(best)
+            cache = best.cache
+        else:
+            cache = copy.deepcopy(best.cache)
+        have = cache[0].offset
+        if trim_prompt_cache(cache, have - reuse) != have - reuse:
             return None, 0
-        return best.cache, reuse
+        return cache, reuse
 
     def put(self, tokens: list[int], cache: list[Any]) -> None:
         self.entries.append(_Entry(tokens, cache))
@@ -139,6 +173,7 @@ class MlxBackend:
         # Small chunks on CPU: a cancelled prompt stops within one chunk.
         self.prefill_chunk = prefill_chunk or (512 if on_gpu else 128)
         self.prefix_cache = PrefixCache(cache_entries, cache_bytes)
+        self.decode_steps = 0  # what really ran, for tests and benchmarks
 
     def generate(
         self, prompt: list[int], params: SamplingParams
@@ -147,10 +182,9 @@ class MlxBackend:
         if cache is None:
             cache = make_prompt_cache(self.model)
         total = len(prompt)
-        yield PrefillProgress(cached, total, cached)
         tokens = list(prompt)
-        ok = False
         try:
+            yield PrefillProgress(cached, total, cached)
             with mx.stream(self.stream):
                 done = cached
                 while total - done > 1:
@@ -160,35 +194,29 @@ class MlxBackend:
                     done += n
                     yield PrefillProgress(done, total, cached)
                 mx.clear_cache()
-            processors = make_logits_processors(
-                repetition_penalty=params.repetition_penalty if params.repetition_penalty != 1 else None,
-                presence_penalty=params.presence_penalty or None,
-                presence_context_size=params.max_tokens,
-                frequency_penalty=params.frequency_penalty or None,
-                frequency_context_size=params.max_tokens,
-            )
             steps = generate_step(
                 mx.array(prompt[-1:]),
                 self.model,
                 self.stream,
                 max_tokens=-1,
                 sampler=make_sampler(params),
-                logits_processors=processors or None,
+                logits_processors=make_processors(params, prompt) or None,
                 prompt_cache=cache,
             )
             try:
                 for token, _ in steps:
+                    self.decode_steps += 1
                     tokens.append(token)
                     yield token
             finally:
                 steps.close()
-            ok = True
         except GeneratorExit:
-            ok = True  # stopped by the caller (finished or cancelled): the cache is still sound
-            raise
-        finally:
-            if ok and cache and cache[0].offset > 0:
+            # Stopped at a yield (finished or cancelled): the cache holds exactly the prompt
+            # and the tokens handed out so far, and is worth keeping.  Any other exception
+            # leaves it in an unknown state, and it is dropped.
+            if cache[0].offset > 0:
                 self.prefix_cache.put(tokens[: cache[0].offset], cache)
+            raise
 
 
 def _context_window(path: Path, config: dict[str, Any]) -> int:

@@ -29,7 +29,15 @@ from .._system import System
 from ..errors import TurboSparkError, Unauthorized
 from ..messages import RequestFinished, RequestStarted
 
-__all__ = ["Family", "create_app", "error_response", "json_response", "request_scope", "system"]
+__all__ = [
+    "Family",
+    "create_app",
+    "error_body",
+    "exception_body",
+    "json_response",
+    "request_scope",
+    "system",
+]
 
 log = logging.getLogger("turbospark")
 
@@ -91,7 +99,8 @@ _ANTHROPIC_TYPES = {
 }
 
 
-def error_response(
+def error_body(
+    family: Family,
     status: int,
     message: str,
     *,
@@ -100,22 +109,34 @@ def error_response(
     param: str | None = None,
     retryable: bool | None = None,
     extra: dict[str, Any] | None = None,
-    family: Family | None = None,
-) -> Response:
-    """A JSON error in the shape the caller's API family uses."""
-    family = family or family_of(request.path)
-    body: dict[str, Any]
+) -> dict[str, Any]:
+    """An error in the shape the API family uses (also inside streams' error frames)."""
     if family == "ollama":
-        body = {"error": message}
-    elif family == "anthropic":
+        return {"error": message}
+    if family == "anthropic":
         kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-        body = {"type": "error", "error": {"type": kind, "message": message}}
-    else:
-        error: dict[str, Any] = {"message": message, "type": type, "param": param, "code": code}
-        if retryable is not None:
-            error["retryable"] = retryable
-        error.update(extra or {})
-        body = {"error": error}
+        return {"type": "error", "error": {"type": kind, "message": message}}
+    error: dict[str, Any] = {"message": message, "type": type, "param": param, "code": code}
+    if retryable is not None:
+        error["retryable"] = retryable
+    error.update(extra or {})
+    return {"error": error}
+
+
+def exception_body(exc: TurboSparkError, family: Family) -> dict[str, Any]:
+    return error_body(
+        family,
+        exc.status,
+        exc.message,
+        type=exc.type,
+        code=exc.code,
+        param=exc.param,
+        retryable=exc.retryable,
+        extra=exc.extra(),
+    )
+
+
+def error_response(status: int, body: dict[str, Any], message: str) -> Response:
     record = g.get("record")
     if record is not None:
         record.error = message
@@ -129,15 +150,7 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 
 def _turbospark_error(exc: TurboSparkError) -> Response:
-    response = error_response(
-        exc.status,
-        exc.message,
-        type=exc.type,
-        code=exc.code,
-        param=exc.param,
-        retryable=exc.retryable,
-        extra=exc.extra(),
-    )
+    response = error_response(exc.status, exception_body(exc, family_of(request.path)), exc.message)
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
         response.headers["Retry-After"] = str(retry_after)
@@ -152,7 +165,7 @@ def _http_error(exc: HTTPException) -> Response:
         413: "the request body is larger than the 25 MiB limit",
     }
     message = messages.get(status) or exc.description or exc.name
-    response = error_response(status, message, type="invalid_request_error")
+    response = error_response(status, error_body(family_of(request.path), status, message), message)
     if status == 413:
         response.headers["Connection"] = "close"  # the unread body must not be parsed as a request
     return response
@@ -160,7 +173,10 @@ def _http_error(exc: HTTPException) -> Response:
 
 def _unexpected(exc: Exception) -> Response:
     log.exception("unhandled error while serving %s %s", request.method, request.path)
-    return error_response(500, f"internal error: {type(exc).__name__}", type="server_error")
+    message = f"internal error: {type(exc).__name__}"
+    return error_response(
+        500, error_body(family_of(request.path), 500, message, type="server_error"), message
+    )
 
 
 def _authorized(key: str) -> bool:

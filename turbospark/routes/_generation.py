@@ -29,18 +29,13 @@ from ..messages import (
 from ..model.backend import SamplingParams
 from ._app import request_scope, system
 
-__all__ = ["Completion", "Running", "collect", "events", "start"]
+__all__ = ["Completion", "Replies", "collect", "events", "start"]
 
-REPLY_BUFFER = 64
+# Room for Queued, Started, the stop-string tail, Finished and a little progress, beyond one
+# Delta per token of the budget: the model thread never has to wait for a slow reader.
+REPLY_SLACK = 8
 
-
-@attrs.frozen
-class Running:
-    """A generation that has started: its prompt fits, prefill is under way."""
-
-    job: GenerationJob
-    started: Started
-    replies: trio.MemoryReceiveChannel[Reply]
+Replies = trio.MemoryReceiveChannel[Reply]
 
 
 @attrs.frozen
@@ -51,14 +46,14 @@ class Completion:
 
 async def start(
     *, request_id: int, model: str, prompt: ChatPrompt | TextPrompt, params: SamplingParams
-) -> Running:
-    """Queue a generation and wait until the model has started on it.
+) -> Replies:
+    """Queue a generation and wait until the model has started on it; return its replies.
 
     Raises the error the queue or the model answered with (``QueueFull``, ``RequestInvalid``,
     ``ContextOverflow`` ...) before any response byte is sent.
     """
     sys_ = system()
-    reply_send, reply_recv = trio.open_memory_channel[Reply](REPLY_BUFFER)
+    reply_send, reply_recv = trio.open_memory_channel[Reply](params.max_tokens + REPLY_SLACK)
     request_scope().enter_context(reply_recv)
     job = GenerationJob(request_id, model, prompt, params, reply_send, time.monotonic())
     started = False
@@ -67,7 +62,7 @@ async def start(
         async for msg in reply_recv:
             if isinstance(msg, Started):
                 started = True
-                return Running(job, msg, reply_recv)
+                return reply_recv
             if isinstance(msg, Failed):
                 raise msg.error
             assert isinstance(msg, Queued), msg
@@ -77,10 +72,10 @@ async def start(
             sys_.withdraw(job)
 
 
-async def collect(running: Running) -> Completion:
+async def collect(replies: Replies) -> Completion:
     """Drain a non-streaming generation."""
     parts: list[str] = []
-    async for msg in running.replies:
+    async for msg in replies:
         if isinstance(msg, Delta):
             parts.append(msg.text)
         elif isinstance(msg, Finished):
@@ -93,22 +88,22 @@ async def collect(running: Running) -> Completion:
 
 
 async def events(
-    running: Running, *, keepalive: float
+    replies: Replies, *, keepalive: float
 ) -> AsyncIterator[Delta | Finished | Failed | None]:
     """The replies of a streaming generation; ``None`` when ``keepalive`` seconds pass quietly.
 
     Ends after ``Finished`` or ``Failed`` (a ``Failed`` stands in for a model side that ended
     without either, at shutdown).  The cancel scope covers the receive only, never the yield.
     """
-    with running.replies:
+    with replies:
         while True:
             msg: Reply | None = None
             with trio.move_on_after(keepalive):
                 try:
-                    msg = await running.replies.receive()
+                    msg = await replies.receive()
                 except trio.EndOfChannel:
                     msg = Failed(ShuttingDown())
-            if isinstance(msg, (PrefillDone, Queued, Started)):
+            if isinstance(msg, PrefillDone):
                 continue
             yield msg
             if isinstance(msg, (Finished, Failed)):

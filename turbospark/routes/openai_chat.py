@@ -15,8 +15,8 @@ from ..messages import ChatPrompt, Delta, Failed, Finished, RequestRouted
 from ..model.backend import SamplingParams
 from ..wire.openai import ChatCompletionRequest
 from . import _sse
-from ._app import json_response, system
-from ._generation import Running, collect, events, start
+from ._app import exception_body, json_response, system
+from ._generation import Replies, collect, events, start
 
 blueprint = Blueprint("openai_chat", __name__)
 
@@ -75,6 +75,14 @@ def _degradation(body: ChatCompletionRequest, dropped_images: int) -> str | None
             labels.append(name)
     if body.tools and body.tool_choice != "none":
         labels.append("tool_calls")
+        if body.tool_choice not in (None, "auto"):
+            labels.append("tool_choice")
+        if body.parallel_tool_calls is not None:
+            labels.append("parallel_tool_calls")
+    if body.modalities and set(body.modalities) != {"text"}:
+        labels.append("modalities")
+    if body.stream_options and body.stream_options.include_obfuscation:
+        labels.append("include_obfuscation")
     if body.reasoning_effort is not None:
         labels.append("reasoning_content")  # passed to the template, not yet split out
     header = ", ".join(labels)
@@ -112,7 +120,7 @@ async def chat_completions() -> Response:
     messages, dropped = _messages(body)
     messages = apply_default_system(messages, sys_.settings.system_prompt)
     tools = tuple(body.tools or ()) if body.tool_choice != "none" else ()
-    running = await start(
+    replies = await start(
         request_id=g.record.id,
         model=entry.id,
         prompt=ChatPrompt(tuple(messages), tools, _template_kwargs(body)),
@@ -125,7 +133,7 @@ async def chat_completions() -> Response:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         response = Response(
             _stream(
-                running,
+                replies,
                 response_id,
                 created,
                 model_name,
@@ -137,7 +145,7 @@ async def chat_completions() -> Response:
         )
         response.timeout = None  # Quart would cut a stream after RESPONSE_TIMEOUT otherwise
     else:
-        done = await collect(running)
+        done = await collect(replies)
         fin = done.finished
         response = json_response(
             {
@@ -162,7 +170,7 @@ async def chat_completions() -> Response:
 
 
 async def _stream(
-    running: Running,
+    replies: Replies,
     response_id: str,
     created: int,
     model: str,
@@ -182,7 +190,7 @@ async def _stream(
         )
 
     yield chunk({"role": "assistant", "content": ""})
-    async for msg in events(running, keepalive=keepalive):
+    async for msg in events(replies, keepalive=keepalive):
         if msg is None:
             yield _sse.KEEPALIVE
         elif isinstance(msg, Delta):
@@ -204,6 +212,4 @@ async def _stream(
             yield _sse.DONE
         else:
             assert isinstance(msg, Failed)
-            yield _sse.event(
-                "error", {"error": {"message": msg.error.message, "type": "server_error"}}
-            )
+            yield _sse.event("error", exception_body(msg.error, "openai"))
