@@ -231,8 +231,8 @@ def create_app(sys_: System) -> QuartTrio:
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected)
 
-    from . import health, metrics, models, openai_chat
+    from . import health, metrics, models, openai_chat, openai_completions
 
-    for module in (health, models, metrics, openai_chat):
+    for module in (health, models, metrics, openai_chat, openai_completions):
         app.register_blueprint(module.blueprint)
     return app

@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 from quart import Blueprint, Response, g, request
 
 from ..chat import DEFAULT_MAX_TOKENS, TemplateMessage, apply_default_system, text_of, tool_call
 from ..codec import parse_json, structure
-from ..messages import ChatPrompt, Delta, Failed, Finished, RequestRouted
-from ..model.backend import SamplingParams
+from ..messages import ChatPrompt, Finished, RequestRouted
 from ..wire.openai import ChatCompletionRequest
-from . import _sse
-from ._app import exception_body, json_response, system
-from ._generation import Replies, collect, events, start
+from ._app import json_response, system
+from ._generation import collect, start
+from ._openai import DEGRADATION_HEADER, response_id, sampling_params, sse_response, usage
 
 blueprint = Blueprint("openai_chat", __name__)
 
-_ids = itertools.count()
-DEGRADATION_HEADER = "x-anyllm-degradation"
 DROPPED_IMAGES = (
     "this server's model has no vision tower, so image content parts were ignored; "
     "run it against an install whose checkpoint carries one"
@@ -45,23 +40,6 @@ def _messages(body: ChatCompletionRequest) -> tuple[list[TemplateMessage], int]:
         if text or m.tool_calls:
             out.append(msg)
     return out, dropped
-
-
-def _params(body: ChatCompletionRequest) -> SamplingParams:
-    stop = body.stop if isinstance(body.stop, list) else [body.stop] if body.stop else []
-    defaults = SamplingParams()
-    return SamplingParams(
-        max_tokens=body.max_tokens or body.max_completion_tokens or DEFAULT_MAX_TOKENS,
-        temperature=defaults.temperature if body.temperature is None else body.temperature,
-        top_p=defaults.top_p if body.top_p is None else body.top_p,
-        top_k=defaults.top_k if body.top_k is None else body.top_k,
-        min_p=body.min_p or 0.0,
-        seed=body.seed,
-        repetition_penalty=body.repetition_penalty or 1.0,
-        presence_penalty=body.presence_penalty or 0.0,
-        frequency_penalty=body.frequency_penalty or 0.0,
-        stop=tuple(stop),
-    )
 
 
 def _degradation(body: ChatCompletionRequest, dropped_images: int) -> str | None:
@@ -102,15 +80,6 @@ def _template_kwargs(body: ChatCompletionRequest) -> dict[str, Any]:
     return kwargs
 
 
-def _usage(fin: Finished) -> dict[str, Any]:
-    return {
-        "prompt_tokens": fin.prompt_tokens,
-        "completion_tokens": fin.completion_tokens,
-        "total_tokens": fin.prompt_tokens + fin.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
-    }
-
-
 @blueprint.post("/v1/chat/completions")
 async def chat_completions() -> Response:
     sys_ = system()
@@ -124,92 +93,52 @@ async def chat_completions() -> Response:
         request_id=g.record.id,
         model=entry.id,
         prompt=ChatPrompt(tuple(messages), tools, _template_kwargs(body)),
-        params=_params(body),
+        params=sampling_params(
+            body, max_tokens=body.max_tokens or body.max_completion_tokens or DEFAULT_MAX_TOKENS
+        ),
     )
-    response_id = f"chatcmpl-{int(time.time())}-{next(_ids)}"
+    rid = response_id("chatcmpl")
     created = int(time.time())
     model_name = body.model or entry.id
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model_name,
+            "choices": [choice],
+        }
+
+    def closing(fin: Finished) -> list[dict[str, Any]]:
+        chunks = [chunk({}, fin.finish_reason)]
+        if body.stream_options and body.stream_options.include_usage:
+            chunks.append(chunk({}) | {"choices": [], "usage": usage(fin)})
+        return chunks
+
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        response = Response(
-            _stream(
-                replies,
-                response_id,
-                created,
-                model_name,
-                include_usage=include_usage,
-                keepalive=sys_.settings.keepalive_interval,
-            ),
-            content_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        response = sse_response(
+            replies,
+            keepalive=sys_.settings.keepalive_interval,
+            opening=[chunk({"role": "assistant", "content": ""})],
+            piece=lambda text: chunk({"content": text}),
+            closing=closing,
         )
-        response.timeout = None  # Quart would cut a stream after RESPONSE_TIMEOUT otherwise
     else:
         done = await collect(replies)
-        fin = done.finished
+        message = {"role": "assistant", "content": done.text}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": done.finished.finish_reason}
         response = json_response(
             {
-                "id": response_id,
+                "id": rid,
                 "object": "chat.completion",
                 "created": created,
                 "model": model_name,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": done.text},
-                        "logprobs": None,
-                        "finish_reason": fin.finish_reason,
-                    }
-                ],
-                "usage": _usage(fin),
+                "choices": [choice],
+                "usage": usage(done.finished),
             }
         )
     if header := _degradation(body, dropped):
         response.headers[DEGRADATION_HEADER] = header
     return response
-
-
-async def _stream(
-    replies: Replies,
-    response_id: str,
-    created: int,
-    model: str,
-    *,
-    include_usage: bool,
-    keepalive: float,
-) -> AsyncIterator[bytes]:
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        return _sse.data(
-            {
-                "id": response_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-            }
-        )
-
-    yield chunk({"role": "assistant", "content": ""})
-    async for msg in events(replies, keepalive=keepalive):
-        if msg is None:
-            yield _sse.KEEPALIVE
-        elif isinstance(msg, Delta):
-            if msg.text:
-                yield chunk({"content": msg.text})
-        elif isinstance(msg, Finished):
-            yield chunk({}, msg.finish_reason)
-            if include_usage:
-                yield _sse.data(
-                    {
-                        "id": response_id,
-                        "object": "chat.completion.chunk",
-                        "created": created,
-                        "model": model,
-                        "choices": [],
-                        "usage": _usage(msg),
-                    }
-                )
-            yield _sse.DONE
-        else:
-            assert isinstance(msg, Failed)
-            yield _sse.event("error", exception_body(msg.error, "openai"))

@@ -13,7 +13,7 @@ import attrs
 
 from ..codec import converter
 
-__all__ = ["ChatCompletionRequest", "ChatMessage", "StreamOptions"]
+__all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "StreamOptions"]
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -92,6 +92,33 @@ class ChatCompletionRequest:
     verbosity: str | None = None
 
 
+@attrs.frozen
+class CompletionRequest:
+    """``/v1/completions``: plain text in, no chat template."""
+
+    prompt: str | list[str]
+    model: str | None = None
+    max_tokens: int | None = attrs.field(default=None, validator=_positive)
+    temperature: float | None = attrs.field(default=None, validator=_in_range(0.0, 2.0))
+    top_p: float | None = attrs.field(default=None, validator=_in_range(0.0, 1.0))
+    top_k: int | None = attrs.field(default=None, validator=_in_range(0, 2**32 - 1))
+    min_p: float | None = attrs.field(default=None, validator=_in_range(0.0, 1.0))
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
+    frequency_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
+    repetition_penalty: float | None = attrs.field(default=None, validator=_in_range(0.0, 10.0))
+    n: int | None = attrs.field(default=None, validator=_positive)
+    best_of: int | None = None
+    echo: bool | None = None
+    logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    suffix: str | None = None
+    user: str | None = None
+
+
 def _structure_content(value: Any, _: type) -> str | list[dict[str, Any]] | None:
     if value is None or isinstance(value, str):
         return value
@@ -102,12 +129,15 @@ def _structure_content(value: Any, _: type) -> str | list[dict[str, Any]] | None
     raise TypeError("content must be a string or an array of typed content parts")
 
 
-def _structure_stop(value: Any, _: type) -> str | list[str] | None:
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(isinstance(s, str) for s in value):
-        return value
-    raise TypeError("stop must be a string or an array of strings")
+def _string_or_strings(name: str):  # type: ignore[no-untyped-def]
+    def structure(value: Any, _: type) -> str | list[str] | None:
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, list) and all(isinstance(s, str) for s in value):
+            return value
+        raise TypeError(f"{name} must be a string or an array of strings")
+
+    return structure
 
 
 def _structure_tool_choice(value: Any, _: type) -> str | dict[str, Any] | None:
@@ -117,5 +147,6 @@ def _structure_tool_choice(value: Any, _: type) -> str | dict[str, Any] | None:
 
 
 converter.register_structure_hook(str | list[dict[str, Any]] | None, _structure_content)
-converter.register_structure_hook(str | list[str] | None, _structure_stop)
+converter.register_structure_hook(str | list[str] | None, _string_or_strings("stop"))
+converter.register_structure_hook(str | list[str], _string_or_strings("prompt"))
 converter.register_structure_hook(str | dict[str, Any] | None, _structure_tool_choice)

@@ -1,0 +1,72 @@
+"""``/v1/completions`` with the scripted backend: plain text, no chat template."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from turbospark.model.scripted import ENDLESS_TEXT, shipped_tokenizer
+
+from ._support import sse_events
+
+TOK = shipped_tokenizer()
+PATH = "/v1/completions"
+
+
+async def test_non_streaming_text_completion(start_server, client: httpx.AsyncClient) -> None:
+    server = await start_server()
+    prompt = "Once upon a time"
+    r = await client.post(f"{server.url}{PATH}", json={"model": "scripted", "prompt": prompt, "max_tokens": 3})
+    data = r.json()
+    assert data["object"] == "text_completion" and data["id"].startswith("cmpl-")
+    choice = data["choices"][0]
+    assert choice["text"] == TOK.decode(TOK.encode(ENDLESS_TEXT)[:3])
+    assert choice["finish_reason"] == "length" and choice["logprobs"] is None
+    # no template: the prompt is exactly its own tokens (SmolLM2 adds no BOS)
+    assert data["usage"]["prompt_tokens"] == len(TOK.encode(prompt))
+    assert data["usage"]["completion_tokens"] == 3
+    r = await client.post(f"{server.url}{PATH}", json={"prompt": ["hi"]})
+    assert r.json()["usage"]["completion_tokens"] == 16  # OpenAI's default budget here
+
+
+async def test_streaming_text_completion(start_server, client: httpx.AsyncClient) -> None:
+    server = await start_server()
+    body = {"prompt": "Hi", "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True}}
+    r = await client.post(f"{server.url}{PATH}", json=body)
+    frames = sse_events(r.text)
+    assert frames[-1][1] == "[DONE]"
+    chunks = [json.loads(d) for _, d in frames[:-1]]
+    assert all(c["object"] == "text_completion" for c in chunks)
+    texts = [c["choices"][0]["text"] for c in chunks[:-2]]
+    assert all(texts) and "".join(texts) == TOK.decode(TOK.encode(ENDLESS_TEXT)[:4])
+    assert chunks[-2]["choices"][0] == {"text": "", "index": 0, "logprobs": None, "finish_reason": "length"}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"prompt": ["a", "b"]}, "exactly one prompt per request, got 2"),
+        ({"prompt": []}, "exactly one prompt per request, got 0"),
+        ({"prompt": "a", "suffix": "b"}, "suffix (fill-in-the-middle) is not supported"),
+        ({"prompt": "a", "n": 2}, "n must be 1, got 2"),
+        ({"prompt": 5}, "prompt must be a string or an array of strings"),
+        ({"prompt": "a", "max_tokens": 0}, "max_tokens must be greater than 0"),
+        ({}, "required field missing @ body.prompt"),
+    ],
+)
+async def test_bad_completion_requests(start_server, client, body, needle) -> None:
+    server = await start_server()
+    r = await client.post(f"{server.url}{PATH}", json=body)
+    assert r.status_code == 400
+    assert needle in r.json()["error"]["message"]
+
+
+async def test_echo_and_logprobs_are_named_as_not_honoured(start_server, client) -> None:
+    server = await start_server()
+    r = await client.post(f"{server.url}{PATH}", json={"prompt": "a", "echo": True, "logprobs": 2, "max_tokens": 1})
+    assert r.headers["x-anyllm-degradation"] == "logprobs, echo"
+    r = await client.post(f"{server.url}{PATH}", json={"prompt": "a", "max_tokens": 1})
+    assert "x-anyllm-degradation" not in r.headers

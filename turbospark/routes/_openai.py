@@ -1,0 +1,104 @@
+"""What the OpenAI-family routes share: sampling parameters, usage, and the SSE body."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+from quart import Response
+
+from ..messages import Delta, Failed, Finished
+from ..model.backend import SamplingParams
+from . import _sse
+from ._app import exception_body
+from ._generation import Replies, events
+
+__all__ = ["DEGRADATION_HEADER", "response_id", "sampling_params", "sse_response", "usage"]
+
+# Parameters that were accepted but not honoured are named here (comma-separated).
+DEGRADATION_HEADER = "x-anyllm-degradation"
+
+_ids = itertools.count()
+
+
+class _Sampling(Protocol):
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    min_p: float | None
+    seed: int | None
+    stop: str | list[str] | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
+    repetition_penalty: float | None
+
+
+def response_id(prefix: str) -> str:
+    return f"{prefix}-{int(time.time())}-{next(_ids)}"
+
+
+def sampling_params(body: _Sampling, *, max_tokens: int | None) -> SamplingParams:
+    """The request's sampling fields over the server defaults (``max_tokens`` already chosen)."""
+    defaults = SamplingParams()
+    stop = body.stop if isinstance(body.stop, list) else [body.stop] if body.stop else []
+    return SamplingParams(
+        max_tokens=max_tokens or defaults.max_tokens,
+        temperature=defaults.temperature if body.temperature is None else body.temperature,
+        top_p=defaults.top_p if body.top_p is None else body.top_p,
+        top_k=defaults.top_k if body.top_k is None else body.top_k,
+        min_p=body.min_p or 0.0,
+        seed=body.seed,
+        repetition_penalty=body.repetition_penalty or 1.0,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        stop=tuple(stop),
+    )
+
+
+def usage(fin: Finished) -> dict[str, Any]:
+    return {
+        "prompt_tokens": fin.prompt_tokens,
+        "completion_tokens": fin.completion_tokens,
+        "total_tokens": fin.prompt_tokens + fin.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
+    }
+
+
+def sse_response(
+    replies: Replies,
+    *,
+    keepalive: float,
+    opening: list[dict[str, Any]],
+    piece: Callable[[str], dict[str, Any]],
+    closing: Callable[[Finished], list[dict[str, Any]]],
+) -> Response:
+    """An OpenAI-style stream: ``opening`` chunks, one chunk per non-empty text piece, the
+    ``closing`` chunks, ``[DONE]``; a failure is one ``event: error`` frame and no ``[DONE]``."""
+
+    async def body() -> AsyncIterator[bytes]:
+        for chunk in opening:
+            yield _sse.data(chunk)
+        async for msg in events(replies, keepalive=keepalive):
+            if msg is None:
+                yield _sse.KEEPALIVE
+            elif isinstance(msg, Delta):
+                if msg.text:
+                    yield _sse.data(piece(msg.text))
+            elif isinstance(msg, Finished):
+                for chunk in closing(msg):
+                    yield _sse.data(chunk)
+                yield _sse.DONE
+            else:
+                assert isinstance(msg, Failed)
+                yield _sse.event("error", exception_body(msg.error, "openai"))
+
+    response = Response(
+        body(),
+        content_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+    response.timeout = None  # Quart would cut a stream after RESPONSE_TIMEOUT otherwise
+    return response

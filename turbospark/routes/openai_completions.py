@@ -1,0 +1,97 @@
+"""``POST /v1/completions``: the legacy OpenAI text completion, with no chat template.
+
+The prompt is encoded as is (with BOS where the model wants one), so base models such as Gemma 3
+270M, which have no chat template, are served here.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from quart import Blueprint, Response, g, request
+
+from ..codec import parse_json, structure
+from ..errors import RequestInvalid
+from ..messages import Finished, RequestRouted, TextPrompt
+from ..wire.openai import CompletionRequest
+from ._app import json_response, system
+from ._generation import collect, start
+from ._openai import DEGRADATION_HEADER, response_id, sampling_params, sse_response, usage
+
+blueprint = Blueprint("openai_completions", __name__)
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
+
+
+def _prompt(body: CompletionRequest) -> str:
+    if isinstance(body.prompt, str):
+        return body.prompt
+    if len(body.prompt) != 1:
+        raise RequestInvalid(
+            f"this server accepts exactly one prompt per request, got {len(body.prompt)}",
+            param="prompt",
+        )
+    return body.prompt[0]
+
+
+def _degradation(body: CompletionRequest) -> str | None:
+    labels = [name for name in ("logprobs", "best_of", "logit_bias") if getattr(body, name) is not None]
+    if body.echo:
+        labels.append("echo")
+    return ", ".join(labels) or None
+
+
+@blueprint.post("/v1/completions")
+async def completions() -> Response:
+    sys_ = system()
+    body = structure(parse_json(await request.get_data()), CompletionRequest)
+    entry = await sys_.resolve(body.model, "completion")
+    sys_.emit(RequestRouted(g.record.id, body.model, entry.id, body.stream))
+    if body.suffix is not None:
+        raise RequestInvalid("suffix (fill-in-the-middle) is not supported", param="suffix")
+    if body.n is not None and body.n > 1:
+        raise RequestInvalid(f"n must be 1, got {body.n}", param="n")
+    text = _prompt(body)
+    replies = await start(
+        request_id=g.record.id,
+        model=entry.id,
+        prompt=TextPrompt(text),
+        params=sampling_params(body, max_tokens=body.max_tokens or DEFAULT_MAX_TOKENS),
+    )
+    rid = response_id("cmpl")
+    created = int(time.time())
+    model_name = body.model or entry.id
+
+    def chunk(text: str, finish: str | None = None) -> dict[str, Any]:
+        choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+        return {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": model_name,
+            "choices": [choice],
+        }
+
+    def closing(fin: Finished) -> list[dict[str, Any]]:
+        chunks = [chunk("", fin.finish_reason)]
+        if body.stream_options and body.stream_options.include_usage:
+            chunks.append(chunk("") | {"choices": [], "usage": usage(fin)})
+        return chunks
+
+    if body.stream:
+        response = sse_response(
+            replies,
+            keepalive=sys_.settings.keepalive_interval,
+            opening=[],
+            piece=chunk,
+            closing=closing,
+        )
+    else:
+        done = await collect(replies)
+        response = json_response(
+            chunk(done.text, done.finished.finish_reason) | {"usage": usage(done.finished)}
+        )
+    if header := _degradation(body):
+        response.headers[DEGRADATION_HEADER] = header
+    return response
