@@ -287,10 +287,12 @@ async def test_saturated_resolution_refuses_without_blocking_others(
         assert r.status_code == 503
         error = r.json()["error"]
         assert error["code"] == "model_resolution_busy" and error["retryable"] is True
-        assert (await client.get(f"{server.url}/health")).status_code == 200
-        assert (await client.get(f"{server.url}/v1/models")).status_code == 200
+        health = await client.get(f"{server.url}/health")
+        assert health.json() == {"status": "ok", "state": "ready"}
+        models = await client.get(f"{server.url}/v1/models")
+        assert [m["id"] for m in models.json()["data"]] == ["scripted", "claude-turbospark-scripted"]
         gate.set()
-    assert held[0].status_code == 200
+    assert held[0].json()["usage"]["completion_tokens"] == 1
 
 
 async def test_events_file_and_metrics(start_server, client: httpx.AsyncClient, tmp_path) -> None:
@@ -374,3 +376,20 @@ async def test_quiet_streams_carry_keepalive_comments(start_server, client) -> N
     r = await client.post(f"{server.url}/v1/chat/completions", json=chat_body(max_tokens=3, stream=True))
     assert r.text.count(": keepalive\n\n") >= 3
     assert sse_events(r.text)[-1][1] == "[DONE]"
+
+
+async def test_a_client_that_stops_reading_does_not_stall_the_others(start_server, client) -> None:
+    """The stalled client keeps its connection open but never reads: the model thread must not
+    wait for it, so the next client is served as if it were not there."""
+    from ._support import raw_post
+
+    backend = ScriptedBackend(context_window=64_000)
+    server = await start_server([backend])
+    # a stream far larger than the socket buffers (~5 MB of SSE), never read
+    stalled = await raw_post(server.url, "/v1/chat/completions", chat_body(max_tokens=30_000, stream=True))
+    await wait_for(lambda: backend.counters.generations == 1)
+    with trio.fail_after(20):
+        r = await client.post(f"{server.url}/v1/chat/completions", json=chat_body(max_tokens=3))
+    assert r.json()["usage"]["completion_tokens"] == 3
+    assert backend.counters.generations == 2
+    await stalled.aclose()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -73,6 +74,9 @@ def test_openai_sdk_streaming_and_not(scripted_server) -> None:
 
     models = client.models.list()
     assert [m.id for m in models.data] == ["scripted", "claude-turbospark-scripted"]
+    events_file = Path(proc.args[proc.args.index("--events") + 1])
+    kinds = [json.loads(line)["kind"] for line in events_file.read_text().splitlines()]
+    assert kinds.count("generated") == 2 and kinds.count("requestFinished") >= 3
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="scripted", messages=messages, max_tokens=0)
     assert "max_tokens must be greater than 0" in str(err.value)
@@ -142,3 +146,15 @@ def test_api_key_from_the_environment(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
+
+
+def test_a_blank_key_in_the_environment_is_refused() -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "turbospark", "serve", "--model", "scripted"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TURBOSPARK_API_KEY": "  "},
+    )
+    assert run.returncode == 2
+    assert "TURBOSPARK_API_KEY is set but blank" in run.stderr
