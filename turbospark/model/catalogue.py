@@ -210,7 +210,13 @@ def pull(name: str, store: ModelStore, *, progress: bool = True, dtype: str | No
         if sha256 != entry.gguf_sha256:
             raise ModelImportError(f"the GGUF assembled for {name} has sha256 {sha256}, expected {entry.gguf_sha256}")
         return store.import_source(
-            gguf_path, name=name, dtype=dtype, progress=progress, label=entry.source, extra_files=notices
+            gguf_path,
+            name=name,
+            dtype=dtype,
+            progress=progress,
+            label=entry.source,
+            extra_files=notices,
+            sha256=sha256,
         )
 
 

@@ -351,6 +351,7 @@ class ModelStore:
         progress: bool = True,
         label: str | None = None,
         extra_files: Sequence[Path] = (),
+        sha256: str | None = None,
     ) -> StoredModel:
         """Import a model into the store and return it.
 
@@ -365,6 +366,8 @@ class ModelStore:
             progress: show progress bars on stderr.
             label: what to record as the manifest's ``source`` (default: the resolved source).
             extra_files: files copied verbatim into the model directory, such as licence texts.
+            sha256: the single-file GGUF source's SHA-256, when the caller has just computed and
+                checked it (``pull`` does), so the file is not read a second time.
 
         Raises:
             ModelImportError: the source is missing, corrupt, truncated or unsupported, or the name
@@ -378,7 +381,7 @@ class ModelStore:
             resolved = attrs.evolve(resolved, label=label)
         with self.scratch() as work:
             if resolved.format == "gguf":
-                return self._import_gguf(resolved, work, name, dtype, progress, extra_files)
+                return self._import_gguf(resolved, work, name, dtype, progress, extra_files, sha256)
             return self._import_hf(resolved, work, name, dtype, progress, extra_files)
 
     @contextlib.contextmanager
@@ -407,10 +410,11 @@ class ModelStore:
         dtype: str | None,
         progress: bool,
         extra_files: Sequence[Path],
+        known_sha256: str | None,
     ) -> StoredModel:
         if len(source.paths) == 1:
             gguf_path = source.paths[0]
-            sha256 = _hash_files([gguf_path], progress=progress)
+            sha256 = known_sha256 or _hash_files([gguf_path], progress=progress)
         else:
             gguf_path = work / "source.gguf"
             total = sum(p.stat().st_size for p in source.paths)
