@@ -111,7 +111,8 @@ def test_sigint_during_a_stream_exits_zero(tmp_path: Path) -> None:
         (["--bogus"], "unrecognized arguments: --bogus"),
         (["--api-key", ""], "--api-key must not be empty"),
         (["--port", "http"], "expected a port number"),
-        (["--max-queue", "0"], "must be at least 1"),
+        (["--max-queue", "0"], "must be at least 1, got 0"),
+        (["--port", "70000"], "a port number must be 0-65535, got 70000"),
         (["--system", "a", "--system-file", "x"], "not allowed with argument"),
     ],
 )

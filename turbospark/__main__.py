@@ -6,7 +6,7 @@ import argparse
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import trio
@@ -25,34 +25,25 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _int_in(low: int, high: int | None, what: str) -> Callable[[str], int]:
+    """An argparse type: a whole number in [low, high], named ``what`` in its error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got '{text}'") from None
+        if value < low or (high is not None and value > high):
+            bounds = f"{low}-{high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"{what} must be {bounds}, got {value}")
+        return value
+
+    return parse
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got '{text}'") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is 0-65535, got {value}")
-    return value
-
-
-def _delay_ms(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected milliseconds, got '{text}'") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
+_positive_int = _int_in(1, None, "a whole number")
+_port = _int_in(0, 65535, "a port number")
+_delay_ms = _int_in(0, None, "milliseconds")
 
 
 def _parser() -> argparse.ArgumentParser:

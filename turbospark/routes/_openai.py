@@ -5,12 +5,13 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from quart import Response
 
 from ..messages import Delta, Failed, Finished
 from ..model.backend import SamplingParams
+from ..wire.openai import GenerationFields
 from . import _sse
 from ._app import exception_body
 from ._generation import Replies, events
@@ -23,24 +24,11 @@ DEGRADATION_HEADER = "x-anyllm-degradation"
 _ids = itertools.count()
 
 
-class _Sampling(Protocol):
-    max_tokens: int | None
-    temperature: float | None
-    top_p: float | None
-    top_k: int | None
-    min_p: float | None
-    seed: int | None
-    stop: str | list[str] | None
-    presence_penalty: float | None
-    frequency_penalty: float | None
-    repetition_penalty: float | None
-
-
 def response_id(prefix: str) -> str:
     return f"{prefix}-{int(time.time())}-{next(_ids)}"
 
 
-def sampling_params(body: _Sampling, *, max_tokens: int | None) -> SamplingParams:
+def sampling_params(body: GenerationFields, *, max_tokens: int | None) -> SamplingParams:
     """The request's sampling fields over the server defaults (``max_tokens`` already chosen)."""
     defaults = SamplingParams()
     stop = body.stop if isinstance(body.stop, list) else [body.stop] if body.stop else []
@@ -73,10 +61,16 @@ def sse_response(
     keepalive: float,
     opening: list[dict[str, Any]],
     piece: Callable[[str], dict[str, Any]],
-    closing: Callable[[Finished], list[dict[str, Any]]],
+    finish: Callable[[str], dict[str, Any]],
+    include_usage: bool,
 ) -> Response:
-    """An OpenAI-style stream: ``opening`` chunks, one chunk per non-empty text piece, the
-    ``closing`` chunks, ``[DONE]``; a failure is one ``event: error`` frame and no ``[DONE]``."""
+    """An OpenAI-style stream: ``opening`` chunks, one ``piece`` chunk per non-empty text piece,
+    the ``finish`` chunk (given the finish reason), with ``include_usage`` a chunk with no choices
+    and the usage, then ``[DONE]``; a failure is one ``event: error`` frame and no ``[DONE]``."""
+
+    def closing(fin: Finished) -> list[dict[str, Any]]:
+        last = finish(fin.finish_reason)
+        return [last, last | {"choices": [], "usage": usage(fin)}] if include_usage else [last]
 
     async def body() -> AsyncIterator[bytes]:
         for chunk in opening:

@@ -9,7 +9,7 @@ from quart import Blueprint, Response, g, request
 
 from ..chat import DEFAULT_MAX_TOKENS, TemplateMessage, apply_default_system, text_of, tool_call
 from ..codec import parse_json, structure
-from ..messages import ChatPrompt, Finished, RequestRouted
+from ..messages import ChatPrompt, RequestRouted
 from ..wire.openai import ChatCompletionRequest
 from ._app import json_response, system
 from ._generation import collect, start
@@ -111,19 +111,14 @@ async def chat_completions() -> Response:
             "choices": [choice],
         }
 
-    def closing(fin: Finished) -> list[dict[str, Any]]:
-        chunks = [chunk({}, fin.finish_reason)]
-        if body.stream_options and body.stream_options.include_usage:
-            chunks.append(chunk({}) | {"choices": [], "usage": usage(fin)})
-        return chunks
-
     if body.stream:
         response = sse_response(
             replies,
             keepalive=sys_.settings.keepalive_interval,
             opening=[chunk({"role": "assistant", "content": ""})],
             piece=lambda text: chunk({"content": text}),
-            closing=closing,
+            finish=lambda reason: chunk({}, reason),
+            include_usage=bool(body.stream_options and body.stream_options.include_usage),
         )
     else:
         done = await collect(replies)

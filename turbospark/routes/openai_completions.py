@@ -13,7 +13,7 @@ from quart import Blueprint, Response, g, request
 
 from ..codec import parse_json, structure
 from ..errors import RequestInvalid
-from ..messages import Finished, RequestRouted, TextPrompt
+from ..messages import RequestRouted, TextPrompt
 from ..wire.openai import CompletionRequest
 from ._app import json_response, system
 from ._generation import collect, start
@@ -73,19 +73,14 @@ async def completions() -> Response:
             "choices": [choice],
         }
 
-    def closing(fin: Finished) -> list[dict[str, Any]]:
-        chunks = [chunk("", fin.finish_reason)]
-        if body.stream_options and body.stream_options.include_usage:
-            chunks.append(chunk("") | {"choices": [], "usage": usage(fin)})
-        return chunks
-
     if body.stream:
         response = sse_response(
             replies,
             keepalive=sys_.settings.keepalive_interval,
             opening=[],
             piece=chunk,
-            closing=closing,
+            finish=lambda reason: chunk("", reason),
+            include_usage=bool(body.stream_options and body.stream_options.include_usage),
         )
     else:
         done = await collect(replies)

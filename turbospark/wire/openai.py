@@ -13,7 +13,13 @@ import attrs
 
 from ..codec import converter
 
-__all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "StreamOptions"]
+__all__ = [
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "CompletionRequest",
+    "GenerationFields",
+    "StreamOptions",
+]
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -50,14 +56,13 @@ class StreamOptions:
     include_obfuscation: bool | None = None
 
 
-@attrs.frozen
-class ChatCompletionRequest:
-    messages: list[ChatMessage] = attrs.field(
-        validator=attrs.validators.min_len(1)
-    )
+@attrs.frozen(kw_only=True)
+class GenerationFields:
+    """What every OpenAI generation request shares: the model, the budget, sampling, stop strings
+    and streaming."""
+
     model: str | None = None
     max_tokens: int | None = attrs.field(default=None, validator=_positive)
-    max_completion_tokens: int | None = attrs.field(default=None, validator=_positive)
     temperature: float | None = attrs.field(default=None, validator=_in_range(0.0, 2.0))
     top_p: float | None = attrs.field(default=None, validator=_in_range(0.0, 1.0))
     top_k: int | None = attrs.field(default=None, validator=_in_range(0, 2**32 - 1))
@@ -70,16 +75,22 @@ class ChatCompletionRequest:
     frequency_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
     repetition_penalty: float | None = attrs.field(default=None, validator=_in_range(0.0, 10.0))
     n: int | None = attrs.field(default=None, validator=_positive)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ChatCompletionRequest(GenerationFields):
+    messages: list[ChatMessage] = attrs.field(validator=attrs.validators.min_len(1))
+    max_completion_tokens: int | None = attrs.field(default=None, validator=_positive)
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    user: str | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
     service_tier: str | None = None
@@ -92,31 +103,15 @@ class ChatCompletionRequest:
     verbosity: str | None = None
 
 
-@attrs.frozen
-class CompletionRequest:
+@attrs.frozen(kw_only=True)
+class CompletionRequest(GenerationFields):
     """``/v1/completions``: plain text in, no chat template."""
 
     prompt: str | list[str]
-    model: str | None = None
-    max_tokens: int | None = attrs.field(default=None, validator=_positive)
-    temperature: float | None = attrs.field(default=None, validator=_in_range(0.0, 2.0))
-    top_p: float | None = attrs.field(default=None, validator=_in_range(0.0, 1.0))
-    top_k: int | None = attrs.field(default=None, validator=_in_range(0, 2**32 - 1))
-    min_p: float | None = attrs.field(default=None, validator=_in_range(0.0, 1.0))
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    presence_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
-    frequency_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
-    repetition_penalty: float | None = attrs.field(default=None, validator=_in_range(0.0, 10.0))
-    n: int | None = attrs.field(default=None, validator=_positive)
     best_of: int | None = None
     echo: bool | None = None
     logprobs: int | None = None
-    logit_bias: dict[str, float] | None = None
     suffix: str | None = None
-    user: str | None = None
 
 
 def _structure_content(value: Any, _: type) -> str | list[dict[str, Any]] | None:
