@@ -75,8 +75,13 @@ def test_openai_sdk_streaming_and_not(scripted_server) -> None:
     models = client.models.list()
     assert [m.id for m in models.data] == ["scripted", "claude-turbospark-scripted"]
     events_file = Path(proc.args[proc.args.index("--events") + 1])
-    kinds = [json.loads(line)["kind"] for line in events_file.read_text().splitlines()]
-    assert kinds.count("generated") == 2 and kinds.count("requestFinished") >= 3
+    deadline = time.monotonic() + 10  # the observer writes the file a moment later
+    while True:
+        kinds = [json.loads(line)["kind"] for line in events_file.read_text().splitlines()]
+        if kinds.count("requestFinished") >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert kinds.count("generated") == 2 and kinds.count("requestFinished") == 3
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="scripted", messages=messages, max_tokens=0)
     assert "max_tokens must be greater than 0" in str(err.value)

@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import attrs
 from quart import Response
 
 from ..messages import Delta, Failed, Finished
@@ -16,7 +17,7 @@ from . import _sse
 from ._app import exception_body
 from ._generation import Replies, events
 
-__all__ = ["DEGRADATION_HEADER", "response_id", "sampling_params", "sse_response", "usage"]
+__all__ = ["DEGRADATION_HEADER", "Envelope", "sampling_params", "sse_response", "usage"]
 
 # Parameters that were accepted but not honoured are named here (comma-separated).
 DEGRADATION_HEADER = "x-anyllm-degradation"
@@ -24,8 +25,21 @@ DEGRADATION_HEADER = "x-anyllm-degradation"
 _ids = itertools.count()
 
 
-def response_id(prefix: str) -> str:
-    return f"{prefix}-{int(time.time())}-{next(_ids)}"
+@attrs.frozen
+class Envelope:
+    """The id, creation time and model name every object of one response carries."""
+
+    id: str
+    created: int
+    model: str
+
+    @classmethod
+    def new(cls, prefix: str, model: str) -> Envelope:
+        now = int(time.time())
+        return cls(f"{prefix}-{now}-{next(_ids)}", now, model)
+
+    def wrap(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
 
 def sampling_params(body: GenerationFields, *, max_tokens: int | None) -> SamplingParams:
@@ -57,16 +71,18 @@ def usage(fin: Finished) -> dict[str, Any]:
 
 def sse_response(
     replies: Replies,
+    body: GenerationFields,
     *,
     keepalive: float,
     opening: list[dict[str, Any]],
     piece: Callable[[str], dict[str, Any]],
     finish: Callable[[str], dict[str, Any]],
-    include_usage: bool,
 ) -> Response:
     """An OpenAI-style stream: ``opening`` chunks, one ``piece`` chunk per non-empty text piece,
-    the ``finish`` chunk (given the finish reason), with ``include_usage`` a chunk with no choices
-    and the usage, then ``[DONE]``; a failure is one ``event: error`` frame and no ``[DONE]``."""
+    the ``finish`` chunk (given the finish reason), with ``stream_options.include_usage`` a chunk
+    with no choices and the usage, then ``[DONE]``; a failure is one ``event: error`` frame and
+    no ``[DONE]``."""
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     def closing(fin: Finished) -> list[dict[str, Any]]:
         last = finish(fin.finish_reason)

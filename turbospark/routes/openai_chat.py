@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from quart import Blueprint, Response, g, request
@@ -13,7 +12,7 @@ from ..messages import ChatPrompt, RequestRouted
 from ..wire.openai import ChatCompletionRequest
 from ._app import json_response, system
 from ._generation import collect, start
-from ._openai import DEGRADATION_HEADER, response_id, sampling_params, sse_response, usage
+from ._openai import DEGRADATION_HEADER, Envelope, sampling_params, sse_response, usage
 
 blueprint = Blueprint("openai_chat", __name__)
 
@@ -97,42 +96,28 @@ async def chat_completions() -> Response:
             body, max_tokens=body.max_tokens or body.max_completion_tokens or DEFAULT_MAX_TOKENS
         ),
     )
-    rid = response_id("chatcmpl")
-    created = int(time.time())
-    model_name = body.model or entry.id
+    env = Envelope.new("chatcmpl", body.model or entry.id)
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {
-            "id": rid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model_name,
-            "choices": [choice],
-        }
+        return env.wrap("chat.completion.chunk", [choice])
 
     if body.stream:
         response = sse_response(
             replies,
+            body,
             keepalive=sys_.settings.keepalive_interval,
             opening=[chunk({"role": "assistant", "content": ""})],
             piece=lambda text: chunk({"content": text}),
             finish=lambda reason: chunk({}, reason),
-            include_usage=bool(body.stream_options and body.stream_options.include_usage),
         )
     else:
         done = await collect(replies)
         message = {"role": "assistant", "content": done.text}
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": done.finished.finish_reason}
+        reason = done.finished.finish_reason
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
         response = json_response(
-            {
-                "id": rid,
-                "object": "chat.completion",
-                "created": created,
-                "model": model_name,
-                "choices": [choice],
-                "usage": usage(done.finished),
-            }
+            env.wrap("chat.completion", [choice]) | {"usage": usage(done.finished)}
         )
     if header := _degradation(body, dropped):
         response.headers[DEGRADATION_HEADER] = header

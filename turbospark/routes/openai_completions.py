@@ -6,7 +6,6 @@ The prompt is encoded as is (with BOS where the model wants one), so base models
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from quart import Blueprint, Response, g, request
@@ -17,7 +16,7 @@ from ..messages import RequestRouted, TextPrompt
 from ..wire.openai import CompletionRequest
 from ._app import json_response, system
 from ._generation import collect, start
-from ._openai import DEGRADATION_HEADER, response_id, sampling_params, sse_response, usage
+from ._openai import DEGRADATION_HEADER, Envelope, sampling_params, sse_response, usage
 
 blueprint = Blueprint("openai_completions", __name__)
 
@@ -59,28 +58,20 @@ async def completions() -> Response:
         prompt=TextPrompt(text),
         params=sampling_params(body, max_tokens=body.max_tokens or DEFAULT_MAX_TOKENS),
     )
-    rid = response_id("cmpl")
-    created = int(time.time())
-    model_name = body.model or entry.id
+    env = Envelope.new("cmpl", body.model or entry.id)
 
     def chunk(text: str, finish: str | None = None) -> dict[str, Any]:
         choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
-        return {
-            "id": rid,
-            "object": "text_completion",
-            "created": created,
-            "model": model_name,
-            "choices": [choice],
-        }
+        return env.wrap("text_completion", [choice])
 
     if body.stream:
         response = sse_response(
             replies,
+            body,
             keepalive=sys_.settings.keepalive_interval,
             opening=[],
             piece=chunk,
             finish=lambda reason: chunk("", reason),
-            include_usage=bool(body.stream_options and body.stream_options.include_usage),
         )
     else:
         done = await collect(replies)
