@@ -145,3 +145,16 @@ def shipped_tokenizer_path():
     from turbospark.model.scripted import DATA_DIR
 
     return DATA_DIR / "tokenizer.json"
+
+
+def test_sampling_defaults_request_then_model_then_server() -> None:
+    from turbospark.routes._openai import sampling_params
+
+    body = structure(
+        {"messages": [{"role": "user", "content": "x"}], "top_p": 0.5, "stop": "END"},
+        ChatCompletionRequest,
+    )
+    params = sampling_params(body, max_tokens=7, model_defaults={"temperature": 0.0, "top_p": 0.9})
+    assert params.temperature == 0.0  # the model's own default
+    assert params.top_p == 0.5  # the request wins
+    assert params.top_k == 64 and params.max_tokens == 7 and params.stop == ("END",)  # the server's

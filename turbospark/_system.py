@@ -105,6 +105,7 @@ async def run_system(
                     capabilities=capabilities,
                     aliases=(alias_for(info.id),),
                     created=int(time.time()),
+                    sampling_defaults=info.sampling_defaults,
                 )
             )
         registry = Registry(tuple(entries))

@@ -36,6 +36,7 @@ class ModelEntry:
     capabilities: frozenset[Capability]
     aliases: tuple[str, ...] = ()
     created: int = 0
+    sampling_defaults: dict[str, float] = attrs.field(factory=dict, hash=False)
 
     @property
     def names(self) -> tuple[str, ...]:

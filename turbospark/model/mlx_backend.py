@@ -39,7 +39,7 @@ from mlx_lm.utils import load_model
 from .backend import PrefillProgress, SamplingParams
 from .tokenizer import Tokenizer
 
-__all__ = ["MlxBackend", "PrefixCache", "make_sampler"]
+__all__ = ["MlxBackend", "PrefixCache", "generation_defaults", "make_sampler"]
 
 DEFAULT_CONTEXT = 4096
 
@@ -169,6 +169,7 @@ class MlxBackend:
             mx.eval(self.model.parameters())
         self.tokenizer = Tokenizer.from_dir(path)
         self.context_window = _context_window(path, config)
+        self.sampling_defaults = generation_defaults(path)
         on_gpu = mx.default_device().type == mx.gpu
         # Small chunks on CPU: a cancelled prompt stops within one chunk.
         self.prefill_chunk = prefill_chunk or (512 if on_gpu else 128)
@@ -217,6 +218,22 @@ class MlxBackend:
             if cache[0].offset > 0:
                 self.prefix_cache.put(tokens[: cache[0].offset], cache)
             raise
+
+
+def generation_defaults(path: Path) -> dict[str, float]:
+    """Sampling defaults from a Hugging Face ``generation_config.json`` (``do_sample: false``
+    means greedy), as ``SamplingParams`` field names."""
+    file = path / "generation_config.json"
+    if not file.exists():
+        return {}
+    config = json.loads(file.read_text())
+    names = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+    defaults = {k: float(config[k]) for k in names if isinstance(config.get(k), (int, float))}
+    if "top_k" in defaults:
+        defaults["top_k"] = int(defaults["top_k"])
+    if config.get("do_sample") is False:
+        defaults["temperature"] = 0.0
+    return defaults
 
 
 def _context_window(path: Path, config: dict[str, Any]) -> int:

@@ -60,6 +60,7 @@ class ScriptedBackend:
     ) -> None:
         self.model_id = model_id
         self.context_window = context_window
+        self.sampling_defaults: dict[str, float] = {}  # its output ignores sampling anyway
         self.tokenizer = tokenizer or shipped_tokenizer()
         self.token_delay = token_delay
         self.prefill_chunk = prefill_chunk

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import attrs
@@ -42,21 +42,20 @@ class Envelope:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
 
-def sampling_params(body: GenerationFields, *, max_tokens: int | None) -> SamplingParams:
-    """The request's sampling fields over the server defaults (``max_tokens`` already chosen)."""
-    defaults = SamplingParams()
+def sampling_params(
+    body: GenerationFields, *, max_tokens: int, model_defaults: Mapping[str, float]
+) -> SamplingParams:
+    """Each sampling field from the request, else the model's own default (its
+    ``generation_config.json``), else the server's."""
     stop = body.stop if isinstance(body.stop, list) else [body.stop] if body.stop else []
+    given = {
+        name: value
+        for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                     "presence_penalty", "frequency_penalty")
+        if (value := getattr(body, name)) is not None
+    }
     return SamplingParams(
-        max_tokens=max_tokens or defaults.max_tokens,
-        temperature=defaults.temperature if body.temperature is None else body.temperature,
-        top_p=defaults.top_p if body.top_p is None else body.top_p,
-        top_k=defaults.top_k if body.top_k is None else body.top_k,
-        min_p=body.min_p or 0.0,
-        seed=body.seed,
-        repetition_penalty=body.repetition_penalty or 1.0,
-        presence_penalty=body.presence_penalty or 0.0,
-        frequency_penalty=body.frequency_penalty or 0.0,
-        stop=tuple(stop),
+        max_tokens=max_tokens, seed=body.seed, stop=tuple(stop), **{**model_defaults, **given}
     )
 
 

@@ -93,7 +93,9 @@ async def chat_completions() -> Response:
         model=entry.id,
         prompt=ChatPrompt(tuple(messages), tools, _template_kwargs(body)),
         params=sampling_params(
-            body, max_tokens=body.max_tokens or body.max_completion_tokens or DEFAULT_MAX_TOKENS
+            body,
+            max_tokens=body.max_tokens or body.max_completion_tokens or DEFAULT_MAX_TOKENS,
+            model_defaults=entry.sampling_defaults,
         ),
     )
     env = Envelope.new("chatcmpl", body.model or entry.id)

@@ -56,7 +56,11 @@ async def completions() -> Response:
         request_id=g.record.id,
         model=entry.id,
         prompt=TextPrompt(text),
-        params=sampling_params(body, max_tokens=body.max_tokens or DEFAULT_MAX_TOKENS),
+        params=sampling_params(
+            body,
+            max_tokens=body.max_tokens or DEFAULT_MAX_TOKENS,
+            model_defaults=entry.sampling_defaults,
+        ),
     )
     env = Envelope.new("cmpl", body.model or entry.id)
 
