@@ -185,6 +185,8 @@ BAD_BODIES = [
     (json.dumps({"messages": [{"role": "robot", "content": "x"}]}).encode(), "'robot' is not one of"),
     (json.dumps({"messages": [{"role": "user", "content": 7}]}).encode(), "content must be"),
     (json.dumps(chat_body(stop=[1])).encode(), "stop must be"),
+    (json.dumps(chat_body(repetition_penalty=0)).encode(), "repetition_penalty must be between"),
+    (json.dumps(chat_body(top_p=1.5)).encode(), "top_p must be between 0.0 and 1.0, got 1.5"),
 ]
 
 
