@@ -385,8 +385,11 @@ async def test_a_client_that_stops_reading_does_not_stall_the_others(start_serve
     wait for it, so the next client is served as if it were not there."""
     from ._support import raw_post
 
+    from turbospark.messages import Generated
+
     backend = ScriptedBackend(context_window=64_000)
     server = await start_server([backend])
+    events = server.system.subscribe(buffer=64)
     # a stream far larger than the socket buffers (~5 MB of SSE), never read
     stalled = await raw_post(server.url, "/v1/chat/completions", chat_body(max_tokens=30_000, stream=True))
     await wait_for(lambda: backend.counters.generations == 1)
@@ -394,4 +397,13 @@ async def test_a_client_that_stops_reading_does_not_stall_the_others(start_serve
         r = await client.post(f"{server.url}/v1/chat/completions", json=chat_body(max_tokens=3))
     assert r.json()["usage"]["completion_tokens"] == 3
     assert backend.counters.generations == 2
+    generated = []
+    with trio.fail_after(5):
+        async for event in events:
+            if isinstance(event, Generated):
+                generated.append(event)
+                if len(generated) == 2:
+                    break
+    # the stalled client's generation ran to its budget (buffered), then the other one ran
+    assert [(g.stop_reason, g.new_tokens) for g in generated] == [("MaxTokens", 30_000), ("MaxTokens", 3)]
     await stalled.aclose()

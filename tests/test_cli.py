@@ -119,6 +119,7 @@ def test_sigint_during_a_stream_exits_zero(tmp_path: Path) -> None:
         (["--max-queue", "0"], "must be at least 1, got 0"),
         (["--port", "70000"], "a port number must be 0-65535, got 70000"),
         (["--system", "a", "--system-file", "x"], "not allowed with argument"),
+        (["--events", "/nonexistent-dir/ev.jsonl"], "--events: cannot write /nonexistent-dir/ev.jsonl"),
     ],
 )
 def test_bad_flags_exit_2_with_one_clear_line(args: list[str], needle: str) -> None:

@@ -142,15 +142,25 @@ async def test_disconnect_during_prefill_stops_between_chunks(mlx_server, client
 async def test_sampling_edges_are_not_errors(mlx_server, client) -> None:
     texts = {}
     for name, extra in (
-        ("top_k past the vocabulary", {"top_k": 10**6}),
+        ("top_k past the vocabulary", {"top_k": 10**6, "temperature": 1.0}),
         ("top_p 0", {"top_p": 0.0, "temperature": 1.0}),
-        ("repetition penalty", {"repetition_penalty": 1.3}),
+        ("repetition penalty", {"repetition_penalty": 1.3, "temperature": 1.0}),
+        ("penalties", {"presence_penalty": 1.0, "frequency_penalty": 1.0, "temperature": 1.0}),
     ):
         r = await client.post(f"{mlx_server.url}{PATH}", json={"messages": FRANCE} | extra)
         assert r.status_code == 200, (extra, r.text)
         texts[name] = r.json()["choices"][0]["message"]["content"]
     # top_p 0 keeps only the most likely token: greedy
     assert texts["top_p 0"] == "The capital of France is Paris."
+    # a one-token prompt leaves the repetition penalty no prompt history to look at
+    r = await client.post(
+        f"{mlx_server.url}/v1/completions",
+        json={"prompt": "Hello", "max_tokens": 4, "repetition_penalty": 1.2},
+    )
+    assert r.status_code == 200 and r.json()["usage"] == {
+        "prompt_tokens": 1, "completion_tokens": 4, "total_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
 
 def test_prefix_cache_is_exact_and_keeps_other_conversations() -> None:
@@ -201,6 +211,14 @@ def test_prefix_cache_is_exact_and_keeps_other_conversations() -> None:
     assert first >= 64
     assert run(long, leave_after=0)[1] == first
 
+    # The same prompt again and again (retries, a greedy default) refreshes one entry instead
+    # of filling the cache with copies and pushing the other conversations out.
+    other = [{"role": "user", "content": "Count to three."}]
+    run(other)
+    for _ in range(5):
+        run(a1)
+    assert run(other)[1] >= len(tok.encode_chat(other)) - 1
+
 
 async def test_a_base_model_serves_plain_completions(nursery, client) -> None:
     from turbospark.model.mlx_backend import MlxBackend
@@ -219,3 +237,21 @@ async def test_a_base_model_serves_plain_completions(nursery, client) -> None:
     r = await client.post(f"{server.url}{PATH}", json={"messages": FRANCE})
     assert r.status_code == 503 and "no model capable" in r.json()["error"]["message"]
     server.stop.set()
+
+
+def test_sampling_defaults_come_from_the_model(tmp_path) -> None:
+    import json
+    import shutil
+
+    from turbospark.model.mlx_backend import generation_defaults
+
+    # a store entry without generation_config.json: the catalogue knows its GGUF
+    shutil.copy(smollm2_store().path / "manifest.json", tmp_path / "manifest.json")
+    assert generation_defaults(tmp_path) == {"temperature": 0.0}
+    # a model's own file wins
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"do_sample": True, "temperature": 0.7, "top_k": 20, "eos_token_id": 2})
+    )
+    assert generation_defaults(tmp_path) == {"temperature": 0.7, "top_k": 20}
+    # an unknown model has no defaults of its own
+    assert generation_defaults(tmp_path / "nothing") == {}

@@ -122,6 +122,11 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sett
             parser.error(f"--system-file: {exc.strerror}: {args.system_file}")
         if not system_prompt:
             parser.error(f"--system-file: {args.system_file} is empty")
+    if args.events is not None:
+        try:
+            args.events.open("a", encoding="utf-8").close()
+        except OSError as exc:
+            parser.error(f"--events: cannot write {args.events}: {exc.strerror}")
     script = None
     if args.script:
         try:

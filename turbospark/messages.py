@@ -25,7 +25,6 @@ __all__ = [
     "Generated",
     "GenerationBegan",
     "Phase",
-    "PrefillDone",
     "Queued",
     "QueueDepth",
     "QueueRejected",
@@ -94,15 +93,6 @@ class Started:
 
 
 @attrs.frozen
-class PrefillDone:
-    """Progress through the prompt, sent after every prefill chunk."""
-
-    done: int
-    total: int
-    cached: int
-
-
-@attrs.frozen
 class Delta:
     """One decode step: ``text`` is what became safe to show (possibly empty)."""
 
@@ -123,7 +113,7 @@ class Failed:
     error: TurboSparkError
 
 
-Reply = Queued | Started | PrefillDone | Delta | Finished | Failed
+Reply = Queued | Started | Delta | Finished | Failed
 
 
 # --- the generation queue's inbox ----------------------------------------------------------

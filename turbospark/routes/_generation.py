@@ -20,7 +20,6 @@ from ..messages import (
     Failed,
     Finished,
     GenerationJob,
-    PrefillDone,
     Queued,
     Reply,
     Started,
@@ -31,8 +30,8 @@ from ._app import request_scope, system
 
 __all__ = ["Completion", "Replies", "collect", "events", "start"]
 
-# Room for Queued, Started, the stop-string tail, Finished and a little progress, beyond one
-# Delta per token of the budget: the model thread never has to wait for a slow reader.
+# Room for Queued, Started, a stop-string tail and Finished beyond one Delta per token of the
+# budget: the model thread never has to wait for a slow reader.
 REPLY_SLACK = 8
 
 Replies = trio.MemoryReceiveChannel[Reply]
@@ -80,10 +79,9 @@ async def collect(replies: Replies) -> Completion:
             parts.append(msg.text)
         elif isinstance(msg, Finished):
             return Completion("".join(parts), msg)
-        elif isinstance(msg, Failed):
-            raise msg.error
         else:
-            assert isinstance(msg, PrefillDone), msg
+            assert isinstance(msg, Failed), msg
+            raise msg.error
     raise ShuttingDown()
 
 
@@ -103,8 +101,6 @@ async def events(
                     msg = await replies.receive()
                 except trio.EndOfChannel:
                     msg = Failed(ShuttingDown())
-            if isinstance(msg, PrefillDone):
-                continue
             yield msg
             if isinstance(msg, (Finished, Failed)):
                 return

@@ -87,7 +87,7 @@ def sse_response(
         last = finish(fin.finish_reason)
         return [last, last | {"choices": [], "usage": usage(fin)}] if include_usage else [last]
 
-    async def body() -> AsyncIterator[bytes]:
+    async def frames() -> AsyncIterator[bytes]:
         for chunk in opening:
             yield _sse.data(chunk)
         async for msg in events(replies, keepalive=keepalive):
@@ -105,7 +105,7 @@ def sse_response(
                 yield _sse.event("error", exception_body(msg.error, "openai"))
 
     response = Response(
-        body(),
+        frames(),
         content_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
