@@ -184,9 +184,12 @@ def _run_job(backend: Backend, job: GenerationJob, emit: Callable[[object], None
             break
         else:
             tally.stop_reason = "EndOfTurn"
-        if stops.matched is None:
+        if stops.matched is None:  # text the decoder or the stop matcher still held back
             tail = stops.feed(decoder.flush())
-            tail += "" if stops.matched is not None else stops.flush()
+            if stops.matched is not None:
+                tally.stop_reason = "StopString"
+            else:
+                tail += stops.flush()
             if tail:
                 _send(job, Delta(tail))
         report()
