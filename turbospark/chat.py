@@ -11,9 +11,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["DEFAULT_MAX_TOKENS", "TemplateMessage", "apply_default_system", "text_of", "tool_call"]
-
-DEFAULT_MAX_TOKENS = 256
+__all__ = ["TemplateMessage", "apply_default_system", "text_of", "tool_call"]
 
 TemplateMessage = dict[str, Any]
 

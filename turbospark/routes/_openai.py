@@ -43,10 +43,10 @@ class Envelope:
 
 
 def sampling_params(
-    body: GenerationFields, *, max_tokens: int, model_defaults: Mapping[str, float]
+    body: GenerationFields, *, max_tokens: int | None, model_defaults: Mapping[str, float]
 ) -> SamplingParams:
     """Each sampling field from the request, else the model's own default (its
-    ``generation_config.json``), else the server's."""
+    ``generation_config.json``), else the server's (``SamplingParams``' defaults)."""
     stop = body.stop if isinstance(body.stop, list) else [body.stop] if body.stop else []
     given = {
         name: value
@@ -54,9 +54,9 @@ def sampling_params(
                      "presence_penalty", "frequency_penalty")
         if (value := getattr(body, name)) is not None
     }
-    return SamplingParams(
-        max_tokens=max_tokens, seed=body.seed, stop=tuple(stop), **{**model_defaults, **given}
-    )
+    if max_tokens is not None:
+        given["max_tokens"] = max_tokens
+    return SamplingParams(seed=body.seed, stop=tuple(stop), **{**model_defaults, **given})
 
 
 def usage(fin: Finished) -> dict[str, Any]:

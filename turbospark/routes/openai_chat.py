@@ -6,7 +6,7 @@ from typing import Any
 
 from quart import Blueprint, Response, g, request
 
-from ..chat import DEFAULT_MAX_TOKENS, TemplateMessage, apply_default_system, text_of, tool_call
+from ..chat import TemplateMessage, apply_default_system, text_of, tool_call
 from ..codec import parse_json, structure
 from ..messages import ChatPrompt, RequestRouted
 from ..wire.openai import ChatCompletionRequest
@@ -94,7 +94,7 @@ async def chat_completions() -> Response:
         prompt=ChatPrompt(tuple(messages), tools, _template_kwargs(body)),
         params=sampling_params(
             body,
-            max_tokens=body.max_tokens or body.max_completion_tokens or DEFAULT_MAX_TOKENS,
+            max_tokens=body.max_tokens or body.max_completion_tokens,
             model_defaults=entry.sampling_defaults,
         ),
     )
