@@ -18,14 +18,15 @@ from ..messages import (
     Failed,
     Generated,
     GenerationJob,
-    QueueDepth,
     Queued,
+    QueueDepth,
     QueueRejected,
     Submit,
     Take,
     Withdraw,
 )
 from ._fifo import FifoPolicy
+from ._mailbox import answer
 
 __all__ = ["QueueMessage", "generation_queue"]
 
@@ -66,11 +67,7 @@ class _Queue:
         ahead = self.policy.admit(job.model, job)
         if ahead is None:
             self.emit(QueueRejected(job.request_id, job.model))
-            try:
-                job.reply.send_nowait(Failed(QueueFull(job.model, self.policy.limit)))
-            except trio.BrokenResourceError:
-                pass
-            job.reply.close()
+            answer(job.reply, Failed(QueueFull(job.model, self.policy.limit)))
             return
         try:
             job.reply.send_nowait(Queued(ahead))

@@ -19,6 +19,7 @@ from ..errors import ShuttingDown
 from ..messages import Failed, GenerationJob, Take
 from ..model._worker import serve_model
 from ..model.backend import Backend
+from ._mailbox import answer
 from .generation import QueueMessage
 
 __all__ = ["ModelInfo", "model_actor"]
@@ -59,11 +60,7 @@ async def model_actor(
                 except (trio.WouldBlock, trio.EndOfChannel):
                     pass
                 else:
-                    with orphan.reply:
-                        try:
-                            orphan.reply.send_nowait(Failed(ShuttingDown()))
-                        except (trio.BrokenResourceError, trio.WouldBlock):
-                            pass
+                    answer(orphan.reply, Failed(ShuttingDown()))
 
     ready_send, ready_recv = trio.open_memory_channel[Backend](1)
     with queue, ready_recv:

@@ -28,6 +28,7 @@ from ..messages import (
     RequestRouted,
     RequestStarted,
 )
+from ._mailbox import answer
 
 __all__ = ["Observer", "RenderMetrics", "Subscribe", "event_to_json", "observer"]
 
@@ -169,11 +170,7 @@ async def observer(
             task_status.started()
             async for msg in inbox:
                 if isinstance(msg, RenderMetrics):
-                    with msg.reply:
-                        try:
-                            msg.reply.send_nowait(metrics.render(msg.dropped))
-                        except trio.BrokenResourceError:
-                            pass
+                    answer(msg.reply, metrics.render(msg.dropped))
                     continue
                 if isinstance(msg, Subscribe):
                     subscribers.append(msg.events)

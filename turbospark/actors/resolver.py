@@ -8,15 +8,15 @@ granted slot is held until the resolution finishes, even if the asker has gone. 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
 import logging
+from collections.abc import Awaitable, Callable
 
 import attrs
 import trio
 
 from ..errors import ResolutionBusy, ResolutionFailed, TurboSparkError
 from ..routing import Capability, ModelEntry, Registry
+from ._mailbox import answer
 
 __all__ = ["Resolve", "resolve_in_registry", "resolver"]
 
@@ -48,20 +48,16 @@ async def resolver(
     limiter = trio.CapacityLimiter(slots)
 
     async def run(msg: Resolve, lease: object) -> None:
-        try:
-            try:
-                answer: ModelEntry | TurboSparkError = await resolve(registry, msg.name, msg.want)
-            except TurboSparkError as exc:
-                answer = exc
-            except Exception:  # a broken resolution fails its request, not the server
-                log.exception("model resolution failed for %r", msg.name)
-                answer = ResolutionFailed()
-            with msg.reply:
-                msg.reply.send_nowait(answer)
-        except trio.BrokenResourceError:
-            pass  # the asker left; the slot was still held until here
+        try:  # the slot is held until the resolution ends, even if the asker has left
+            result: ModelEntry | TurboSparkError = await resolve(registry, msg.name, msg.want)
+        except TurboSparkError as exc:
+            result = exc
+        except Exception:  # a broken resolution fails its request, not the server
+            log.exception("model resolution failed for %r", msg.name)
+            result = ResolutionFailed()
         finally:
             limiter.release_on_behalf_of(lease)
+        answer(msg.reply, result)
 
     with inbox:
         async with trio.open_nursery() as nursery:
@@ -71,10 +67,6 @@ async def resolver(
                 try:
                     limiter.acquire_on_behalf_of_nowait(lease)
                 except trio.WouldBlock:
-                    with msg.reply:
-                        try:
-                            msg.reply.send_nowait(ResolutionBusy())
-                        except trio.BrokenResourceError:
-                            pass
+                    answer(msg.reply, ResolutionBusy())
                     continue
                 nursery.start_soon(run, msg, lease)
