@@ -3,7 +3,6 @@ the streaming detokenizer and the routing policy."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -100,7 +99,11 @@ def test_chat_template_and_counts() -> None:
     ids = tok.encode(rendered)
     assert tok.encode("<|im_end|>") == [2] and 2 in tok.stop_ids
     assert ids.count(1) == 3  # <|im_start|> is one special token each time
-    assert json.loads(json.dumps(tok.decode(ids)))  # decodes without the special tokens
+    # special tokens are left out of decoded text
+    assert tok.decode(ids) == (
+        "system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face\n"
+        "user\nHi\nassistant\n"
+    )
 
 
 def test_routing_policy() -> None:
