@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from turbospark.model.catalogue import RegistryUnreachableError, pull
-from turbospark.model.store import ModelStore, StoredModel
+from turbospark.store.catalogue import RegistryUnreachableError, pull
+from turbospark.store.store import ModelStore, StoredModel
 
 __all__ = ["cached_store", "gemma_store", "smollm2_store"]
 

@@ -239,19 +239,16 @@ async def test_a_base_model_serves_plain_completions(nursery, client) -> None:
     server.stop.set()
 
 
-def test_sampling_defaults_come_from_the_model(tmp_path) -> None:
+def test_sampling_defaults_come_from_the_model_directory(tmp_path) -> None:
     import json
-    import shutil
 
     from turbospark.model.mlx_backend import generation_defaults
 
-    # a store entry without generation_config.json: the catalogue knows its GGUF
-    shutil.copy(smollm2_store().path / "manifest.json", tmp_path / "manifest.json")
-    assert generation_defaults(tmp_path) == {"temperature": 0.0}
-    # a model's own file wins
+    # the store wrote the catalogue's defaults for the default model into its directory
+    assert generation_defaults(smollm2_store().path) == {"temperature": 0.0}
     (tmp_path / "generation_config.json").write_text(
         json.dumps({"do_sample": True, "temperature": 0.7, "top_k": 20, "eos_token_id": 2})
     )
     assert generation_defaults(tmp_path) == {"temperature": 0.7, "top_k": 20}
-    # an unknown model has no defaults of its own
+    # a directory without one has no defaults of its own: the runtime reads nothing else
     assert generation_defaults(tmp_path / "nothing") == {}

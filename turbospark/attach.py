@@ -40,8 +40,8 @@ def backend_specs(settings: Settings) -> list[BackendSpec]:
 
 def stored_model(name: str | None) -> tuple[Path, str]:
     """The store directory and id for ``name`` (None: the default model), importing if needed."""
-    from .model import catalogue
-    from .model.store import ModelImportError, ModelStore, store_root
+    from .store import catalogue
+    from .store.store import ModelImportError, ModelStore, store_root
 
     store = ModelStore(store_root())
     try:
@@ -61,6 +61,7 @@ def stored_model(name: str | None) -> tuple[Path, str]:
             )
     except ModelImportError as exc:
         raise ModelSetupError(str(exc)) from exc
+    stored = store.ensure_runtime_files(stored)  # a model imported by an older turbospark
     return stored.path, stored.name
 
 

