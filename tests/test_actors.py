@@ -33,9 +33,9 @@ def make_job(i: int, model: str = "m"):
     return job, recv
 
 
-async def take(queue, model: str = "m"):
+async def take(queue, model: str = "m", count: int = 1, wait: bool = True):
     send, recv = trio.open_memory_channel(1)
-    await queue.send(Take(model, send))
+    await queue.send(Take(model, send, count, wait))
     return recv
 
 
@@ -70,11 +70,36 @@ async def test_queue_is_fifo_bounded_and_frees_withdrawn_slots_at_once(
     await trio.testing.wait_all_tasks_blocked()
     assert jobs[3][1].receive_nowait() == Queued(1)
 
-    got = [await (await take(queue)).receive() for _ in range(2)]
+    got = [job for _ in range(2) for job in await (await take(queue)).receive()]
     assert [j.request_id for j in got] == [1, 3]
     await queue.send(Withdraw(got[0]))  # already handed out: the queue leaves it alone
     await trio.testing.wait_all_tasks_blocked()
     assert len([e for e in events if isinstance(e, Generated)]) == 1
+
+
+async def test_a_running_batch_takes_what_waits_without_waiting(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    events: list[object] = []
+    queue, inbox = trio.open_memory_channel(16)
+    await nursery.start(partial(generation_queue, inbox, events.append, max_queue=8))
+    before = trio.current_time()
+    assert await (await take(queue, count=4, wait=False)).receive() == []  # nothing waits: at once
+    jobs = [make_job(i) for i in range(3)]
+    for job, _ in jobs:
+        await queue.send(Submit(job))
+    got = await (await take(queue, count=2, wait=False)).receive()
+    assert [j.request_id for j in got] == [0, 1]  # oldest first, no more than asked
+    assert trio.current_time() == before
+    # an idle thread waits, and gets everything there is up to its count in one answer
+    assert [j.request_id for j in await (await take(queue, count=4)).receive()] == [2]
+    idle = await take(queue, count=4)
+    await trio.testing.wait_all_tasks_blocked()
+    late = [make_job(i) for i in (3, 4)]
+    for job, _ in late:
+        await queue.send(Submit(job))
+    assert [j.request_id for j in await idle.receive()] == [3]
+    assert [e.depth for e in events if isinstance(e, QueueDepth)][-1] == 1
 
 
 async def test_queue_shutdown_releases_takers_and_waiting_jobs(

@@ -87,7 +87,7 @@ async def test_disconnect_while_queued_never_starts_and_spares_the_active_one(
     start_server, client, stream
 ) -> None:
     backend = ScriptedBackend(token_delay=DELAY / 5)
-    server = await start_server([backend])
+    server = await start_server([backend], max_batch=1)  # one runs, the next one waits
     events = server.system.subscribe()
     active: list[httpx.Response] = []
     async with trio.open_nursery() as nursery:
@@ -120,7 +120,7 @@ async def test_disconnect_while_queued_never_starts_and_spares_the_active_one(
 
 async def test_arrival_order_is_kept(start_server, client) -> None:
     backend = ScriptedBackend(token_delay=0.01)
-    server = await start_server([backend])
+    server = await start_server([backend], max_batch=1)
     done: list[int] = []
 
     async def one(i: int, max_tokens: int) -> None:

@@ -163,8 +163,28 @@ async def test_sampling_edges_are_not_errors(mlx_server, client) -> None:
     }
 
 
+def run_alone(backend, prompt: list[int], params, *, leave_after: int | None = None, seq: int = 0):
+    """Run one sequence through the batch engine by hand: (tokens, cached prompt tokens).
+    With ``leave_after`` N it leaves, as a client would, after N engine steps (0: before any)."""
+    cached = backend.insert(seq, prompt, params)
+    out: list[int] = []
+    steps = 0
+    while leave_after is None or steps < leave_after:
+        result = backend.step()
+        steps += 1
+        if seq in result.tokens:
+            token = result.tokens[seq]
+            if token in backend.tokenizer.stop_ids:
+                break
+            out.append(token)
+            if len(out) == params.max_tokens:
+                break
+    backend.remove(seq)
+    return out, cached
+
+
 def test_prefix_cache_is_exact_and_keeps_other_conversations() -> None:
-    from turbospark.model.backend import PrefillProgress, SamplingParams
+    from turbospark.model.backend import SamplingParams
     from turbospark.model.mlx_backend import MlxBackend
 
     stored = smollm2_store()
@@ -173,30 +193,14 @@ def test_prefix_cache_is_exact_and_keeps_other_conversations() -> None:
     greedy = SamplingParams(temperature=0, max_tokens=10)
 
     def run(messages, leave_after: int | None = None) -> tuple[str, int]:
-        """Generate greedily; with ``leave_after`` N, leave (as a client would) at the Nth
-        progress item (0: the very first, before any prefill)."""
-        steps = backend.generate(tok.encode_chat(messages), greedy)
-        out, cached, seen = [], 0, 0
-        for item in steps:
-            if isinstance(item, PrefillProgress):
-                cached = item.cached
-                if seen == leave_after:
-                    break
-                seen += 1
-                continue
-            if item in tok.stop_ids or len(out) == 10:
-                break
-            out.append(item)
-        steps.close()
-        return tok.decode(out), cached
+        ids, cached = run_alone(backend, tok.encode_chat(messages), greedy, leave_after=leave_after)
+        return tok.decode(ids), cached
 
     a1 = [{"role": "user", "content": "Name three colours."}]
     answer, _ = run(a1)
     a2 = a1 + [{"role": "assistant", "content": answer}, {"role": "user", "content": "And three fruits?"}]
     fresh = MlxBackend(stored.path, model_id="fresh")
-    reference = fresh.generate(tok.encode_chat(a2), greedy)
-    reference_ids = list(islice((t for t in reference if not isinstance(t, PrefillProgress)), 4))
-    reference.close()
+    reference_ids, _ = run_alone(fresh, tok.encode_chat(a2), SamplingParams(temperature=0, max_tokens=4))
 
     run([{"role": "user", "content": "Something else entirely."}])  # another conversation between
     text, cached = run(a2)
@@ -204,7 +208,7 @@ def test_prefix_cache_is_exact_and_keeps_other_conversations() -> None:
     assert text.startswith(tok.decode(reference_ids))  # and reuse changes nothing in the output
 
     # A client that leaves after one prefill chunk leaves that chunk cached; the next request for
-    # the same prompt takes that entry whole, and leaving at its very first item must give it back.
+    # the same prompt takes that entry whole, and leaving before its first step gives it back.
     long = [{"role": "user", "content": "Tell me about the sea. " * 30}]
     run(long, leave_after=1)
     first = run(long, leave_after=0)[1]

@@ -1,5 +1,5 @@
 """The sans-io pieces, tested directly: stop strings, the queue policy, SSE framing, the codec,
-the streaming detokenizer and the routing policy."""
+the streaming detokenizer, the routing policy, a sequence's own state and batch admission."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ import pytest
 from turbospark.actors._fifo import FifoPolicy
 from turbospark.codec import structure
 from turbospark.errors import ModelNotFound, NoModel, RequestInvalid
+from turbospark.model._admission import Admission
+from turbospark.model.backend import PrefillProgress, SamplingParams
 from turbospark.model.scripted import shipped_tokenizer
+from turbospark.model.sequence import SequenceState
 from turbospark.model.stops import StopMatcher
 from turbospark.routes import _sse
 from turbospark.routing import ModelEntry, Registry
@@ -54,14 +57,15 @@ def test_fifo_policy_order_limit_withdraw() -> None:
     assert p.withdraw("m", "a") and not p.withdraw("m", "a")
     assert p.depth("m") == 1
     p.add_taker("m", "t1")
-    assert list(p.dispatch()) == [("m", "t1", "b")]
+    assert list(p.dispatch()) == [("m", "t1", ["b"])]
     assert p.depth("m") == 0
-    p.add_taker("m", "t2")
-    # one idle taker: "d" will not wait, so two more fit before the limit
-    assert [p.admit("m", j) for j in "defg"] == [0, 1, 2, None]
-    assert list(p.dispatch()) == [("m", "t2", "d")]
-    p.requeue("m", "d")
-    assert p.drain() == ([], ["d", "e", "f", "x"])
+    p.add_taker("m", "t2", count=2)
+    # an idle taker of two: "d" and "e" will not wait, so two more fit before the limit
+    assert [p.admit("m", j) for j in "defgh"] == [0, 1, 2, 3, None]
+    assert list(p.dispatch()) == [("m", "t2", ["d", "e"])]
+    assert p.take_now("m", 5) == ["f", "g"] and p.take_now("m", 5) == []
+    p.requeue("m", ["d", "e"])
+    assert p.drain() == ([], ["d", "e", "x"])
 
 
 def test_sse_framing() -> None:
@@ -161,3 +165,65 @@ def test_sampling_defaults_request_then_model_then_server() -> None:
     assert params.temperature == 0.0  # the model's own default
     assert params.top_p == 0.5  # the request wins
     assert params.top_k == 64 and params.max_tokens == 7 and params.stop == ("END",)  # the server's
+
+
+def _sequence(**params: object) -> tuple[SequenceState, list[int]]:
+    tok = shipped_tokenizer()
+    state = SequenceState(
+        params=SamplingParams(**params),  # type: ignore[arg-type]
+        decoder=tok.stream_decoder(),
+        stop_ids=tok.stop_ids,
+        eos_id=tok.eos_id,
+        prompt_tokens=5,
+        created=0.0,
+    )
+    return state, tok.encode("The capital of France is Paris.")
+
+
+def test_sequence_ends_on_its_budget_with_everything_shown() -> None:
+    state, ids = _sequence(max_tokens=3)
+    state.progress(PrefillProgress(5, 5, 2))
+    texts = [state.feed(t, now=1.0) for t in ids[:3]]
+    assert "".join(texts) == shipped_tokenizer().decode(ids[:3])
+    assert state.stop_reason == "MaxTokens" and state.finish_reason == "length"
+    assert (state.new_tokens, state.cached, state.phase, state.prefill_end) == (3, 2, "decode", 1.0)
+
+
+def test_sequence_holds_a_possible_stop_string_and_drops_a_matched_one() -> None:
+    state, ids = _sequence(max_tokens=50, stop=("Paris",))
+    out = ""
+    for t in ids:
+        out += state.feed(t)
+        if state.stop_reason is not None:
+            break
+    assert out == "The capital of France is " and state.stop_reason == "StopString"
+    assert state.finish_reason == "stop"
+
+
+def test_sequence_stop_token_flushes_the_held_tail() -> None:
+    tok = shipped_tokenizer()
+    state, ids = _sequence(max_tokens=50, stop=(".!",))
+    out = "".join(state.feed(t) for t in ids)
+    assert out == "The capital of France is Paris"  # the "." could still become ".!"
+    (end_of_turn,) = tok.encode("<|im_end|>")
+    out += state.feed(end_of_turn)
+    assert out == "The capital of France is Paris."
+    assert state.stop_reason == ("Eos" if end_of_turn == tok.eos_id else "EndOfTurn")
+    state.end("Cancelled")  # an ended sequence keeps its reason
+    assert state.stop_reason in ("Eos", "EndOfTurn")
+
+
+def test_admission_slots_and_kv_budget_keep_arrival_order() -> None:
+    a = Admission(max_batch=2, kv_budget=100)
+    assert a.fits(500)  # alone, anything runs
+    a.admit(1, 500)
+    assert not a.fits(1)  # over the budget now
+    a.release(1)
+    a.admit(2, 60)
+    assert a.fits(40) and not a.fits(41)
+    a.admit(3, 40)
+    assert a.free_slots() == 0 and not a.fits(0)  # no slot left
+    a.release(2)
+    assert a.running == 1 and a.reserved == 40 and a.fits(60)
+    with pytest.raises(ValueError):
+        Admission(max_batch=0, kv_budget=1)

@@ -90,6 +90,22 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="model resolutions in flight at once; more are refused with 503 (default 4)",
     )
+    s.add_argument(
+        "--max-batch",
+        type=_int_in(1, 1024, "a batch size"),
+        default=Settings.max_batch_default(),
+        metavar="N",
+        help="sequences a model runs at once, batched into one step; more wait in the queue "
+        f"(default {Settings.max_batch_default()})",
+    )
+    s.add_argument(
+        "--kv-budget-mb",
+        type=_positive_int,
+        default=None,
+        metavar="MB",
+        help="KV-cache memory a model's running sequences may grow to; a request that would not "
+        "fit waits for room (default: a quarter of physical memory)",
+    )
     s.add_argument("--events", type=Path, metavar="FILE", help="append observer events to FILE as JSON lines")
     s.add_argument("--script", type=Path, metavar="FILE", help="scripted backend: emit this UTF-8 text, then end the turn")
     s.add_argument(
@@ -141,6 +157,8 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sett
         system_prompt=system_prompt,
         max_queue=args.max_queue,
         max_resolutions=args.max_resolutions,
+        max_batch=args.max_batch,
+        kv_budget=args.kv_budget_mb << 20 if args.kv_budget_mb else Settings.kv_budget_default(),
         events_path=args.events,
         script=script,
         token_delay=args.token_delay_ms / 1000,

@@ -30,6 +30,7 @@ from .config import Settings
 from .errors import TurboSparkError
 from .actors.observer import Event
 from .messages import GenerationJob, Submit, Withdraw
+from .model._worker import Limits
 from .model.backend import BackendSpec
 from .routing import Capability, ModelEntry, Registry, alias_for
 
@@ -94,7 +95,10 @@ async def run_system(
 
         entries = []
         for spec in backends:
-            info = await nursery.start(model_actor, spec.id, spec.make, queue_send.clone(), obs.emit)
+            limits = Limits(settings.max_batch, settings.kv_budget)
+            info = await nursery.start(
+                model_actor, spec.id, spec.make, queue_send.clone(), obs.emit, limits
+            )
             capabilities: frozenset[Capability] = frozenset(
                 {"chat", "completion"} if info.has_chat_template else {"completion"}
             )

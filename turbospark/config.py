@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import attrs
@@ -18,9 +19,24 @@ class Settings:
     system_prompt: str | None = None
     max_queue: int = 16
     max_resolutions: int = 4
+    max_batch: int = 8  # sequences a model runs at once
+    kv_budget: int = 2 << 30  # bytes of KV cache a model's running sequences may grow to
     events_path: Path | None = None
     script: str | None = None
     token_delay: float = 0.0
     graceful_timeout: float = 5.0
     keepalive_interval: float = 15.0
     max_body_bytes: int = 25 * 1024 * 1024
+
+    @staticmethod
+    def max_batch_default() -> int:
+        """What ``benchmarks/bench_batch.py`` shows is best here (see the README)."""
+        return 8
+
+    @staticmethod
+    def kv_budget_default() -> int:
+        """A quarter of physical memory."""
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+        except (ValueError, OSError, AttributeError):
+            return 2 << 30

@@ -15,8 +15,10 @@ import trio
 
 from .errors import TurboSparkError
 from .model.backend import SamplingParams
+from .model.sequence import Phase, StopReason
 
 __all__ = [
+    "BatchState",
     "ChatPrompt",
     "Delta",
     "Failed",
@@ -39,10 +41,6 @@ __all__ = [
     "TextPrompt",
     "Withdraw",
 ]
-
-Phase = Literal["queued", "prefill", "decode"]
-StopReason = Literal["MaxTokens", "EndOfTurn", "Eos", "StopString", "Cancelled", "Error"]
-
 
 # --- what a route asks a model to generate -------------------------------------------------
 
@@ -133,10 +131,14 @@ class Withdraw:
 
 @attrs.frozen
 class Take:
-    """A model thread is idle and wants its next job (or end-of-channel at shutdown)."""
+    """A model thread wants up to ``count`` jobs.  With ``wait`` (its batch is empty) the answer
+    comes when at least one job is there; without, at once, with whatever waits (possibly none).
+    End-of-channel at shutdown."""
 
     model: str
-    reply: trio.MemorySendChannel[GenerationJob]
+    reply: trio.MemorySendChannel[list[GenerationJob]]
+    count: int = 1
+    wait: bool = True
 
 
 # --- observer events ----------------------------------------------------------------------
@@ -178,6 +180,15 @@ class Generated:
     phase: Phase | None = None  # where a cancelled generation stopped
     ttft_seconds: float | None = None
     began: bool = True  # False when it was cancelled before the model started on it
+
+
+@attrs.frozen
+class BatchState:
+    """A model's running batch changed: how many sequences run, and the KV bytes they hold."""
+
+    model: str
+    running: int
+    kv_bytes: int
 
 
 @attrs.frozen

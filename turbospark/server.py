@@ -2,9 +2,11 @@
 
 ``serve`` is what ``python -m turbospark serve`` runs and what the tests start with
 ``nursery.start``: it hands back a ``Server`` once the models are loaded and the socket is bound.
-Setting ``Server.stop`` begins a graceful shutdown: Hypercorn stops accepting, in-flight requests
-get ``graceful_timeout`` seconds, then the actors are cancelled (each model thread stops within
-one step) and ``serve`` returns.
+Setting ``Server.stop`` begins a graceful shutdown: Hypercorn stops accepting, and in-flight
+requests get ``graceful_timeout`` seconds to finish.  Then the actors are cancelled: each model
+thread stops within one step and answers every sequence it still runs or holds with
+``ShuttingDown`` (a 503, or an ``event: error`` frame on a stream), and the routes get
+``SHUTDOWN_MARGIN`` more seconds to write those endings before Hypercorn closes what is left.
 """
 
 from __future__ import annotations
@@ -33,11 +35,15 @@ class Server:
     stop: trio.Event
 
 
+# Seconds the routes get, after the models have answered ShuttingDown, to write those endings.
+SHUTDOWN_MARGIN = 2.0
+
+
 def _hypercorn_config(settings: Settings) -> HypercornConfig:
     config = HypercornConfig()
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     config.bind = [f"{host}:{settings.port}"]
-    config.graceful_timeout = settings.graceful_timeout
+    config.graceful_timeout = settings.graceful_timeout + SHUTDOWN_MARGIN
     config.accesslog = None
     config.errorlog = "-"
     return config
@@ -50,10 +56,24 @@ async def serve(
     resolve: ResolveFn = resolve_in_registry,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    actors = trio.CancelScope()
+    stop = trio.Event()
+    http_done = trio.Event()
+
+    async def run_actors(*, task_status: trio.TaskStatus[System]) -> None:
+        with actors:
+            await run_system(settings, backends, resolve=resolve, task_status=task_status)
+
+    async def end_generations() -> None:
+        await stop.wait()
+        with trio.move_on_after(settings.graceful_timeout):
+            await http_done.wait()
+        actors.cancel()
+
     async with trio.open_nursery() as root:
-        system = await root.start(partial(run_system, settings, backends, resolve=resolve))
+        system = await root.start(run_actors)
         app = create_app(system)
-        stop = trio.Event()
+        root.start_soon(end_generations)
         async with trio.open_nursery() as http:
             binds = await http.start(
                 partial(
@@ -64,4 +84,5 @@ async def serve(
                 )
             )
             task_status.started(Server(binds[0], system, stop))
+        http_done.set()
         root.cancel_scope.cancel()

@@ -1,7 +1,8 @@
 """The generation queue actor: a bounded FIFO per model between routes and model threads.
 
 Inbox messages: ``Submit`` (a route's job), ``Withdraw`` (the route left before the job started),
-``Take`` (a model thread is idle).  Admission answers on the job's own reply channel at once:
+``Take`` (a model thread wants jobs: waiting when its batch is empty, answered at once when it
+runs one).  Admission answers on the job's own reply channel at once:
 ``Queued(ahead)``, or ``Failed(QueueFull)`` when ``max_queue`` jobs already wait, so a full
 queue costs the caller nothing but this message.  A withdrawn job leaves the FIFO immediately.
 """
@@ -50,7 +51,7 @@ def _cancelled_while_queued(job: GenerationJob) -> Generated:
 
 @attrs.define
 class _Queue:
-    policy: FifoPolicy[GenerationJob, trio.MemorySendChannel[GenerationJob]]
+    policy: FifoPolicy[GenerationJob, trio.MemorySendChannel[list[GenerationJob]]]
     emit: Callable[[object], None]
 
     def handle(self, msg: QueueMessage) -> None:
@@ -59,8 +60,17 @@ class _Queue:
         elif isinstance(msg, Withdraw):
             if self.policy.withdraw(msg.job.model, msg.job):
                 self._dropped(msg.job)
+        elif msg.wait:
+            self.policy.add_taker(msg.model, msg.reply, msg.count)
         else:
-            self.policy.add_taker(msg.model, msg.reply)
+            jobs = self.policy.take_now(msg.model, msg.count)
+            try:
+                msg.reply.send_nowait(jobs)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.policy.requeue(msg.model, jobs)  # that model thread is gone (shutdown)
+            msg.reply.close()
+            if jobs:
+                self._depth(msg.model)
         self._dispatch()
 
     def _submit(self, job: GenerationJob) -> None:
@@ -84,11 +94,12 @@ class _Queue:
         self._depth(job.model)
 
     def _dispatch(self) -> None:
-        for model, taker, job in list(self.policy.dispatch()):
+        for model, taker, jobs in list(self.policy.dispatch()):
             try:
-                taker.send_nowait(job)
+                taker.send_nowait(jobs)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self.policy.requeue(model, job)  # that model thread is gone (shutdown)
+                self.policy.requeue(model, jobs)  # that model thread is gone (shutdown)
+            taker.close()
             self._depth(model)
 
     def _depth(self, model: str) -> None:

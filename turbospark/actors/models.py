@@ -3,8 +3,8 @@
 ``model_actor`` starts the thread (``trio.to_thread.run_sync`` once, never abandoned: an
 abandoned MLX thread would keep computing and holding memory), waits until the thread has loaded
 the backend, and only then reports ready through ``task_status.started(ModelInfo)``.  The thread
-pulls jobs from the generation queue one at a time with ``Take``; a future batched decoder would
-take several, and nothing on the callers' side would change.
+pulls jobs from the generation queue with ``Take``: waiting for the first when its batch is empty,
+and without waiting, for as many as it has room for, while a batch runs.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import trio
 
 from ..errors import ShuttingDown
 from ..messages import Failed, GenerationJob, Take
-from ..model._worker import serve_model
+from ..model._worker import Limits, serve_model
 from ..model.backend import Backend
 from ._mailbox import answer
 from .generation import QueueMessage
@@ -40,26 +40,27 @@ async def model_actor(
     make_backend: Callable[[], Backend],
     queue: trio.MemorySendChannel[QueueMessage],
     emit: Callable[[object], None],
+    limits: Limits = Limits(),
     *,
     task_status: trio.TaskStatus[ModelInfo] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``model_id`` until cancelled.  ``queue`` is this actor's own clone."""
 
-    async def take() -> GenerationJob | None:
-        job_send, job_recv = trio.open_memory_channel[GenerationJob](1)
+    async def take(count: int, wait: bool) -> list[GenerationJob] | None:
+        job_send, job_recv = trio.open_memory_channel[list[GenerationJob]](1)
         with job_recv:
             try:
-                await queue.send(Take(model_id, job_send))
+                await queue.send(Take(model_id, job_send, count, wait))
                 return await job_recv.receive()
             except (trio.EndOfChannel, trio.ClosedResourceError, trio.BrokenResourceError):
                 return None
             finally:
-                # Cancelled (shutdown) just as the queue handed a job over: answer it.
+                # Cancelled (shutdown) just as the queue handed jobs over: answer them.
                 try:
-                    orphan = job_recv.receive_nowait()
+                    orphans = job_recv.receive_nowait()
                 except (trio.WouldBlock, trio.EndOfChannel):
-                    pass
-                else:
+                    orphans = []
+                for orphan in orphans:
                     answer(orphan.reply, Failed(ShuttingDown()))
 
     ready_send, ready_recv = trio.open_memory_channel[Backend](1)
@@ -73,6 +74,7 @@ async def model_actor(
                     take,
                     emit,
                     ready_send.send_nowait,
+                    limits,
                     thread_name=f"model:{model_id}",
                     abandon_on_cancel=False,
                 )

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
 from ..messages import (
+    BatchState,
     Generated,
     GenerationBegan,
     QueueDepth,
@@ -33,7 +34,8 @@ from ._mailbox import answer
 __all__ = ["Observer", "RenderMetrics", "Subscribe", "event_to_json", "observer"]
 
 Event = (
-    RequestStarted
+    BatchState
+    | RequestStarted
     | RequestRouted
     | GenerationBegan
     | Generated
@@ -109,6 +111,15 @@ class _Metrics:
             "Events lost because the observer's inbox was full (metrics may be off by these)",
             registry=reg,
         )
+        self.batch_size = Gauge(
+            "turbospark_batch_size", "Sequences in a model's running batch", ["model"], registry=reg
+        )
+        self.kv_bytes = Gauge(
+            "turbospark_kv_cache_bytes",
+            "KV cache bytes held by a model's running sequences",
+            ["model"],
+            registry=reg,
+        )
         self._depths: dict[str, int] = {}
 
     def record(self, event: Event) -> None:
@@ -127,6 +138,9 @@ class _Metrics:
                 self.ttft.observe(event.ttft_seconds)
         elif isinstance(event, QueueRejected):
             self.rejections.inc()
+        elif isinstance(event, BatchState):
+            self.batch_size.labels(event.model).set(event.running)
+            self.kv_bytes.labels(event.model).set(event.kv_bytes)
         elif isinstance(event, QueueDepth):
             self._depths[event.model] = event.depth
             self.queue_depth.set(sum(self._depths.values()))

@@ -1,22 +1,30 @@
-"""What a backend is: the synchronous interface the model thread drives.
+"""What a backend is: the synchronous, batched interface the model thread drives.
 
 A backend is created, loaded and used on its model's one pinned OS thread (MLX streams are
-thread-local), so nothing here is async and nothing imports Trio.  ``generate`` is a generator:
-it yields ``PrefillProgress`` once before the first chunk and after every prefill chunk, then one
-token id per decode step.  The caller stops a generation by not asking for the next item (and
-closing the generator); that is how cancellation reaches the model between chunks and steps.
+thread-local), so nothing here is async and nothing imports Trio.  It runs many sequences at
+once, each named by an id the model thread chooses:
+
+- ``insert(seq, prompt, params)`` adds a sequence (its prefill starts at the next ``step``) and
+  says how many prompt tokens it found in the prefix cache;
+- ``step()`` does one engine step for every sequence it holds: one prefill chunk for sequences
+  still reading their prompt (the chunk is the cancellation bound of prefill) and one decode step
+  for the others; it reports progress, one token per decoding sequence, and the sequences that
+  failed alone (they are already out of the batch);
+- ``remove(seq)`` takes a sequence out (finished, or its client left) and hands its KV cache back
+  to the prefix cache; ``keep_cache=False`` drops it (its state is not trusted);
+- ``reset()`` drops everything, after a step that failed as a whole.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import attrs
 
 from .tokenizer import Tokenizer
 
-__all__ = ["Backend", "BackendSpec", "PrefillProgress", "SamplingParams"]
+__all__ = ["Backend", "BackendSpec", "PrefillProgress", "SamplingParams", "StepOutput"]
 
 
 @attrs.frozen
@@ -42,17 +50,38 @@ class PrefillProgress:
     cached: int
 
 
+@attrs.frozen
+class StepOutput:
+    """What one engine step did, per sequence id."""
+
+    progress: Mapping[int, PrefillProgress] = attrs.field(factory=dict)
+    tokens: Mapping[int, int] = attrs.field(factory=dict)
+    failed: Mapping[int, BaseException] = attrs.field(factory=dict)
+
+
 class Backend(Protocol):
     model_id: str
     context_window: int
     tokenizer: Tokenizer
     #: The model's own defaults for sampling fields a request leaves out (``SamplingParams`` field
-    #: names), e.g. from its ``generation_config.json``.
+    #: names), from its ``generation_config.json``.
     sampling_defaults: Mapping[str, float]
 
-    def generate(
-        self, prompt: list[int], params: SamplingParams
-    ) -> Generator[PrefillProgress | int, None, None]: ...
+    def kv_estimate(self, tokens: int) -> int:
+        """Bytes of KV cache a sequence of ``tokens`` tokens holds (for admission)."""
+        ...
+
+    def kv_bytes(self) -> int:
+        """Bytes of KV cache the running sequences hold now."""
+        ...
+
+    def insert(self, seq: int, prompt: list[int], params: SamplingParams) -> int: ...
+
+    def step(self) -> StepOutput: ...
+
+    def remove(self, seq: int, *, keep_cache: bool = True) -> None: ...
+
+    def reset(self) -> None: ...
 
 
 @attrs.frozen

@@ -1,17 +1,22 @@
-"""The MLX backend: a model from the store, run on its own pinned thread.
+"""The MLX backend: a model from the store, run on its own pinned thread, many sequences at once.
 
 Everything here runs on the model thread that built the backend (MLX streams are thread-local):
 loading, the prefix cache, prefill and decode.
 
-- Prefill runs in chunks of ``prefill_chunk`` tokens and yields ``PrefillProgress`` after each,
-  so the worker can stop a cancelled prompt between chunks.
-- Decode is mlx-lm's own pipelined ``generate_step`` (step n+1 is dispatched before token n is
-  handed out), fed the last prompt token and the warmed KV cache; the worker stops it between
-  steps by closing the generator.
-- Sampling uses an explicit PRNG key per request, split per step: a request with a ``seed``
-  repeats exactly, whatever other models or requests do meanwhile.
-- The prefix cache keeps the KV caches of recent generations (bounded in entries and bytes); a
-  request that shares a prefix with one of them reuses it and prefills only the rest.
+- The engine is mlx-lm's ``BatchGenerator`` (continuous batching over a batched KV cache): each
+  ``step`` is one decode step for every generating sequence and one prefill chunk for the
+  sequences still reading their prompts.  The chunk is shared: ``prefill_chunk`` tokens a step
+  in all, split between the prompts being read, so a new arrival stalls the running streams by
+  one chunk's compute at most, and a cancelled prompt stops within one chunk.
+- Decode is pipelined (step n+1 is dispatched before token n is read back).
+- Sampling uses an explicit PRNG key per sequence, split per step: a request with a ``seed``
+  repeats exactly, whatever shares its batch.  Greedy sequences share one sampler, so an
+  all-greedy batch samples in one call.
+- A sampler or logits processor that raises fails its own sequence only: the error is recorded,
+  the step goes on with a harmless stand-in, and the sequence is reported as failed.
+- The prefix cache keeps the KV caches of recent sequences (bounded in entries and bytes); a
+  finished or cancelled sequence hands its KV back, and a new one starts from the longest cached
+  prefix and prefills only the rest.
 """
 
 from __future__ import annotations
@@ -19,14 +24,14 @@ from __future__ import annotations
 import copy
 import json
 import secrets
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
 import mlx.core as mx
-from mlx_lm.generate import generate_step
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import (
     apply_min_p,
     apply_top_k,
@@ -37,7 +42,7 @@ from mlx_lm.sample_utils import (
 )
 from mlx_lm.utils import load_model
 
-from .backend import PrefillProgress, SamplingParams
+from .backend import PrefillProgress, SamplingParams, StepOutput
 from .tokenizer import Tokenizer
 
 __all__ = ["MlxBackend", "PrefixCache", "generation_defaults", "make_sampler"]
@@ -45,11 +50,15 @@ __all__ = ["MlxBackend", "PrefixCache", "generation_defaults", "make_sampler"]
 DEFAULT_CONTEXT = 4096
 
 
+def greedy(logprobs: mx.array) -> mx.array:
+    return mx.argmax(logprobs, axis=-1)
+
+
 def make_sampler(params: SamplingParams) -> Callable[[mx.array], mx.array]:
     """Greedy at temperature 0 (or ``top_p`` 0, OpenAI's most restrictive nucleus); otherwise
     top-k / top-p / min-p, then a draw with this request's own key."""
     if params.temperature == 0 or params.top_p == 0:
-        return lambda logprobs: mx.argmax(logprobs, axis=-1)
+        return greedy
     seed = params.seed if params.seed is not None else secrets.randbits(63)
     key = mx.random.key(seed % 2**64)
     inv_temp = 1.0 / params.temperature
@@ -68,11 +77,11 @@ def make_sampler(params: SamplingParams) -> Callable[[mx.array], mx.array]:
     return sample
 
 
-def make_processors(params: SamplingParams, prompt: list[int]) -> list[Callable[..., mx.array]]:
-    """Penalties, as logits processors for ``generate_step``.
+def make_processors(params: SamplingParams, prompt_len: int) -> list[Callable[..., mx.array]]:
+    """Penalties, as logits processors for the batch engine.
 
-    ``generate_step`` is handed only the last prompt token, so the history it passes starts with
-    that token: presence and frequency penalties skip it and see the generated text only (OpenAI's
+    The engine hands each processor the tokens in the sequence's KV cache: the whole prompt, then
+    what was generated.  Presence and frequency penalties see the generated text only (OpenAI's
     meaning); the repetition penalty sees the end of the prompt as well (Hugging Face's meaning,
     over mlx-lm's 20-token window).
     """
@@ -86,12 +95,11 @@ def make_processors(params: SamplingParams, prompt: list[int]) -> list[Callable[
         else None,
     ]
     for penalty in filter(None, generated_only):
-        processors.append(lambda tokens, logits, penalty=penalty: penalty(tokens[1:], logits))
+        processors.append(
+            lambda tokens, logits, penalty=penalty: penalty(tokens[prompt_len:], logits)
+        )
     if params.repetition_penalty != 1:
-        window = 20
-        repeat = make_repetition_penalty(params.repetition_penalty, window)
-        before = mx.array(prompt[-window:-1], dtype=mx.int32)
-        processors.append(lambda tokens, logits: repeat(mx.concatenate([before, tokens]), logits))
+        processors.append(make_repetition_penalty(params.repetition_penalty, 20))
     return processors
 
 
@@ -102,12 +110,22 @@ class _Entry:
 
     @property
     def nbytes(self) -> int:
-        return sum(c.nbytes for c in self.cache)
+        return sum(getattr(c, "nbytes", 0) for c in self.cache)
+
+
+def _trimmable(cache: list[Any]) -> bool:
+    return all(getattr(c, "is_trimmable", lambda: False)() for c in cache)
 
 
 @attrs.define
 class PrefixCache:
-    """KV caches of recent generations, most recent last, bounded in entries and bytes."""
+    """KV caches of recent sequences, most recent last, bounded in entries and bytes.
+
+    An entry's ``tokens`` are exactly what its cache holds.  Caches that cannot be trimmed (a
+    rotating window, the array state of hybrid and state-space models, anything without an
+    ``offset``) are reused only where no trim is needed: when the whole entry is a prefix of the
+    new prompt.
+    """
 
     max_entries: int = 4
     max_bytes: int = 1 << 30
@@ -129,23 +147,27 @@ class PrefixCache:
             if n > best_len:
                 best, best_len = entry, n
         reuse = min(best_len, len(prompt) - 1)
-        if best is None or reuse <= 0 or not can_trim_prompt_cache(best.cache):
+        if best is None or reuse <= 0:
+            return None, 0
+        trim = len(best.tokens) - reuse
+        if trim and not _trimmable(best.cache):
             return None, 0
         if best_len == len(best.tokens):
             self.entries.remove(best)
             cache = best.cache
         else:
             cache = copy.deepcopy(best.cache)
-        have = cache[0].offset
-        if trim_prompt_cache(cache, have - reuse) != have - reuse:
+        if trim and trim_prompt_cache(cache, trim) != trim:
             return None, 0
         return cache, reuse
 
     def put(self, tokens: list[int], cache: list[Any]) -> None:
+        if not tokens or not cache:
+            return
         # An entry this one extends (or repeats) says nothing more: drop it, so a repeated prompt
         # does not fill the cache with copies and push other conversations out.
         self.entries = [e for e in self.entries if e.tokens != tokens[: len(e.tokens)]]
-        self.entries.append(_Entry(tokens, cache))
+        self.entries.append(_Entry(list(tokens), cache))
         while self.entries and (
             len(self.entries) > self.max_entries
             or sum(e.nbytes for e in self.entries) > self.max_bytes
@@ -162,6 +184,14 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+@attrs.define
+class _Running:
+    uid: int  # the engine's id
+    prompt: list[int]
+    cached: int
+    reading: bool = True  # still in prefill
+
+
 class MlxBackend:
     """A model directory of the store (MLX / Hugging Face layout), loaded on this thread."""
 
@@ -173,63 +203,147 @@ class MlxBackend:
         prefill_chunk: int | None = None,
         cache_entries: int = 4,
         cache_bytes: int = 1 << 30,
+        max_batch: int = 256,
     ) -> None:
         self.model_id = model_id
         self.stream = mx.new_thread_local_stream(mx.default_device())
         with mx.stream(self.stream):
             self.model, config = load_model(path)
             mx.eval(self.model.parameters())
+            self._kv_per_token, self._kv_fixed = _kv_sizes(self.model)
         self.tokenizer = Tokenizer.from_dir(path)
         self.context_window = _context_window(path, config)
         self.sampling_defaults = generation_defaults(path)
         on_gpu = mx.default_device().type == mx.gpu
-        # Small chunks on CPU: a cancelled prompt stops within one chunk.
+        # Small chunks on CPU: a new arrival stalls the running streams, and a cancelled prompt
+        # runs on, for one chunk at most.
         self.prefill_chunk = prefill_chunk or (512 if on_gpu else 128)
+        self.max_batch = max_batch
         self.prefix_cache = PrefixCache(cache_entries, cache_bytes)
-        self.decode_steps = 0  # what really ran, for tests and benchmarks
+        self.decode_steps = 0  # tokens decoded, all sequences together (tests, benchmarks)
+        self.engine_steps = 0
+        self._running: dict[int, _Running] = {}
+        self._by_uid: dict[int, int] = {}
+        self._failed: dict[int, BaseException] = {}
+        self.engine = self._new_engine()
 
-    def generate(
-        self, prompt: list[int], params: SamplingParams
-    ) -> Generator[PrefillProgress | int, None, None]:
+    def _new_engine(self) -> BatchGenerator:
+        return BatchGenerator(
+            self.model,
+            sampler=greedy,
+            completion_batch_size=self.max_batch,
+            prefill_batch_size=self.max_batch,
+            prefill_step_size=self.prefill_chunk,
+            stream=self.stream,
+        )
+
+    # --- memory ----------------------------------------------------------------------------
+
+    def kv_estimate(self, tokens: int) -> int:
+        return self._kv_fixed + tokens * self._kv_per_token
+
+    def kv_bytes(self) -> int:
+        return int(self.engine.prompt_cache_nbytes)
+
+    # --- sequences -------------------------------------------------------------------------
+
+    def insert(self, seq: int, prompt: list[int], params: SamplingParams) -> int:
         cache, cached = self.prefix_cache.take(prompt)
-        if cache is None:
-            cache = make_prompt_cache(self.model)
-        total = len(prompt)
-        tokens = list(prompt)
-        try:
-            yield PrefillProgress(cached, total, cached)
-            with mx.stream(self.stream):
-                done = cached
-                while total - done > 1:
-                    n = min(self.prefill_chunk, total - done - 1)
-                    self.model(mx.array(prompt[done : done + n])[None], cache=cache)
-                    mx.eval([c.state for c in cache])
-                    done += n
-                    yield PrefillProgress(done, total, cached)
-                mx.clear_cache()
-            steps = generate_step(
-                mx.array(prompt[-1:]),
-                self.model,
-                self.stream,
-                max_tokens=-1,
-                sampler=make_sampler(params),
-                logits_processors=make_processors(params, prompt) or None,
-                prompt_cache=cache,
+        sampler = make_sampler(params)
+        if sampler is not greedy:
+            sampler = self._guard(seq, sampler, greedy)
+        processors = [
+            self._guard(seq, p, lambda tokens, logits: logits)
+            for p in make_processors(params, len(prompt))
+        ]
+        with mx.stream(self.stream):
+            (uid,) = self.engine.insert(
+                [prompt[cached:]],
+                max_tokens=[params.max_tokens + 2],  # the model thread ends it, never the engine
+                caches=[cache] if cache is not None else None,
+                all_tokens=[prompt[:cached]],
+                samplers=[sampler],
+                logits_processors=[processors],
             )
-            try:
-                for token, _ in steps:
-                    self.decode_steps += 1
-                    tokens.append(token)
-                    yield token
-            finally:
-                steps.close()
-        except GeneratorExit:
-            # Stopped at a yield (finished or cancelled): the cache holds exactly the prompt
-            # and the tokens handed out so far, and is worth keeping.  Any other exception
-            # leaves it in an unknown state, and it is dropped.
-            if cache[0].offset > 0:
-                self.prefix_cache.put(tokens[: cache[0].offset], cache)
-            raise
+        self._running[seq] = _Running(uid, prompt, cached)
+        self._by_uid[uid] = seq
+        return cached
+
+    def _guard(self, seq: int, fn: Callable[..., mx.array], stand_in: Callable[..., mx.array]) -> Callable[..., mx.array]:
+        """``fn`` for one sequence; if it raises, the sequence is marked failed and the step goes
+        on with ``stand_in`` for it."""
+
+        def guarded(*args: mx.array) -> mx.array:
+            if seq not in self._failed:
+                try:
+                    return fn(*args)
+                except Exception as exc:
+                    self._failed[seq] = exc
+            return stand_in(*args)
+
+        return guarded
+
+    def step(self) -> StepOutput:
+        prefilling = sum(r.reading for r in self._running.values())
+        # One chunk a step in all, shared by the prompts being read.
+        self.engine.prefill_step_size = max(16, self.prefill_chunk // max(1, prefilling))
+        prompt_responses, generation_responses = self.engine.next()
+        self.engine_steps += 1
+        progress: dict[int, PrefillProgress] = {}
+        for r in prompt_responses:
+            seq = self._by_uid.get(r.uid)
+            if seq is None:
+                continue
+            run = self._running[seq]
+            done, total = r.progress
+            if r.end_of_prompt:
+                run.reading = False
+            progress[seq] = PrefillProgress(run.cached + done, run.cached + total, run.cached)
+        tokens: dict[int, int] = {}
+        for r in generation_responses:
+            seq = self._by_uid.get(r.uid)
+            if seq is not None:
+                tokens[seq] = r.token
+                self.decode_steps += 1
+        failed, self._failed = self._failed, {}
+        for seq in failed:
+            self.remove(seq, keep_cache=False)
+            tokens.pop(seq, None)
+        return StepOutput(progress, tokens, failed)
+
+    def remove(self, seq: int, *, keep_cache: bool = True) -> None:
+        run = self._running.pop(seq, None)
+        if run is None:
+            return
+        del self._by_uid[run.uid]
+        with mx.stream(self.stream):
+            caches = self.engine.remove([run.uid], return_prompt_caches=keep_cache)
+        if run.uid in caches:
+            cache, tokens = caches[run.uid]
+            self.prefix_cache.put(list(tokens), cache)
+
+    def reset(self) -> None:
+        self._running.clear()
+        self._by_uid.clear()
+        self._failed.clear()
+        self.engine.close()
+        self.engine = self._new_engine()
+
+
+def _kv_sizes(model: Any) -> tuple[int, int]:
+    """Bytes of KV cache per token, and bytes that do not grow with the sequence (array state
+    of hybrid models), measured by running one token."""
+    cache = make_prompt_cache(model)
+    model(mx.array([[0]]), cache=cache)
+    mx.eval([c.state for c in cache])
+    per_token = fixed = 0
+    for c in cache:
+        keys = getattr(c, "keys", None)
+        if isinstance(keys, mx.array) and keys.ndim == 4 and keys.shape[2] > 0:
+            per_token += c.nbytes // keys.shape[2]
+        else:
+            fixed += getattr(c, "nbytes", 0)
+    return per_token, fixed
 
 
 def generation_defaults(path: Path) -> dict[str, float]:

@@ -6,8 +6,9 @@ template (SmolLM2's, shipped in ``data/chatml``), so prompt and completion token
 - With a script, it emits the script's tokens one per decode step, then the end-of-turn token
   (finish ``stop``).  Without one, it emits an endless deterministic text until the budget runs
   out (finish ``length``).
-- ``token_delay`` paces every prefill chunk and every decode step, so a test can land a
-  disconnect in the queued, prefill or decode phase on purpose.
+- It batches like the real engine: each ``step`` advances every sequence once (a prefill chunk
+  or one token), and ``token_delay`` paces each step, so a test can land a disconnect in the
+  queued, prefill or decode phase on purpose.
 - ``counters`` records what really ran, so tests can check that a cancelled generation stopped.
 """
 
@@ -15,18 +16,19 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Generator
+from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
 
-from .backend import PrefillProgress, SamplingParams
+from .backend import PrefillProgress, SamplingParams, StepOutput
 from .tokenizer import Tokenizer
 
 __all__ = ["SCRIPTED_ID", "ScriptedBackend", "ScriptedCounters", "shipped_tokenizer"]
 
 SCRIPTED_ID = "scripted"
 DATA_DIR = Path(__file__).parent / "data" / "chatml"
+KV_BYTES_PER_TOKEN = 46_080  # what SmolLM2-135M's KV cache holds per token in float32
 ENDLESS_TEXT = (
     "The quick brown fox jumps over the lazy dog. "
     "Pack my box with five dozen liquor jugs. "
@@ -69,27 +71,62 @@ class ScriptedBackend:
         self._end_of_turn = end[0] if len(end) == 1 and end[0] in self.tokenizer.stop_ids else None
         self._script = None if script is None else self.tokenizer.encode(script)
         self._endless = self.tokenizer.encode(ENDLESS_TEXT)
+        self._seqs: dict[int, _ScriptedSeq] = {}
 
-    def generate(
-        self, prompt: list[int], params: SamplingParams
-    ) -> Generator[PrefillProgress | int, None, None]:
+    # --- the batched engine: every sequence advances once per step, one pace for all -------
+
+    def kv_estimate(self, tokens: int) -> int:
+        return tokens * KV_BYTES_PER_TOKEN
+
+    def kv_bytes(self) -> int:
+        return sum(s.in_cache for s in self._seqs.values()) * KV_BYTES_PER_TOKEN
+
+    def insert(self, seq: int, prompt: list[int], params: SamplingParams) -> int:
         self.counters.generations += 1
-        total = len(prompt)
-        yield PrefillProgress(0, total, 0)
-        for done in range(0, total, self.prefill_chunk):
-            self._pace()
-            self.counters.prefill_chunks += 1
-            yield PrefillProgress(min(done + self.prefill_chunk, total), total, 0)
         if self._script is None:
-            tokens = itertools.cycle(self._endless)
+            tokens: Iterator[int] = itertools.cycle(self._endless)
         else:
             tail = [] if self._end_of_turn is None else [self._end_of_turn]
             tokens = iter([*self._script, *tail])
-        for token in tokens:
-            self._pace()
+        self._seqs[seq] = _ScriptedSeq(total=len(prompt), tokens=tokens)
+        return 0
+
+    def step(self) -> StepOutput:
+        self._pace()
+        progress: dict[int, PrefillProgress] = {}
+        out: dict[int, int] = {}
+        for sid, seq in list(self._seqs.items()):
+            if seq.done < seq.total:
+                self.counters.prefill_chunks += 1
+                seq.done = min(seq.done + self.prefill_chunk, seq.total)
+                progress[sid] = PrefillProgress(seq.done, seq.total, 0)
+                continue
+            token = next(seq.tokens, None)
+            if token is None:  # a script without an end-of-turn token: stop repeating
+                token = self._endless[0]
             self.counters.decode_steps += 1
-            yield token
+            seq.generated += 1
+            out[sid] = token
+        return StepOutput(progress, out)
+
+    def remove(self, seq: int, *, keep_cache: bool = True) -> None:
+        self._seqs.pop(seq, None)
+
+    def reset(self) -> None:
+        self._seqs.clear()
 
     def _pace(self) -> None:
         if self.token_delay > 0:
             time.sleep(self.token_delay)
+
+
+@attrs.define
+class _ScriptedSeq:
+    total: int
+    tokens: Iterator[int]
+    done: int = 0
+    generated: int = 0
+
+    @property
+    def in_cache(self) -> int:
+        return self.done + self.generated

@@ -1,0 +1,94 @@
+"""One sequence's own state in a batch (sans-io).
+
+Theory of operation: the model thread runs many sequences in one batch, and everything that is
+one request's alone lives here, fed one engine event at a time: prefill progress, then one token
+per decode step.  ``feed`` turns a token into the text that became safe to show (stream decoding,
+stop strings held back until they cannot match), decides whether the sequence has ended (a stop
+token, a stop string, its budget) and, at the end, adds what the decoder and the stop matcher
+still held.  ``event`` tells the observer what the sequence did.  Nothing here does I/O, so the
+loop stays "step, feed, deliver" and this object is tested without MLX or Trio.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection
+from typing import Literal, Protocol
+
+import attrs
+
+from .backend import PrefillProgress, SamplingParams
+from .stops import StopMatcher
+
+__all__ = ["SequenceState", "StopReason"]
+
+Phase = Literal["queued", "prefill", "decode"]
+StopReason = Literal[
+    "MaxTokens", "EndOfTurn", "Eos", "StopString", "Cancelled", "Error", "Shutdown"
+]
+
+
+class _Decoder(Protocol):
+    def add(self, token_id: int) -> str: ...
+
+    def flush(self) -> str: ...
+
+
+@attrs.define
+class SequenceState:
+    params: SamplingParams
+    decoder: _Decoder
+    stop_ids: Collection[int]
+    eos_id: int | None
+    prompt_tokens: int
+    created: float  # when the request was accepted (for time to first token)
+    began: float = attrs.field(factory=time.monotonic)
+    phase: Phase = "prefill"
+    stop_reason: StopReason | None = None
+    new_tokens: int = 0
+    cached: int = 0
+    prefilled: int = 0
+    prefill_end: float | None = None
+    stops: StopMatcher = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.stops = StopMatcher(self.params.stop)
+
+    @property
+    def finish_reason(self) -> Literal["stop", "length"]:
+        return "length" if self.stop_reason == "MaxTokens" else "stop"
+
+    def progress(self, item: PrefillProgress) -> None:
+        self.cached, self.prefilled = item.cached, item.done
+
+    def feed(self, token: int, now: float | None = None) -> str:
+        """One decoded token: the text now safe to show (possibly empty).  When the sequence
+        ends here, ``stop_reason`` is set and the text includes everything still held back."""
+        assert self.stop_reason is None, "a finished sequence was fed"
+        if self.phase == "prefill":
+            self.phase = "decode"
+            self.prefill_end = time.monotonic() if now is None else now
+        self.new_tokens += 1
+        if token in self.stop_ids:
+            self.stop_reason = "Eos" if token == self.eos_id else "EndOfTurn"
+            return self._tail()
+        text = self.stops.feed(self.decoder.add(token))
+        if self.stops.matched is not None:
+            self.stop_reason = "StopString"
+        elif self.new_tokens >= self.params.max_tokens:
+            self.stop_reason = "MaxTokens"
+            text += self._tail()
+        return text
+
+    def _tail(self) -> str:
+        """What the decoder or the stop matcher still held; a stop string it completes wins."""
+        tail = self.stops.feed(self.decoder.flush())
+        if self.stops.matched is not None:
+            self.stop_reason = "StopString"
+            return tail
+        return tail + self.stops.flush()
+
+    def end(self, reason: StopReason) -> None:
+        """Ended from outside: the client left, the sequence failed, the server stops."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
