@@ -188,8 +188,9 @@ async def test_shutdown_with_a_running_batch_ends_every_client_properly(start_se
         results[name] = await client.post(f"{server.url}{PATH}", json=body)
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(post, "stream", True)
-        nursery.start_soon(post, "plain", False)
+        for n, (name, stream) in enumerate([("stream", True), ("plain", False)], start=1):
+            nursery.start_soon(post, name, stream)
+            await wait_for(lambda n=n: backend.counters.generations == n)
         nursery.start_soon(post, "queued", False)
         await wait_for(lambda: backend.counters.decode_steps >= 6)
         server.stop.set()
