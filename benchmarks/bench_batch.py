@@ -40,7 +40,6 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
-from unittest import mock
 
 from bench_decode import ServerPath, summary
 
@@ -99,13 +98,7 @@ class BatchServer(ServerPath):
     """bench_decode's server child, started with ``--max-batch``, and many streams at once."""
 
     def __init__(self, model: str, max_batch: int) -> None:
-        popen = subprocess.Popen
-
-        def with_batch(cmd: list[str], **kwargs: Any) -> subprocess.Popen[str]:
-            return popen([*cmd, "--max-batch", str(max_batch)], **kwargs)
-
-        with mock.patch("subprocess.Popen", with_batch):
-            super().__init__(model, max_tokens=0)
+        super().__init__(model, max_tokens=0, serve_args=["--max-batch", str(max_batch)])
         assert self.proc.stderr is not None
         self.log: list[str] = []  # drained, so a chatty server never blocks on a full pipe
         threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()

@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -115,12 +116,12 @@ def run_llamacpp(gguf: Path, model_dir: Path, runs: int, max_tokens: int) -> dic
 class ServerPath:
     """A ``python -m turbospark serve`` child and a client streaming from it."""
 
-    def __init__(self, model: str, max_tokens: int) -> None:
+    def __init__(self, model: str, max_tokens: int, serve_args: Sequence[str] = ()) -> None:
         import httpx
 
         self.model, self.max_tokens = model, max_tokens
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "turbospark", "serve", "--model", model, "--port", "0"],
+            [sys.executable, "-m", "turbospark", "serve", "--model", model, "--port", "0", *serve_args],
             stderr=subprocess.PIPE,
             text=True,
         )

@@ -202,3 +202,39 @@ async def test_shutdown_with_a_running_batch_ends_every_client_properly(start_se
     for name in ("plain", "queued"):
         assert results[name].status_code == 503, name
         assert "shutting down" in results[name].json()["error"]["message"]
+
+
+async def test_a_job_that_would_overflow_the_kv_budget_waits_for_room(start_server, client) -> None:
+    backend = ScriptedBackend(token_delay=DELAY)
+    # room for one request of ~32 prompt tokens and 40 new ones (46 kB a token), not for two
+    server = await start_server([backend], max_batch=4, kv_budget=100 * 46_080)
+    events = server.system.subscribe(buffer=10_000)
+    first: list[httpx.Response] = []
+    async with trio.open_nursery() as nursery:
+
+        async def run_first() -> None:
+            first.append(await client.post(f"{server.url}{PATH}", json=chat_body(max_tokens=40)))
+
+        nursery.start_soon(run_first)
+        await wait_for(lambda: backend.counters.decode_steps >= 2)
+        # taken by the model thread, but held: the batch has slots, not KV room
+        held = await raw_post(server.url, PATH, chat_body(max_tokens=40, stream=True))
+        await trio.sleep(DELAY * 4)
+        assert backend.counters.generations == 1
+        assert await metric(client, server.url, "turbospark_queue_depth") == 0
+        # while one is held, the thread takes no more: the next waits in the queue, bounded
+        third: list[httpx.Response] = []
+
+        async def run_third() -> None:
+            third.append(await client.post(f"{server.url}{PATH}", json=chat_body(max_tokens=3)))
+
+        nursery.start_soon(run_third)
+        with trio.fail_after(5):
+            while await metric(client, server.url, "turbospark_queue_depth") != 1:
+                await trio.sleep(0.005)
+        await held.aclose()  # its client leaves while it waits for room
+        left = await next_generated(events)
+        assert (left.stop_reason, left.phase, left.began) == ("Cancelled", "queued", False)
+    assert first[0].json()["usage"]["completion_tokens"] == 40
+    assert third[0].json()["usage"]["completion_tokens"] == 3
+    assert backend.counters.generations == 2  # the held one never ran

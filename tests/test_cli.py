@@ -117,6 +117,8 @@ def test_sigint_during_a_stream_exits_zero(tmp_path: Path) -> None:
         (["--api-key", ""], "--api-key must not be empty"),
         (["--port", "http"], "expected a port number"),
         (["--max-queue", "0"], "must be at least 1, got 0"),
+        (["--max-batch", "0"], "a batch size must be 1-1024, got 0"),
+        (["--kv-budget-mb", "lots"], "expected a whole number, got 'lots'"),
         (["--port", "70000"], "a port number must be 0-65535, got 70000"),
         (["--system", "a", "--system-file", "x"], "not allowed with argument"),
         (["--events", "/nonexistent-dir/ev.jsonl"], "--events: cannot write /nonexistent-dir/ev.jsonl"),
@@ -138,7 +140,7 @@ def test_help_lists_every_flag() -> None:
     assert run.returncode == 0
     for flag in (
         "--host", "--port", "--model", "--api-key", "--system", "--system-file", "--max-queue",
-        "--events", "--script", "--token-delay-ms",
+        "--events", "--script", "--token-delay-ms", "--max-batch", "--kv-budget-mb",
     ):
         assert flag in run.stdout
 

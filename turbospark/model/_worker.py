@@ -70,7 +70,7 @@ Take = Callable[[int, bool], Awaitable["list[GenerationJob] | None"]]
 class Limits:
     """How much one model thread runs at once."""
 
-    max_batch: int = 8
+    max_batch: int = 16
     kv_budget: int = 2 << 30  # bytes of KV cache the running sequences may grow to
 
 
