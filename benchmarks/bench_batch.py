@@ -41,7 +41,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from bench_decode import ServerPath, summary
+from bench_decode import ServerPath, stream_chat, summary
 
 TOPICS = (
     "a lighthouse keeper", "a clockmaker's apprentice", "a desert caravan", "a deep-sea diver",
@@ -103,8 +103,7 @@ class BatchServer(ServerPath):
         self.log: list[str] = []  # drained, so a chatty server never blocks on a full pipe
         threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
 
-    def stream(self, messages: list[dict[str, str]], max_tokens: int, stamps: list[float],
-               stop: threading.Event | None = None) -> dict[str, Any]:
+    def stream(self, messages: list[dict[str, str]], max_tokens: int, stamps: list[float]) -> dict[str, Any]:
         """One streaming chat completion; appends a time stamp per chunk with text to ``stamps``."""
         body = {
             "model": self.model,
@@ -114,20 +113,8 @@ class BatchServer(ServerPath):
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        parts, usage = [], None
-        with self.client.stream("POST", f"{self.url}/v1/chat/completions", json=body) as r:
-            r.raise_for_status()
-            for line in r.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                chunk = json.loads(line[6:])
-                usage = chunk.get("usage") or usage
-                for choice in chunk["choices"]:
-                    if content := choice["delta"].get("content"):
-                        stamps.append(time.perf_counter())
-                        parts.append(content)
-        assert usage is not None, "no usage chunk"
-        return {"end": time.perf_counter(), "tokens": usage["completion_tokens"], "text": "".join(parts)}
+        usage, text = stream_chat(self.client, self.url, body, stamps)
+        return {"end": time.perf_counter(), "tokens": usage["completion_tokens"], "text": text}
 
 
 class Stream(threading.Thread):

@@ -113,6 +113,25 @@ def run_llamacpp(gguf: Path, model_dir: Path, runs: int, max_tokens: int) -> dic
 # --- the server (this process drives a child server) ----------------------------------------
 
 
+def stream_chat(client: Any, url: str, body: dict[str, Any], stamps: list[float]) -> tuple[dict[str, Any], str]:
+    """One streaming chat completion (``stream_options.include_usage`` set in ``body``): a time
+    stamp per chunk with text goes to ``stamps``; returns the usage and the text."""
+    parts, usage = [], None
+    with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for choice in chunk["choices"]:
+                if content := choice["delta"].get("content"):
+                    stamps.append(time.perf_counter())
+                    parts.append(content)
+    assert usage is not None, "no usage chunk"
+    return usage, "".join(parts)
+
+
 class ServerPath:
     """A ``python -m turbospark serve`` child and a client streaming from it."""
 
@@ -143,24 +162,14 @@ class ServerPath:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        stamps, parts, usage = [], [], None
+        stamps: list[float] = []
         t0 = time.perf_counter()
-        with self.client.stream("POST", f"{self.url}/v1/chat/completions", json=body) as r:
-            for line in r.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                chunk = json.loads(line[6:])
-                usage = chunk.get("usage") or usage
-                for choice in chunk["choices"]:
-                    if content := choice["delta"].get("content"):
-                        stamps.append(time.perf_counter())
-                        parts.append(content)
-        assert usage is not None
+        usage, text = stream_chat(self.client, self.url, body, stamps)
         # one SSE chunk per token with visible text; scale to the real token count
         sample = timing(t0, stamps, usage["prompt_tokens"])
         sample["decode_tps"] *= (usage["completion_tokens"] - 1) / max(len(stamps) - 1, 1)
         sample["new_tokens"] = usage["completion_tokens"]
-        return sample | {"prompt_tokens": usage["prompt_tokens"]}, "".join(parts)
+        return sample | {"prompt_tokens": usage["prompt_tokens"]}, text
 
     def peak_rss_mb(self) -> float:
         status = Path(f"/proc/{self.proc.pid}/status")
