@@ -238,3 +238,68 @@ async def test_a_job_that_would_overflow_the_kv_budget_waits_for_room(start_serv
     assert first[0].json()["usage"]["completion_tokens"] == 40
     assert third[0].json()["usage"]["completion_tokens"] == 3
     assert backend.counters.generations == 2  # the held one never ran
+
+
+async def test_n_choices_share_one_prefill_and_decode_together(start_server, client) -> None:
+    backend = ScriptedBackend(prefill_chunk=8)
+    server = await start_server([backend])
+    long_prompt = "word " * 100
+    r = await client.post(f"{server.url}{PATH}", json=chat_body(long_prompt, max_tokens=5, n=3))
+    data = r.json()
+    assert [c["index"] for c in data["choices"]] == [0, 1, 2]
+    assert {c["message"]["content"] for c in data["choices"]} == {solo_text(5)}
+    assert all(c["finish_reason"] == "length" for c in data["choices"])
+    prompt = data["usage"]["prompt_tokens"]
+    assert data["usage"]["completion_tokens"] == 15 and data["usage"]["total_tokens"] == prompt + 15
+    # the prompt was read once, not three times
+    assert backend.counters.generations == 1
+    assert backend.counters.prefill_chunks == -(-prompt // 8)
+    assert backend.counters.decode_steps == 15
+
+
+async def test_n_choices_stream_interleaved_then_one_usage(start_server, client) -> None:
+    server = await start_server([ScriptedBackend()])
+    body = chat_body(max_tokens=4, n=2, stream=True, stream_options={"include_usage": True})
+    r = await client.post(f"{server.url}{PATH}", json=body)
+    frames = sse_events(r.text)
+    assert frames[-1][1] == "[DONE]"
+    chunks = [json.loads(d) for _, d in frames[:-1]]
+    *choice_chunks, usage = chunks
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 8
+    indices = [c["choices"][0]["index"] for c in choice_chunks]
+    assert indices[:2] == [0, 1]  # each choice opens with its role
+    assert indices[2:6] != sorted(indices[2:6])  # and then they take turns, step by step
+    for i in (0, 1):
+        mine = [c["choices"][0] for c in choice_chunks if c["choices"][0]["index"] == i]
+        assert mine[0]["delta"] == {"role": "assistant", "content": ""}
+        assert "".join(c["delta"].get("content") or "" for c in mine) == solo_text(4)
+        assert [c["finish_reason"] for c in mine][-1] == "length"
+
+
+async def test_a_disconnect_stops_every_choice(start_server, client) -> None:
+    backend = ScriptedBackend(token_delay=DELAY)
+    server = await start_server([backend])
+    events = server.system.subscribe(buffer=10_000)
+    sock = await raw_post(server.url, PATH, chat_body(max_tokens=500, n=3, stream=True))
+    await read_until(sock, b'"content":"The"')
+    await wait_for(lambda: backend.counters.decode_steps >= 9)
+    steps_at_close = backend.counters.decode_steps
+    await sock.aclose()
+    left = await next_generated(events)
+    assert (left.stop_reason, left.phase) == ("Cancelled", "decode")
+    assert backend.counters.decode_steps - steps_at_close <= 3  # one step, three choices
+    settled = backend.counters.decode_steps
+    await trio.sleep(DELAY * 4)
+    assert backend.counters.decode_steps == settled
+
+
+async def test_n_is_bounded_by_the_batch_and_the_kv_budget(start_server, client) -> None:
+    server = await start_server([ScriptedBackend()], max_batch=4, kv_budget=1000 * 46_080)
+    r = await client.post(f"{server.url}{PATH}", json=chat_body(max_tokens=5, n=5))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+    assert "at most 4 sequences" in r.json()["error"]["message"]
+    r = await client.post(f"{server.url}{PATH}", json=chat_body(max_tokens=400, n=3))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+    assert "KV-cache memory" in r.json()["error"]["message"]
+    r = await client.post(f"{server.url}{PATH}", json=chat_body(max_tokens=5, n=4))
+    assert r.status_code == 200 and len(r.json()["choices"]) == 4

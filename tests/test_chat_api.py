@@ -122,9 +122,11 @@ async def test_content_parts_and_degradation(start_server, client: httpx.AsyncCl
     assert r.status_code == 200
     header = r.headers["x-anyllm-degradation"]
     labels, _, note = header.partition("; ")
-    assert labels.split(", ") == ["response_format", "n", "logprobs"]
+    assert labels.split(", ") == ["response_format", "logprobs"]  # n is honoured
     assert "no vision tower" in note
+    assert [c["index"] for c in r.json()["choices"]] == [0, 1]
     assert r.json()["usage"]["prompt_tokens"] == prompt_tokens([{"role": "user", "content": "Describe"}])
+    assert r.json()["usage"]["completion_tokens"] == 4
 
 
 async def test_models_and_health(start_server, client: httpx.AsyncClient) -> None:

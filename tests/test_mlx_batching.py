@@ -170,3 +170,17 @@ async def test_rotating_caches_of_a_sliding_window_model_are_reused(nursery, cli
     assert again["choices"][0]["text"] == first["choices"][0]["text"]
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     server.stop.set()
+
+
+async def test_n_seeded_choices_are_each_reproducible(batch_server, client) -> None:
+    body = {"messages": ask("a dragon"), "max_tokens": 10, "temperature": 1.0, "seed": 11}
+    r = await client.post(f"{batch_server.url}{PATH}", json=body | {"n": 3})
+    texts = [c["message"]["content"] for c in r.json()["choices"]]
+    assert len(set(texts)) == 3  # three distinct samples
+    assert r.json()["usage"]["completion_tokens"] <= 30
+    # choice i draws from seed + i: the same as one request with that seed, prefilled alone
+    for i, text in enumerate(texts):
+        alone = await client.post(f"{batch_server.url}{PATH}", json=body | {"seed": 11 + i})
+        assert alone.json()["choices"][0]["message"]["content"] == text, i
+    again = await client.post(f"{batch_server.url}{PATH}", json=body | {"n": 3, "stream": False})
+    assert [c["message"]["content"] for c in again.json()["choices"]] == texts

@@ -214,16 +214,20 @@ def test_sequence_stop_token_flushes_the_held_tail() -> None:
 
 
 def test_admission_slots_and_kv_budget_keep_arrival_order() -> None:
-    a = Admission(max_batch=2, kv_budget=100)
+    # 1 byte per token; a batch costs its size times its longest sequence (rows are padded)
+    a = Admission(max_batch=3, kv_budget=100)
     assert a.fits(500)  # alone, anything runs
     a.admit(1, 500)
     assert not a.fits(1)  # over the budget now
     a.release(1)
-    a.admit(2, 60)
-    assert a.fits(40) and not a.fits(41)
-    a.admit(3, 40)
-    assert a.free_slots() == 0 and not a.fits(0)  # no slot left
+    a.admit(2, 40)
+    assert a.fits(50) and not a.fits(51)  # 2 x 50 fits, 2 x 51 does not
+    assert a.fits(10) and not a.fits(10, slots=2)  # 2 x 40 fits, 3 x 40 does not
+    a.admit(3, 10)
+    assert a.reserved == 80  # two rows padded to 40
+    assert not a.fits(30)  # 3 x 40 = 120
     a.release(2)
-    assert a.running == 1 and a.reserved == 40 and a.fits(60)
+    assert a.running == 1 and a.reserved == 10 and a.fits(50)
+    assert a.cost([]) == 0
     with pytest.raises(ValueError):
         Admission(max_batch=0, kv_budget=1)

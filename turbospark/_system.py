@@ -7,15 +7,17 @@
     ├── model_actor × N     each owns one pinned model thread; Take goes to the queue
     └── resolver            inbox: Resolve; owns the resolution slots
 
-Shutdown is cancellation of this nursery: the model threads notice at their next
-``check_cancelled`` (one step) and the actors unwind.  The HTTP server runs beside it in the
-root nursery of ``__main__`` and is stopped first, so intake ends before the actors do.
+Shutdown begins with ``System.stop_models``: each model actor's own cancel scope is cancelled,
+its thread notices at its next ``check_cancelled`` (one step) and answers every sequence it holds
+``ShuttingDown``; the queue, told by ``Retire``, answers the jobs still waiting.  The rest of the
+tree keeps serving the routes until the root nursery (``server.serve``) ends after HTTP has.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 from functools import partial
 
 import attrs
@@ -44,6 +46,14 @@ class System:
     observer: Observer
     queue: trio.MemorySendChannel[QueueMessage]
     resolver: trio.MemorySendChannel[Resolve]
+    model_scopes: tuple[trio.CancelScope, ...] = ()
+
+    def stop_models(self) -> None:
+        """Shutdown's first step: every model thread stops within a step and answers what it
+        runs ``ShuttingDown``; the queue answers what waits.  The other actors keep serving the
+        routes until the root nursery ends."""
+        for scope in self.model_scopes:
+            scope.cancel()
 
     def emit(self, event: object) -> None:
         self.observer.emit(event)
@@ -94,10 +104,12 @@ async def run_system(
         )
 
         entries = []
+        scopes = []
         for spec in backends:
             limits = Limits(settings.max_batch, settings.kv_budget)
+            scopes.append(scope := trio.CancelScope())
             info = await nursery.start(
-                model_actor, spec.id, spec.make, queue_send.clone(), obs.emit, limits
+                _in_scope, scope, partial(model_actor, spec.id, spec.make, queue_send.clone(), obs.emit, limits)
             )
             capabilities: frozenset[Capability] = frozenset(
                 {"chat", "completion"} if info.has_chat_template else {"completion"}
@@ -125,5 +137,11 @@ async def run_system(
                 observer=obs,
                 queue=queue_send,
                 resolver=resolve_send,
+                model_scopes=tuple(scopes),
             )
         )
+
+
+async def _in_scope(scope: trio.CancelScope, actor: Any, *, task_status: trio.TaskStatus[Any]) -> None:
+    with scope:
+        await actor(task_status=task_status)

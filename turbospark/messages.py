@@ -32,6 +32,7 @@ __all__ = [
     "QueueRejected",
     "Reply",
     "RequestFinished",
+    "Retire",
     "RequestRouted",
     "RequestStarted",
     "Started",
@@ -71,6 +72,7 @@ class GenerationJob:
     params: SamplingParams
     reply: trio.MemorySendChannel[Reply]
     created: float  # time.monotonic() when the route accepted the request
+    n: int = 1  # choices: the prompt is prefilled once and decoded n ways
 
 
 # --- replies a generation sends back, in order ----------------------------------------------
@@ -92,18 +94,24 @@ class Started:
 
 @attrs.frozen
 class Delta:
-    """One decode step: ``text`` is what became safe to show (possibly empty)."""
+    """One decode step of choice ``index``: ``text`` is what became safe to show (possibly
+    empty)."""
 
     text: str
+    index: int = 0
 
 
 @attrs.frozen
 class Finished:
+    """Choice ``index`` ended; the job ends when all its choices have.  ``prompt_tokens`` and
+    ``cached_tokens`` are the job's (the prompt is shared), ``completion_tokens`` the choice's."""
+
     finish_reason: Literal["stop", "length"]
     stop_reason: StopReason
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    index: int = 0
 
 
 @attrs.frozen
@@ -139,6 +147,14 @@ class Take:
     reply: trio.MemorySendChannel[list[GenerationJob]]
     count: int = 1
     wait: bool = True
+
+
+@attrs.frozen
+class Retire:
+    """A model's thread has stopped (shutdown): its waiting jobs, and any submitted later, are
+    answered ``ShuttingDown``."""
+
+    model: str
 
 
 # --- observer events ----------------------------------------------------------------------

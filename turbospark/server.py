@@ -3,10 +3,11 @@
 ``serve`` is what ``python -m turbospark serve`` runs and what the tests start with
 ``nursery.start``: it hands back a ``Server`` once the models are loaded and the socket is bound.
 Setting ``Server.stop`` begins a graceful shutdown: Hypercorn stops accepting, and in-flight
-requests get ``graceful_timeout`` seconds to finish.  Then the actors are cancelled: each model
-thread stops within one step and answers every sequence it still runs or holds with
-``ShuttingDown`` (a 503, or an ``event: error`` frame on a stream), and the routes get
-``SHUTDOWN_MARGIN`` more seconds to write those endings before Hypercorn closes what is left.
+requests get ``graceful_timeout`` seconds to finish.  Then the model actors are cancelled: each
+model thread stops within one step and answers every sequence it still runs or holds with
+``ShuttingDown`` (a 503, or an ``event: error`` frame on a stream), the queue answers what waits,
+and the routes get ``SHUTDOWN_MARGIN`` more seconds to write those endings before Hypercorn
+closes what is left.  The other actors live until the root nursery ends, after HTTP.
 """
 
 from __future__ import annotations
@@ -56,22 +57,17 @@ async def serve(
     resolve: ResolveFn = resolve_in_registry,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    actors = trio.CancelScope()
     stop = trio.Event()
     http_done = trio.Event()
-
-    async def run_actors(*, task_status: trio.TaskStatus[System]) -> None:
-        with actors:
-            await run_system(settings, backends, resolve=resolve, task_status=task_status)
 
     async def end_generations() -> None:
         await stop.wait()
         with trio.move_on_after(settings.graceful_timeout):
             await http_done.wait()
-        actors.cancel()
+        system.stop_models()
 
     async with trio.open_nursery() as root:
-        system = await root.start(run_actors)
+        system = await root.start(partial(run_system, settings, backends, resolve=resolve))
         app = create_app(system)
         root.start_soon(end_generations)
         async with trio.open_nursery() as http:

@@ -2,7 +2,8 @@
 
 Inbox messages: ``Submit`` (a route's job), ``Withdraw`` (the route left before the job started),
 ``Take`` (a model thread wants jobs: waiting when its batch is empty, answered at once when it
-runs one).  Admission answers on the job's own reply channel at once:
+runs one), ``Retire`` (a model thread has stopped at shutdown: its waiting jobs, and later ones,
+are answered ``ShuttingDown``).  Admission answers on the job's own reply channel at once:
 ``Queued(ahead)``, or ``Failed(QueueFull)`` when ``max_queue`` jobs already wait, so a full
 queue costs the caller nothing but this message.  A withdrawn job leaves the FIFO immediately.
 """
@@ -14,7 +15,7 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from ..errors import QueueFull
+from ..errors import QueueFull, ShuttingDown
 from ..messages import (
     Failed,
     Generated,
@@ -22,6 +23,7 @@ from ..messages import (
     Queued,
     QueueDepth,
     QueueRejected,
+    Retire,
     Submit,
     Take,
     Withdraw,
@@ -31,7 +33,7 @@ from ._mailbox import answer
 
 __all__ = ["QueueMessage", "generation_queue"]
 
-QueueMessage = Submit | Withdraw | Take
+QueueMessage = Submit | Withdraw | Take | Retire
 
 
 def _cancelled_while_queued(job: GenerationJob) -> Generated:
@@ -53,10 +55,16 @@ def _cancelled_while_queued(job: GenerationJob) -> Generated:
 class _Queue:
     policy: FifoPolicy[GenerationJob, trio.MemorySendChannel[list[GenerationJob]]]
     emit: Callable[[object], None]
+    retired: set[str] = attrs.field(factory=set)
 
     def handle(self, msg: QueueMessage) -> None:
         if isinstance(msg, Submit):
             self._submit(msg.job)
+        elif isinstance(msg, Retire):
+            self.retired.add(msg.model)
+            for job in self.policy.take_now(msg.model, self.policy.depth(msg.model)):
+                answer(job.reply, Failed(ShuttingDown()))
+            self._depth(msg.model)
         elif isinstance(msg, Withdraw):
             if self.policy.withdraw(msg.job.model, msg.job):
                 self._dropped(msg.job)
@@ -74,6 +82,9 @@ class _Queue:
         self._dispatch()
 
     def _submit(self, job: GenerationJob) -> None:
+        if job.model in self.retired:
+            answer(job.reply, Failed(ShuttingDown()))
+            return
         ahead = self.policy.admit(job.model, job)
         if ahead is None:
             self.emit(QueueRejected(job.request_id, job.model))

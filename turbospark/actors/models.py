@@ -16,7 +16,7 @@ import attrs
 import trio
 
 from ..errors import ShuttingDown
-from ..messages import Failed, GenerationJob, Take
+from ..messages import Failed, GenerationJob, Retire, Take
 from ..model._worker import Limits, serve_model
 from ..model.backend import Backend
 from ._mailbox import answer
@@ -65,26 +65,32 @@ async def model_actor(
 
     ready_send, ready_recv = trio.open_memory_channel[Backend](1)
     with queue, ready_recv:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(
-                partial(
-                    trio.to_thread.run_sync,
-                    serve_model,
-                    make_backend,
-                    take,
-                    emit,
-                    ready_send.send_nowait,
-                    limits,
-                    thread_name=f"model:{model_id}",
-                    abandon_on_cancel=False,
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    partial(
+                        trio.to_thread.run_sync,
+                        serve_model,
+                        make_backend,
+                        take,
+                        emit,
+                        ready_send.send_nowait,
+                        limits,
+                        thread_name=f"model:{model_id}",
+                        abandon_on_cancel=False,
+                    )
                 )
-            )
-            backend = await ready_recv.receive()
-            task_status.started(
-                ModelInfo(
-                    id=model_id,
-                    context_window=backend.context_window,
-                    has_chat_template=backend.tokenizer.has_chat_template,
-                    sampling_defaults=dict(backend.sampling_defaults),
+                backend = await ready_recv.receive()
+                task_status.started(
+                    ModelInfo(
+                        id=model_id,
+                        context_window=backend.context_window,
+                        has_chat_template=backend.tokenizer.has_chat_template,
+                        sampling_defaults=dict(backend.sampling_defaults),
+                    )
                 )
-            )
+        finally:
+            try:
+                queue.send_nowait(Retire(model_id))  # nobody takes this model's jobs any more
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                pass

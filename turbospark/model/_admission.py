@@ -1,45 +1,57 @@
-"""Which sequences a model thread lets into its running batch (sans-io).
+"""Which jobs a model thread lets into its running batch (sans-io).
 
-Theory of operation: a sequence runs when the batch has a free slot (``max_batch``) and the KV
-memory it may grow to (prompt plus its token budget, as the backend estimates it) fits in the
-model's KV budget beside what the running sequences may grow to.  A sequence that would not fit
-waits, at the head of the line, for running ones to leave: arrival order is kept, so a long
-request is never starved by short ones behind it.  One sequence alone always runs, however large:
-the context-window check has already refused what can never run.
+Theory of operation: a job runs when the batch has a free slot for each of its sequences
+(``max_batch``; a job with ``n`` choices needs ``n``) and the KV memory of the batch it would
+make fits the model's KV budget.  Each sequence may grow to its prompt plus its token budget; a
+batched KV cache pads every row to the longest sequence, so a batch costs its size times what
+its longest sequence may grow to (``size(tokens)`` is one sequence's KV bytes, from the
+backend).  A job that would not fit waits, at the head of the line, for running ones to leave:
+arrival order is kept, so a long request is never starved by short ones behind it.  One job
+alone always runs: the context-window and ``n`` checks have already refused what never can.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
 
 __all__ = ["Admission"]
 
 
 class Admission:
-    def __init__(self, max_batch: int, kv_budget: int) -> None:
+    def __init__(self, max_batch: int, kv_budget: int, size: Callable[[int], int] = lambda n: n) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
         self.max_batch = max_batch
         self.kv_budget = kv_budget
-        self._reserved: dict[int, int] = {}
+        self.size = size
+        self._tokens: dict[int, int] = {}  # what each running sequence may grow to
 
     @property
     def running(self) -> int:
-        return len(self._reserved)
+        return len(self._tokens)
+
+    def cost(self, tokens: Iterable[int]) -> int:
+        """KV bytes of a batch of sequences that grow to these lengths (padded to the longest)."""
+        lengths = list(tokens)
+        return len(lengths) * self.size(max(lengths)) if lengths else 0
 
     @property
     def reserved(self) -> int:
-        return sum(self._reserved.values())
+        return self.cost(self._tokens.values())
 
     def free_slots(self) -> int:
-        return self.max_batch - len(self._reserved)
+        return self.max_batch - len(self._tokens)
 
-    def fits(self, need: int) -> bool:
-        if not self._reserved:
+    def fits(self, tokens: int, slots: int = 1) -> bool:
+        if not self._tokens:
             return True
-        return self.free_slots() > 0 and self.reserved + need <= self.kv_budget
+        if self.free_slots() < slots:
+            return False
+        return self.cost([*self._tokens.values(), *[tokens] * slots]) <= self.kv_budget
 
-    def admit(self, seq: int, need: int) -> None:
-        assert seq not in self._reserved
-        self._reserved[seq] = need
+    def admit(self, seq: int, tokens: int) -> None:
+        assert seq not in self._tokens
+        self._tokens[seq] = tokens
 
     def release(self, seq: int) -> None:
-        self._reserved.pop(seq, None)
+        self._tokens.pop(seq, None)

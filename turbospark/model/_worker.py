@@ -56,7 +56,7 @@ from ..messages import (
     TextPrompt,
 )
 from ._admission import Admission
-from .backend import Backend, StepOutput
+from .backend import Backend, SamplingParams, StepOutput
 from .sequence import SequenceState, StopReason
 
 __all__ = ["Limits", "encode_prompt", "serve_model"]
@@ -84,7 +84,8 @@ def serve_model(
     """Body of a model thread: load, say ready, then run batches until shutdown."""
     backend = make_backend()
     trio.from_thread.run_sync(ready, backend)
-    _Loop(backend, take, emit, Admission(limits.max_batch, limits.kv_budget)).run()
+    admission = Admission(limits.max_batch, limits.kv_budget, backend.kv_estimate)
+    _Loop(backend, take, emit, admission).run()
 
 
 def encode_prompt(backend: Backend, job: GenerationJob) -> list[int]:
@@ -111,20 +112,34 @@ def encode_prompt(backend: Backend, job: GenerationJob) -> list[int]:
 
 
 @attrs.define(eq=False)
-class _Seq:
-    """One job on this thread: waiting for room (``state`` None), running, or ended."""
+class _Choice:
+    """One sequence of a job: its engine id once it runs, and its own state."""
+
+    job: _Job
+    index: int
+    params: SamplingParams
+    sid: int = -1
+    state: SequenceState | None = None
+
+
+@attrs.define(eq=False)
+class _Job:
+    """One job on this thread: waiting for room, running (its choices in the batch), or ended
+    with final replies still to deliver.  Its choices share the reply channel."""
 
     job: GenerationJob
-    sid: int = -1  # its id in the engine, once it runs
     ids: list[int] = attrs.field(factory=list)
-    need: int = 0  # KV bytes it may grow to
-    state: SequenceState | None = None
+    grow: int = 0  # tokens each of its choices may grow to (prompt and budget)
+    choices: list[_Choice] = attrs.field(factory=list)
     outbox: list[Reply] = attrs.field(factory=list)
     close: bool = False  # the reply channel closes once the outbox is out
+    running: bool = False  # admitted: its slots are reserved, Started is on its way
+    inserted: bool = False  # in the engine (after its route has had Started)
+    cached: int = 0
 
 
-# One entry per sequence in a crossing: its reply channel, what to send (nothing: only ask
-# whether the route still listens), and whether to close the channel afterwards.
+# One entry per job in a crossing: its reply channel, what to send (nothing: only ask whether
+# the route still listens), and whether to close the channel afterwards.
 _News = tuple[trio.MemorySendChannel[Reply], list[Reply], bool]
 
 
@@ -134,9 +149,11 @@ class _Loop:
         self.take = take
         self.emit = emit
         self.admission = admission
-        self.running: dict[int, _Seq] = {}
-        self.waiting: deque[_Seq] = deque()  # taken from the queue, waiting for room
-        self.ended: list[_Seq] = []  # with final replies still to deliver
+        self.running: dict[int, _Choice] = {}  # by engine id
+        self.jobs: list[_Job] = []  # running, in admission order
+        self.waiting: deque[_Job] = deque()  # taken from the queue, waiting for room
+        self.ended: list[_Job] = []  # with final replies still to deliver
+        self.forks: dict[int, list[_Choice]] = {}  # choice 0's id -> the choices that share its prefill
         self.events: list[object] = []
         self.seq_ids = itertools.count()
         self.queue_open = True
@@ -148,10 +165,11 @@ class _Loop:
         try:
             while True:
                 trio.from_thread.check_cancelled()
+                self._start()
                 if self.running:
                     self._step()
                 self._admit()
-                idle = not self.running and not self.waiting
+                idle = not self.jobs and not self.waiting
                 if idle and not self.queue_open:
                     self._exchange(0, wait=False)
                     return
@@ -172,10 +190,10 @@ class _Loop:
         try:
             out = self.backend.step()
         except Exception:
-            log.exception("model %s: a batch step failed; its %d sequences fail with it",
-                          self.backend.model_id, len(self.running))
-            for sid in list(self.running):
-                self._fail(sid, removed=True)
+            log.exception("model %s: a batch step failed; its %d jobs fail with it",
+                          self.backend.model_id, len(self.jobs))
+            for job in list(self.jobs):
+                self._fail(job, removed=True)
             try:
                 self.backend.reset()
             except Exception:
@@ -185,170 +203,237 @@ class _Loop:
 
     def _apply(self, out: StepOutput) -> None:
         for sid, exc in out.failed.items():
-            if sid in self.running:
-                log.error("model %s: sequence of request %d failed", self.backend.model_id,
-                          self.running[sid].job.request_id, exc_info=exc)
-                self._fail(sid, removed=True)
+            if (choice := self.running.get(sid)) is not None:
+                log.error("model %s: a sequence of request %d failed", self.backend.model_id,
+                          choice.job.job.request_id, exc_info=exc)
+                self._fail(choice.job)
         for sid, progress in out.progress.items():
-            if (seq := self.running.get(sid)) is not None:
-                assert seq.state is not None
-                seq.state.progress(progress)
+            if (choice := self.running.get(sid)) is not None:
+                assert choice.state is not None
+                choice.state.progress(progress)
+                if progress.done == progress.total and sid in self.forks:
+                    self._fork(sid)
         for sid, token in out.tokens.items():
-            seq = self.running.get(sid)
-            if seq is None:
+            choice = self.running.get(sid)
+            if choice is None:
                 continue
-            assert seq.state is not None
+            job, state = choice.job, choice.state
+            assert state is not None
             try:
-                seq.outbox.append(Delta(seq.state.feed(token)))
-                if seq.state.stop_reason is not None:
-                    self._finish(sid)
+                job.outbox.append(Delta(state.feed(token), choice.index))
+                if state.stop_reason is not None:
+                    self._finish(choice)
             except Exception:
                 log.exception("model %s: ending request %d failed", self.backend.model_id,
-                              seq.job.request_id)
-                self._fail(sid)
+                              job.job.request_id)
+                self._fail(job)
+
+    def _fork(self, sid: int) -> None:
+        """Choice 0 has read the prompt: the other choices start from its KV cache."""
+        others = self.forks.pop(sid)
+        job = others[0].job
+        try:
+            if not self.backend.fork(sid, {c.sid: c.params for c in others}):
+                for c in others:  # its cache cannot be shared: each reads the prompt itself
+                    self.backend.insert(c.sid, job.ids, c.params)
+        except Exception:
+            log.exception("model %s: sharing the prompt of request %d failed",
+                          self.backend.model_id, job.job.request_id)
+            self._fail(job)
 
     # --- admission -------------------------------------------------------------------------
 
     def _accept(self, job: GenerationJob) -> None:
-        """A job from the queue: tokenise it and check it fits the context, then wait for room."""
-        seq = _Seq(job)
+        """A job from the queue: tokenise it and check it fits, then wait for room."""
+        entry = _Job(job)
         try:
-            seq.ids = encode_prompt(self.backend, job)
-            seq.need = self.backend.kv_estimate(len(seq.ids) + job.params.max_tokens)
+            entry.ids = encode_prompt(self.backend, job)
+            entry.grow = len(entry.ids) + job.params.max_tokens
+            if job.n > self.admission.max_batch:
+                raise RequestInvalid(
+                    f"n is {job.n}, but this model runs at most {self.admission.max_batch} "
+                    "sequences at once", param="n")
+            if job.n > 1 and self.admission.cost([entry.grow] * job.n) > self.admission.kv_budget:
+                raise RequestInvalid(
+                    f"{job.n} choices of {len(entry.ids)} prompt tokens and up to "
+                    f"{job.params.max_tokens} new tokens each need more KV-cache memory than "
+                    "this model may use; lower n or max_tokens", param="n")
         except Exception as exc:
             if not isinstance(exc, TurboSparkError):
                 log.exception("model %s: preparing request %d failed", self.backend.model_id, job.request_id)
                 exc = GenerationFailed("generation failed")
-            seq.outbox.append(Failed(exc))
-            seq.close = True
-            self.ended.append(seq)
+            entry.outbox.append(Failed(exc))
+            entry.close = True
+            self.ended.append(entry)
             return
-        self.waiting.append(seq)
+        self.waiting.append(entry)
 
     def _admit(self) -> None:
-        while self.waiting and self.admission.fits(self.waiting[0].need):
-            seq = self.waiting.popleft()
-            seq.sid = sid = next(self.seq_ids)
+        while self.waiting and self.admission.fits(self.waiting[0].grow, self.waiting[0].job.n):
+            job = self.waiting.popleft()
             tok = self.backend.tokenizer
-            seq.state = SequenceState(
-                params=seq.job.params,
-                decoder=tok.stream_decoder(),
-                stop_ids=tok.stop_ids,
-                eos_id=tok.eos_id,
-                prompt_tokens=len(seq.ids),
-                created=seq.job.created,
-            )
-            self.running[sid] = seq
-            self.admission.admit(sid, seq.need)
-            self.events.append(GenerationBegan(seq.job.request_id, self.backend.model_id))
-            seq.outbox.append(Started(len(seq.ids)))
+            params = job.job.params
+            for i in range(job.job.n):
+                # with a seed, choice i draws from seed + i: reproducible, and distinct
+                own = params if i == 0 or params.seed is None else attrs.evolve(params, seed=params.seed + i)
+                choice = _Choice(job, i, own, sid=next(self.seq_ids))
+                choice.state = SequenceState(
+                    params=own,
+                    decoder=tok.stream_decoder(),
+                    stop_ids=tok.stop_ids,
+                    eos_id=tok.eos_id,
+                    prompt_tokens=len(job.ids),
+                    created=job.job.created,
+                )
+                job.choices.append(choice)
+                self.running[choice.sid] = choice
+                self.admission.admit(choice.sid, job.grow)
+            job.running = True
+            self.jobs.append(job)
+            job.outbox.append(Started(len(job.ids)))
+
+    def _start(self) -> None:
+        """Admitted jobs whose routes have had ``Started`` (and stayed) enter the engine."""
+        for job in self.jobs:
+            if job.inserted:
+                continue
+            job.inserted = True
+            self.events.append(GenerationBegan(job.job.request_id, self.backend.model_id))
+            first, *others = job.choices
             try:
-                cached = self.backend.insert(sid, seq.ids, seq.job.params)
+                job.cached = self.backend.insert(first.sid, job.ids, first.params)
             except Exception:
                 log.exception("model %s: starting request %d failed", self.backend.model_id,
-                              seq.job.request_id)
-                self._fail(sid)
+                              job.job.request_id)
+                self._fail(job)
                 continue
-            seq.state.cached = seq.state.prefilled = cached
+            for choice in job.choices:
+                assert choice.state is not None
+                choice.state.cached = choice.state.prefilled = job.cached
+            if others:
+                self.forks[first.sid] = others
 
-    # --- how a sequence ends ---------------------------------------------------------------
+    # --- how a job ends --------------------------------------------------------------------
 
-    def _finish(self, sid: int) -> None:
-        seq = self.running[sid]
-        state = seq.state
+    def _finish(self, choice: _Choice) -> None:
+        job, state = choice.job, choice.state
         assert state is not None and state.stop_reason is not None
-        self.backend.remove(sid)  # its KV goes back to the prefix cache (raising: _fail)
-        del self.running[sid]
-        self.admission.release(sid)
-        self._end(seq, Finished(
+        # Its KV goes back to the prefix cache (raising: _fail); of several choices only the
+        # first's, so one request's siblings do not push other conversations out of it.
+        self.backend.remove(choice.sid, keep_cache=choice.index == 0)
+        self._release(choice)
+        job.outbox.append(Finished(
             finish_reason=state.finish_reason,
             stop_reason=state.stop_reason,
-            prompt_tokens=state.prompt_tokens,
+            prompt_tokens=len(job.ids),
             completion_tokens=state.new_tokens,
-            cached_tokens=state.cached,
+            cached_tokens=job.cached,
+            index=choice.index,
         ))
+        if not self._live(job):
+            self._end(job, None, state.stop_reason)
 
-    def _fail(self, sid: int, *, removed: bool = False) -> None:
-        seq = self.running.pop(sid)
-        assert seq.state is not None
-        self.admission.release(sid)
-        if not removed:
-            try:
-                self.backend.remove(sid, keep_cache=False)
-            except Exception:
-                log.exception("model %s: removing a failed sequence failed", self.backend.model_id)
-        seq.state.stop_reason = "Error"
-        self._end(seq, Failed(GenerationFailed("generation failed")))
+    def _fail(self, job: _Job, *, removed: bool = False) -> None:
+        """Something one of the job's sequences did raised: the job fails, alone."""
+        for choice in self._live(job):
+            assert choice.state is not None
+            if not removed:
+                try:
+                    self.backend.remove(choice.sid, keep_cache=False)
+                except Exception:
+                    log.exception("model %s: removing a failed sequence failed", self.backend.model_id)
+            choice.state.stop_reason = "Error"
+            self._release(choice)
+        self._end(job, Failed(GenerationFailed("generation failed")), "Error")
 
-    def _gone(self, seq: _Seq) -> None:
-        """The route stopped listening: stop the sequence, keep what its KV cache holds."""
-        if seq.state is None:
-            self.waiting.remove(seq)
-            self.events.append(self._generated(seq, "Cancelled"))
-            seq.close = True
-            self.ended.append(seq)
+    def _gone(self, job: _Job) -> None:
+        """The route stopped listening: stop every choice, keep what their KV caches hold."""
+        if not job.running:
+            self.waiting.remove(job)
+            self.events.append(self._generated(job, "Cancelled"))
+            job.close = True
+            self.ended.append(job)
             return
-        sid = seq.sid
-        del self.running[sid]
-        self.admission.release(sid)
-        try:
-            self.backend.remove(sid)
-        except Exception:
-            log.exception("model %s: removing a cancelled sequence failed", self.backend.model_id)
-        seq.state.end("Cancelled")
-        self._end(seq, None)
+        if not job.inserted:  # it left as Started went out: it never ran
+            for choice in job.choices:
+                assert choice.state is not None
+                choice.state.end("Cancelled")
+                self._release(choice)
+            self._end(job, None, "Cancelled")
+            return
+        for choice in self._live(job):
+            assert choice.state is not None
+            try:
+                self.backend.remove(choice.sid)
+            except Exception:
+                log.exception("model %s: removing a cancelled sequence failed", self.backend.model_id)
+            choice.state.end("Cancelled")
+            self._release(choice)
+        self._end(job, None, "Cancelled")
 
-    def _end(self, seq: _Seq, last: Reply | None) -> None:
-        assert seq.state is not None and seq.state.stop_reason is not None
-        self.events.append(self._generated(seq, seq.state.stop_reason))
+    def _live(self, job: _Job) -> list[_Choice]:
+        """The job's choices still in the batch."""
+        return [c for c in job.choices if c.sid in self.running]
+
+    def _release(self, choice: _Choice) -> None:
+        self.running.pop(choice.sid, None)
+        self.forks.pop(choice.sid, None)
+        self.admission.release(choice.sid)
+
+    def _end(self, job: _Job, last: Reply | None, reason: StopReason) -> None:
+        self.events.append(self._generated(job, reason))
         if last is not None:
-            seq.outbox.append(last)
-        seq.close = True
-        self.ended.append(seq)
+            job.outbox.append(last)
+        job.close = True
+        if job in self.jobs:
+            self.jobs.remove(job)
+        self.ended.append(job)
 
-    def _generated(self, seq: _Seq, reason: StopReason) -> Generated:
-        job, state = seq.job, seq.state
-        if state is None:  # it never left the waiting line
+    def _generated(self, job: _Job, reason: StopReason) -> Generated:
+        request = job.job
+        state = job.choices[0].state if job.choices else None
+        if state is None or not job.inserted:  # it never ran
             return Generated(
-                id=job.request_id, model=self.backend.model_id, prompt_tokens=len(seq.ids),
+                id=request.request_id, model=self.backend.model_id, prompt_tokens=len(job.ids),
                 new_tokens=0, prefill_seconds=0.0, decode_seconds=0.0, stop_reason=reason,
-                reused_prefix_tokens=0, phase="queued", began=False,
+                reused_prefix_tokens=0, phase="queued" if reason == "Cancelled" else None,
+                began=False,
             )
         ended = time.monotonic()
         prefill_end = state.prefill_end
         return Generated(
-            id=job.request_id,
+            id=request.request_id,
             model=self.backend.model_id,
             prompt_tokens=state.prompt_tokens,
-            new_tokens=state.new_tokens,
+            new_tokens=sum(c.state.new_tokens for c in job.choices if c.state is not None),
             prefill_seconds=(prefill_end or ended) - state.began,
             decode_seconds=ended - prefill_end if prefill_end else 0.0,
             stop_reason=reason,
             reused_prefix_tokens=state.cached,
             prefilled_tokens=state.prompt_tokens if prefill_end else state.prefilled,
             phase=state.phase if reason == "Cancelled" else None,
-            ttft_seconds=prefill_end - job.created if prefill_end else None,
+            ttft_seconds=prefill_end - request.created if prefill_end else None,
         )
 
     # --- the crossing ----------------------------------------------------------------------
 
     def _exchange(self, want: int, *, wait: bool) -> list[GenerationJob] | None:
-        """Deliver every sequence's news (one crossing), drop the sequences whose routes left,
-        and take up to ``want`` new jobs."""
+        """Deliver every job's news (one crossing), drop the jobs whose routes left, and take up
+        to ``want`` new jobs."""
         self._note_batch_state()
-        seqs = [*self.ended, *self.running.values(), *self.waiting]
-        news: list[_News] = [(s.job.reply, s.outbox, s.close) for s in seqs]
+        jobs = [*self.ended, *self.jobs, *self.waiting]
+        news: list[_News] = [(j.job.reply, j.outbox, j.close) for j in jobs]
         events, self.events, self.ended = self.events, [], []
-        for s in seqs:
-            s.outbox = []
+        for j in jobs:
+            j.outbox = []
         if want:
-            gone, jobs = trio.from_thread.run(self._trio_exchange, events, news, want, wait)
+            gone, taken = trio.from_thread.run(self._trio_exchange, events, news, want, wait)
         else:
-            gone, jobs = trio.from_thread.run_sync(self._deliver, events, news), []
+            gone, taken = trio.from_thread.run_sync(self._deliver, events, news), []
         for i in gone:
-            if not seqs[i].close:
-                self._gone(seqs[i])
-        return jobs
+            if not jobs[i].close:
+                self._gone(jobs[i])
+        return taken
 
     def _deliver(self, events: list[object], news: Iterable[_News]) -> list[int]:
         """On the Trio thread: emit the events, send the replies; the indices of the gone."""
@@ -389,23 +474,22 @@ class _Loop:
             self.events.append(BatchState(self.backend.model_id, running, kv))
 
     def _shutdown(self) -> None:
-        """Cancelled (or the loop itself broke): every sequence here gets its documented end."""
-        for sid, seq in list(self.running.items()):
-            del self.running[sid]
-            assert seq.state is not None
-            seq.state.end("Shutdown")
-            self._end(seq, Failed(ShuttingDown()))
+        """Cancelled (or the loop itself broke): every job here gets its documented end."""
+        for job in list(self.jobs):
+            for choice in self._live(job):
+                assert choice.state is not None
+                choice.state.end("Shutdown")
+                self._release(choice)
+            self._end(job, Failed(ShuttingDown()), "Shutdown")
         while self.waiting:
-            seq = self.waiting.popleft()
-            self.events.append(self._generated(seq, "Shutdown"))
-            seq.outbox.append(Failed(ShuttingDown()))
-            seq.close = True
-            self.ended.append(seq)
-        self.running.clear()
+            job = self.waiting.popleft()
+            self.events.append(self._generated(job, "Shutdown"))
+            job.outbox.append(Failed(ShuttingDown()))
+            job.close = True
+            self.ended.append(job)
         try:
             self._note_batch_state()
-            seqs = self.ended
-            news = [(s.job.reply, s.outbox, s.close) for s in seqs]
+            news = [(j.job.reply, j.outbox, j.close) for j in self.ended]
             trio.from_thread.run_sync(self._deliver, self.events, news)
         except BaseException:  # the Trio side is gone already; nothing more can be said
             log.debug("model %s: final replies could not be delivered", self.backend.model_id)

@@ -10,6 +10,8 @@ once, each named by an id the model thread chooses:
   still reading their prompt (the chunk is the cancellation bound of prefill) and one decode step
   for the others; it reports progress, one token per decoding sequence, and the sequences that
   failed alone (they are already out of the batch);
+- ``fork(seq, new)`` starts more sequences from ``seq``'s prompt once ``seq`` has read it (the
+  choices of one request: the prompt is prefilled once), or says it cannot share that cache;
 - ``remove(seq)`` takes a sequence out (finished, or its client left) and hands its KV cache back
   to the prefix cache; ``keep_cache=False`` drops it (its state is not trusted);
 - ``reset()`` drops everything, after a step that failed as a whole.
@@ -78,6 +80,8 @@ class Backend(Protocol):
     def insert(self, seq: int, prompt: list[int], params: SamplingParams) -> int: ...
 
     def step(self) -> StepOutput: ...
+
+    def fork(self, seq: int, new: Mapping[int, SamplingParams]) -> bool: ...
 
     def remove(self, seq: int, *, keep_cache: bool = True) -> None: ...
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -210,7 +210,7 @@ class MlxBackend:
         with mx.stream(self.stream):
             self.model, config = load_model(path)
             mx.eval(self.model.parameters())
-            self._kv_per_token, self._kv_fixed = _kv_sizes(self.model)
+            self._kv_size = _kv_sizes(self.model)
         self.tokenizer = Tokenizer.from_dir(path)
         self.context_window = _context_window(path, config)
         self.sampling_defaults = generation_defaults(path)
@@ -240,7 +240,7 @@ class MlxBackend:
     # --- memory ----------------------------------------------------------------------------
 
     def kv_estimate(self, tokens: int) -> int:
-        return self._kv_fixed + tokens * self._kv_per_token
+        return self._kv_size(tokens)
 
     def kv_bytes(self) -> int:
         return int(self.engine.prompt_cache_nbytes)
@@ -249,6 +249,27 @@ class MlxBackend:
 
     def insert(self, seq: int, prompt: list[int], params: SamplingParams) -> int:
         cache, cached = self.prefix_cache.take(prompt)
+        self._insert(seq, prompt, params, cache, cached)
+        return cached
+
+    def fork(self, seq: int, new: Mapping[int, SamplingParams]) -> bool:
+        """Copies of ``seq``'s KV cache, trimmed to all but the last prompt token, start the new
+        sequences: each feeds that token and samples its own way."""
+        run = self._running[seq]
+        with mx.stream(self.stream):
+            (cache, tokens), = self.engine.extract_cache([run.uid]).values()
+            mx.eval([c.state for c in cache])  # this sequence's KV only, not the batch's buffers
+        keep = len(run.prompt) - 1
+        if list(tokens[:keep]) != run.prompt[:keep] or (len(tokens) > keep and not _trimmable(cache)):
+            return False
+        for sid, params in new.items():
+            copy_ = copy.deepcopy(cache)
+            if len(tokens) > keep and trim_prompt_cache(copy_, len(tokens) - keep) != len(tokens) - keep:
+                return False
+            self._insert(sid, run.prompt, params, copy_, keep)
+        return True
+
+    def _insert(self, seq: int, prompt: list[int], params: SamplingParams, cache: list[Any] | None, cached: int) -> None:
         sampler = make_sampler(params)
         if sampler is not greedy:
             sampler = self._guard(seq, sampler, greedy)
@@ -267,7 +288,6 @@ class MlxBackend:
             )
         self._running[seq] = _Running(uid, prompt, cached)
         self._by_uid[uid] = seq
-        return cached
 
     def _guard(self, seq: int, fn: Callable[..., mx.array], stand_in: Callable[..., mx.array]) -> Callable[..., mx.array]:
         """``fn`` for one sequence; if it raises, the sequence is marked failed and the step goes
@@ -312,38 +332,55 @@ class MlxBackend:
         return StepOutput(progress, tokens, failed)
 
     def remove(self, seq: int, *, keep_cache: bool = True) -> None:
-        run = self._running.pop(seq, None)
+        run = self._running.get(seq)
         if run is None:
             return
-        del self._by_uid[run.uid]
         with mx.stream(self.stream):
             caches = self.engine.remove([run.uid], return_prompt_caches=keep_cache)
-        if run.uid in caches:
-            cache, tokens = caches[run.uid]
-            self.prefix_cache.put(list(tokens), cache)
+            if run.uid in caches:
+                cache, tokens = caches[run.uid]
+                # An extracted cache is a lazy slice of the whole batch's buffers: evaluate it
+                # so the prefix cache holds this sequence's KV only, as its byte count says.
+                mx.eval([c.state for c in cache])
+                self.prefix_cache.put(list(tokens), cache)
+        del self._running[seq], self._by_uid[run.uid]
 
     def reset(self) -> None:
+        old, self.engine = self.engine, self._new_engine()
         self._running.clear()
         self._by_uid.clear()
         self._failed.clear()
-        self.engine.close()
-        self.engine = self._new_engine()
+        old.close()
 
 
-def _kv_sizes(model: Any) -> tuple[int, int]:
-    """Bytes of KV cache per token, and bytes that do not grow with the sequence (array state
-    of hybrid models), measured by running one token."""
+def _kv_sizes(model: Any) -> Callable[[int], int]:
+    """Bytes of KV cache one sequence of n tokens holds, measured by running one token: layers
+    that grow with the sequence, rotating windows that stop growing at their size, and state
+    that does not grow (hybrid models' arrays).  Refuses a model whose caches mlx-lm cannot
+    batch."""
     cache = make_prompt_cache(model)
+    unbatchable = sorted({type(c).__name__ for c in cache if not hasattr(c, "merge")})
+    if unbatchable:
+        raise ValueError(f"this architecture's KV cache ({', '.join(unbatchable)}) cannot be batched")
     model(mx.array([[0]]), cache=cache)
     mx.eval([c.state for c in cache])
-    per_token = fixed = 0
+    growing = fixed = 0
+    windows: list[tuple[int, int]] = []  # (bytes per token, window)
     for c in cache:
         keys = getattr(c, "keys", None)
         if isinstance(keys, mx.array) and keys.ndim == 4 and keys.shape[2] > 0:
-            per_token += c.nbytes // keys.shape[2]
+            per_token = c.nbytes // keys.shape[2]
+            if isinstance(getattr(c, "max_size", None), int):
+                windows.append((per_token, c.max_size))
+            else:
+                growing += per_token
         else:
             fixed += getattr(c, "nbytes", 0)
-    return per_token, fixed
+
+    def size(tokens: int) -> int:
+        return fixed + growing * tokens + sum(b * min(tokens, w) for b, w in windows)
+
+    return size
 
 
 def generation_defaults(path: Path) -> dict[str, float]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import attrs
@@ -83,13 +83,20 @@ class ScriptedBackend:
 
     def insert(self, seq: int, prompt: list[int], params: SamplingParams) -> int:
         self.counters.generations += 1
-        if self._script is None:
-            tokens: Iterator[int] = itertools.cycle(self._endless)
-        else:
-            tail = [] if self._end_of_turn is None else [self._end_of_turn]
-            tokens = iter([*self._script, *tail])
-        self._seqs[seq] = _ScriptedSeq(total=len(prompt), tokens=tokens)
+        self._seqs[seq] = _ScriptedSeq(total=len(prompt), tokens=self._tokens())
         return 0
+
+    def fork(self, seq: int, new: Mapping[int, SamplingParams]) -> bool:
+        total = self._seqs[seq].total
+        for sid in new:
+            self._seqs[sid] = _ScriptedSeq(total=total, tokens=self._tokens(), done=total)
+        return True
+
+    def _tokens(self) -> Iterator[int]:
+        if self._script is None:
+            return itertools.cycle(self._endless)
+        tail = [] if self._end_of_turn is None else [self._end_of_turn]
+        return iter([*self._script, *tail])
 
     def step(self) -> StepOutput:
         self._pace()

@@ -30,8 +30,8 @@ from ._app import request_scope, system
 
 __all__ = ["Completion", "Replies", "collect", "events", "start"]
 
-# Room for Queued, Started, a stop-string tail and Finished beyond one Delta per token of the
-# budget: the model thread never has to wait for a slow reader.
+# Room for Queued, Started and Failed beyond one Delta per token of the budget and one Finished,
+# for each choice: the model thread never has to wait for a slow reader.
 REPLY_SLACK = 8
 
 Replies = trio.MemoryReceiveChannel[Reply]
@@ -39,12 +39,19 @@ Replies = trio.MemoryReceiveChannel[Reply]
 
 @attrs.frozen
 class Completion:
-    text: str
-    finished: Finished
+    """A whole generation: each choice's text and ending, by index."""
+
+    texts: list[str]
+    finished: list[Finished]
 
 
 async def start(
-    *, request_id: int, model: str, prompt: ChatPrompt | TextPrompt, params: SamplingParams
+    *,
+    request_id: int,
+    model: str,
+    prompt: ChatPrompt | TextPrompt,
+    params: SamplingParams,
+    n: int = 1,
 ) -> Replies:
     """Queue a generation and wait until the model has started on it; return its replies.
 
@@ -52,9 +59,10 @@ async def start(
     ``ContextOverflow`` ...) before any response byte is sent.
     """
     sys_ = system()
-    reply_send, reply_recv = trio.open_memory_channel[Reply](params.max_tokens + REPLY_SLACK)
+    buffer = n * (params.max_tokens + 1) + REPLY_SLACK
+    reply_send, reply_recv = trio.open_memory_channel[Reply](buffer)
     request_scope().enter_context(reply_recv)
-    job = GenerationJob(request_id, model, prompt, params, reply_send, time.monotonic())
+    job = GenerationJob(request_id, model, prompt, params, reply_send, time.monotonic(), n)
     started = False
     try:
         await sys_.submit(job)
@@ -71,14 +79,17 @@ async def start(
             sys_.withdraw(job)
 
 
-async def collect(replies: Replies) -> Completion:
-    """Drain a non-streaming generation."""
-    parts: list[str] = []
+async def collect(replies: Replies, n: int = 1) -> Completion:
+    """Drain a non-streaming generation of ``n`` choices."""
+    parts: list[list[str]] = [[] for _ in range(n)]
+    finished: dict[int, Finished] = {}
     async for msg in replies:
         if isinstance(msg, Delta):
-            parts.append(msg.text)
+            parts[msg.index].append(msg.text)
         elif isinstance(msg, Finished):
-            return Completion("".join(parts), msg)
+            finished[msg.index] = msg
+            if len(finished) == n:
+                return Completion(["".join(p) for p in parts], [finished[i] for i in range(n)])
         else:
             assert isinstance(msg, Failed), msg
             raise msg.error
@@ -86,13 +97,15 @@ async def collect(replies: Replies) -> Completion:
 
 
 async def events(
-    replies: Replies, *, keepalive: float
+    replies: Replies, *, keepalive: float, n: int = 1
 ) -> AsyncIterator[Delta | Finished | Failed | None]:
     """The replies of a streaming generation; ``None`` when ``keepalive`` seconds pass quietly.
 
-    Ends after ``Finished`` or ``Failed`` (a ``Failed`` stands in for a model side that ended
-    without either, at shutdown).  The cancel scope covers the receive only, never the yield.
+    Ends after ``n`` ``Finished`` (one per choice) or a ``Failed`` (a ``Failed`` stands in for a
+    model side that ended without either, at shutdown).  The cancel scope covers the receive
+    only, never the yield.
     """
+    finished = 0
     with replies:
         while True:
             msg: Reply | None = None
@@ -102,5 +115,6 @@ async def events(
                 except trio.EndOfChannel:
                     msg = Failed(ShuttingDown())
             yield msg
-            if isinstance(msg, (Finished, Failed)):
+            finished += isinstance(msg, Finished)
+            if finished == n or isinstance(msg, Failed):
                 return

@@ -59,12 +59,15 @@ def sampling_params(
     return SamplingParams(seed=body.seed, stop=tuple(stop), **{**model_defaults, **given})
 
 
-def usage(fin: Finished) -> dict[str, Any]:
+def usage(finished: list[Finished]) -> dict[str, Any]:
+    """One usage for all choices: the prompt counted once, every choice's tokens."""
+    prompt = finished[0].prompt_tokens
+    completion = sum(f.completion_tokens for f in finished)
     return {
-        "prompt_tokens": fin.prompt_tokens,
-        "completion_tokens": fin.completion_tokens,
-        "total_tokens": fin.prompt_tokens + fin.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": fin.cached_tokens},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": finished[0].cached_tokens},
     }
 
 
@@ -73,33 +76,36 @@ def sse_response(
     body: GenerationFields,
     *,
     keepalive: float,
+    n: int,
     opening: list[dict[str, Any]],
-    piece: Callable[[str], dict[str, Any]],
-    finish: Callable[[str], dict[str, Any]],
+    piece: Callable[[str, int], dict[str, Any]],
+    finish: Callable[[str, int], dict[str, Any]],
 ) -> Response:
-    """An OpenAI-style stream: ``opening`` chunks, one ``piece`` chunk per non-empty text piece,
-    the ``finish`` chunk (given the finish reason), with ``stream_options.include_usage`` a chunk
+    """An OpenAI-style stream: ``opening`` chunks, one ``piece`` chunk per non-empty text piece
+    of a choice (given its index), each choice's ``finish`` chunk (given the finish reason and
+    index); once all ``n`` choices have finished, with ``stream_options.include_usage`` a chunk
     with no choices and the usage, then ``[DONE]``; a failure is one ``event: error`` frame and
     no ``[DONE]``."""
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-    def closing(fin: Finished) -> list[dict[str, Any]]:
-        last = finish(fin.finish_reason)
-        return [last, last | {"choices": [], "usage": usage(fin)}] if include_usage else [last]
-
     async def frames() -> AsyncIterator[bytes]:
         for chunk in opening:
             yield _sse.data(chunk)
-        async for msg in events(replies, keepalive=keepalive):
+        finished: list[Finished] = []
+        async for msg in events(replies, keepalive=keepalive, n=n):
             if msg is None:
                 yield _sse.KEEPALIVE
             elif isinstance(msg, Delta):
                 if msg.text:
-                    yield _sse.data(piece(msg.text))
+                    yield _sse.data(piece(msg.text, msg.index))
             elif isinstance(msg, Finished):
-                for chunk in closing(msg):
-                    yield _sse.data(chunk)
-                yield _sse.DONE
+                last = finish(msg.finish_reason, msg.index)
+                yield _sse.data(last)
+                finished.append(msg)
+                if len(finished) == n:
+                    if include_usage:
+                        yield _sse.data(last | {"choices": [], "usage": usage(finished)})
+                    yield _sse.DONE
             else:
                 assert isinstance(msg, Failed)
                 yield _sse.event("error", exception_body(msg.error, "openai"))

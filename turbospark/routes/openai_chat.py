@@ -45,8 +45,6 @@ def _degradation(body: ChatCompletionRequest, dropped_images: int) -> str | None
     labels = []
     if body.response_format and body.response_format.get("type") != "text":
         labels.append("response_format")
-    if body.n is not None and body.n > 1:
-        labels.append("n")
     for name in ("logprobs", "top_logprobs", "logit_bias", "prediction", "audio", "web_search_options"):
         if getattr(body, name) is not None:
             labels.append(name)
@@ -88,6 +86,7 @@ async def chat_completions() -> Response:
     messages, dropped = _messages(body)
     messages = apply_default_system(messages, sys_.settings.system_prompt)
     tools = tuple(body.tools or ()) if body.tool_choice != "none" else ()
+    n = body.n or 1
     replies = await start(
         request_id=g.record.id,
         model=entry.id,
@@ -97,11 +96,12 @@ async def chat_completions() -> Response:
             max_tokens=body.max_tokens or body.max_completion_tokens,
             model_defaults=entry.sampling_defaults,
         ),
+        n=n,
     )
     env = Envelope.new("chatcmpl", body.model or entry.id)
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    def chunk(delta: dict[str, Any], index: int, finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
         return env.wrap("chat.completion.chunk", [choice])
 
     if body.stream:
@@ -109,17 +109,24 @@ async def chat_completions() -> Response:
             replies,
             body,
             keepalive=sys_.settings.keepalive_interval,
-            opening=[chunk({"role": "assistant", "content": ""})],
-            piece=lambda text: chunk({"content": text}),
-            finish=lambda reason: chunk({}, reason),
+            n=n,
+            opening=[chunk({"role": "assistant", "content": ""}, i) for i in range(n)],
+            piece=lambda text, i: chunk({"content": text}, i),
+            finish=lambda reason, i: chunk({}, i, reason),
         )
     else:
-        done = await collect(replies)
-        message = {"role": "assistant", "content": done.text}
-        reason = done.finished.finish_reason
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
+        done = await collect(replies, n)
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": fin.finish_reason,
+            }
+            for i, (text, fin) in enumerate(zip(done.texts, done.finished, strict=True))
+        ]
         response = json_response(
-            env.wrap("chat.completion", [choice]) | {"usage": usage(done.finished)}
+            env.wrap("chat.completion", choices) | {"usage": usage(done.finished)}
         )
     if header := _degradation(body, dropped):
         response.headers[DEGRADATION_HEADER] = header

@@ -49,8 +49,7 @@ async def completions() -> Response:
     sys_.emit(RequestRouted(g.record.id, body.model, entry.id, body.stream))
     if body.suffix is not None:
         raise RequestInvalid("suffix (fill-in-the-middle) is not supported", param="suffix")
-    if body.n is not None and body.n > 1:
-        raise RequestInvalid(f"n must be 1, got {body.n}", param="n")
+    n = body.n or 1
     text = _prompt(body)
     replies = await start(
         request_id=g.record.id,
@@ -61,26 +60,31 @@ async def completions() -> Response:
             max_tokens=body.max_tokens or DEFAULT_MAX_TOKENS,
             model_defaults=entry.sampling_defaults,
         ),
+        n=n,
     )
     env = Envelope.new("cmpl", body.model or entry.id)
 
-    def chunk(text: str, finish: str | None = None) -> dict[str, Any]:
-        choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
-        return env.wrap("text_completion", [choice])
+    def choice(text: str, index: int, finish: str | None = None) -> dict[str, Any]:
+        return {"text": text, "index": index, "logprobs": None, "finish_reason": finish}
 
     if body.stream:
         response = sse_response(
             replies,
             body,
             keepalive=sys_.settings.keepalive_interval,
+            n=n,
             opening=[],
-            piece=chunk,
-            finish=lambda reason: chunk("", reason),
+            piece=lambda text, i: env.wrap("text_completion", [choice(text, i)]),
+            finish=lambda reason, i: env.wrap("text_completion", [choice("", i, reason)]),
         )
     else:
-        done = await collect(replies)
+        done = await collect(replies, n)
+        choices = [
+            choice(text, i, fin.finish_reason)
+            for i, (text, fin) in enumerate(zip(done.texts, done.finished, strict=True))
+        ]
         response = json_response(
-            chunk(done.text, done.finished.finish_reason) | {"usage": usage(done.finished)}
+            env.wrap("text_completion", choices) | {"usage": usage(done.finished)}
         )
     if header := _degradation(body):
         response.headers[DEGRADATION_HEADER] = header

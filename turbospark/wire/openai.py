@@ -74,7 +74,7 @@ class GenerationFields:
     presence_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
     frequency_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
     repetition_penalty: float | None = attrs.field(default=None, validator=_in_range(0.01, 10.0))
-    n: int | None = attrs.field(default=None, validator=_positive)
+    n: int | None = attrs.field(default=None, validator=_in_range(1, 128))  # OpenAI's bound
     logit_bias: dict[str, float] | None = None
     user: str | None = None
 
