@@ -191,6 +191,17 @@ BAD_BODIES = [
     (json.dumps(chat_body(stop=[1])).encode(), "stop must be"),
     (json.dumps(chat_body(repetition_penalty=0)).encode(), "repetition_penalty must be between"),
     (json.dumps(chat_body(top_p=1.5)).encode(), "top_p must be between 0.0 and 1.0, got 1.5"),
+    # enums the API defines are checked, never silently ignored
+    (json.dumps(chat_body(response_format={"type": "xml"})).encode(),
+     "response_format.type must be one of 'text', 'json_object', 'json_schema', got 'xml'"),
+    (json.dumps(chat_body(response_format={"type": "json_schema"})).encode(),
+     "response_format.json_schema must be an object"),
+    (json.dumps(chat_body(tool_choice="sometimes")).encode(), "tool_choice must be one of"),
+    (json.dumps(chat_body(reasoning_effort="extreme")).encode(), "reasoning_effort must be one of"),
+    (json.dumps(chat_body(service_tier="gold")).encode(), "service_tier must be one of"),
+    (json.dumps(chat_body(modalities=["text", "video"])).encode(), "got 'video'"),
+    (json.dumps(chat_body(verbosity="loud")).encode(), "verbosity must be one of"),
+    (json.dumps(chat_body(n=0)).encode(), "n must be between 1 and 128, got 0"),
 ]
 
 
@@ -420,3 +431,36 @@ async def test_a_client_that_stops_reading_does_not_stall_the_others(start_serve
         ]
     finally:
         await stalled.aclose()
+
+
+async def test_system_fingerprint_is_everywhere_and_stable(start_server, client) -> None:
+    first = await start_server([ScriptedBackend()])
+    again = await start_server([ScriptedBackend()])  # the same set-up, started anew
+    other = await start_server([ScriptedBackend(script="Something else.")])
+    prints = set()
+    for server in (first, again):
+        r = await client.post(f"{server.url}/v1/chat/completions", json=chat_body(max_tokens=2))
+        prints.add(r.json()["system_fingerprint"])
+        r = await client.post(f"{server.url}/v1/chat/completions", json=chat_body(max_tokens=2, stream=True))
+        prints |= {json.loads(d)["system_fingerprint"] for _, d in sse_events(r.text)[:-1]}
+        r = await client.post(f"{server.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2})
+        prints.add(r.json()["system_fingerprint"])
+    (fingerprint,) = prints
+    assert fingerprint.startswith("fp_")
+    r = await client.post(f"{other.url}/v1/chat/completions", json=chat_body(max_tokens=2))
+    assert r.json()["system_fingerprint"] != fingerprint  # what decides the output changed
+
+
+async def test_a_base_url_without_v1_reaches_the_same_handlers(start_server) -> None:
+    import openai
+
+    server = await start_server()
+    sdk = openai.AsyncOpenAI(base_url=server.url, api_key="unused", max_retries=0)
+    chat = await sdk.chat.completions.create(
+        model="scripted", messages=[{"role": "user", "content": "Hi"}], max_tokens=3
+    )
+    assert chat.usage.completion_tokens == 3 and chat.choices[0].message.content
+    text = await sdk.completions.create(model="scripted", prompt="Hi", max_tokens=2)
+    assert text.usage.completion_tokens == 2
+    assert "scripted" in [m.id async for m in sdk.models.list()]
+    assert (await sdk.models.retrieve("scripted")).id == "scripted"

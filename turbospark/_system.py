@@ -122,6 +122,7 @@ async def run_system(
                     aliases=(alias_for(info.id),),
                     created=int(time.time()),
                     sampling_defaults=info.sampling_defaults,
+                    fingerprint=info.fingerprint,
                 )
             )
         registry = Registry(tuple(entries))

@@ -37,6 +37,7 @@ class ModelEntry:
     aliases: tuple[str, ...] = ()
     created: int = 0
     sampling_defaults: dict[str, float] = attrs.field(factory=dict, hash=False)
+    fingerprint: str = ""  # OpenAI's system_fingerprint for what this model generates
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -33,6 +33,7 @@ class ModelInfo:
     context_window: int
     has_chat_template: bool
     sampling_defaults: dict[str, float]
+    fingerprint: str
 
 
 async def model_actor(
@@ -87,6 +88,7 @@ async def model_actor(
                         context_window=backend.context_window,
                         has_chat_template=backend.tokenizer.has_chat_template,
                         sampling_defaults=dict(backend.sampling_defaults),
+                        fingerprint=backend.fingerprint,
                     )
                 )
         finally:

@@ -19,6 +19,7 @@ once, each named by an id the model thread chooses:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
@@ -26,7 +27,15 @@ import attrs
 
 from .tokenizer import Tokenizer
 
-__all__ = ["Backend", "BackendSpec", "PrefillProgress", "SamplingParams", "StepOutput"]
+__all__ = [
+    "Backend", "BackendSpec", "PrefillProgress", "SamplingParams", "StepOutput", "fingerprint",
+]
+
+
+def fingerprint(*parts: str) -> str:
+    """OpenAI's ``system_fingerprint``: a short stable digest of what decides a model's output
+    (its weights' digest, dtype, the engine's versions), the same across restarts."""
+    return "fp_" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
 @attrs.frozen
@@ -68,6 +77,8 @@ class Backend(Protocol):
     #: The model's own defaults for sampling fields a request leaves out (``SamplingParams`` field
     #: names), from its ``generation_config.json``.
     sampling_defaults: Mapping[str, float]
+    #: ``system_fingerprint`` of everything this backend generates (see ``fingerprint``).
+    fingerprint: str
 
     def kv_estimate(self, tokens: int) -> int:
         """Bytes of KV cache a sequence of ``tokens`` tokens holds (for admission)."""

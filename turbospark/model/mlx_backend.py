@@ -42,7 +42,8 @@ from mlx_lm.sample_utils import (
 )
 from mlx_lm.utils import load_model
 
-from .backend import PrefillProgress, SamplingParams, StepOutput
+from .. import __version__
+from .backend import PrefillProgress, SamplingParams, StepOutput, fingerprint
 from .tokenizer import Tokenizer
 
 __all__ = ["MlxBackend", "PrefixCache", "generation_defaults", "make_sampler"]
@@ -214,6 +215,7 @@ class MlxBackend:
         self.tokenizer = Tokenizer.from_dir(path)
         self.context_window = _context_window(path, config)
         self.sampling_defaults = generation_defaults(path)
+        self.fingerprint = _fingerprint(path)
         on_gpu = mx.default_device().type == mx.gpu
         # Small chunks on CPU: a new arrival stalls the running streams, and a cancelled prompt
         # runs on, for one chunk at most.
@@ -351,6 +353,24 @@ class MlxBackend:
         self._by_uid.clear()
         self._failed.clear()
         old.close()
+
+
+def _fingerprint(path: Path) -> str:
+    """From the weights' digest and dtype the store recorded (else the directory's weight files'
+    names and sizes, and its config), and the versions of the engine."""
+    import mlx_lm
+
+    manifest = path / "manifest.json"
+    meta = json.loads(manifest.read_text()) if manifest.exists() else {}
+    if isinstance(meta.get("source_sha256"), str):
+        weights = f"{meta['source_sha256']} {meta.get('dtype')}"
+    else:
+        files = sorted(path.glob("*.safetensors"))
+        config = (path / "config.json").read_text() if (path / "config.json").exists() else ""
+        weights = " ".join(f"{f.name}:{f.stat().st_size}" for f in files) + config
+    return fingerprint(
+        weights, f"turbospark {__version__}", f"mlx {mx.__version__}", f"mlx-lm {mlx_lm.__version__}"
+    )
 
 
 def _kv_sizes(model: Any) -> Callable[[int], int]:

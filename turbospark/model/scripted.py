@@ -21,7 +21,8 @@ from pathlib import Path
 
 import attrs
 
-from .backend import PrefillProgress, SamplingParams, StepOutput
+from .. import __version__
+from .backend import PrefillProgress, SamplingParams, StepOutput, fingerprint
 from .tokenizer import Tokenizer
 
 __all__ = ["SCRIPTED_ID", "ScriptedBackend", "ScriptedCounters", "shipped_tokenizer"]
@@ -72,6 +73,9 @@ class ScriptedBackend:
         self._script = None if script is None else self.tokenizer.encode(script)
         self._endless = self.tokenizer.encode(ENDLESS_TEXT)
         self._seqs: dict[int, _ScriptedSeq] = {}
+        self.fingerprint = fingerprint(
+            "scripted", f"turbospark {__version__}", script if script is not None else ENDLESS_TEXT
+        )
 
     # --- the batched engine: every sequence advances once per step, one pace for all -------
 

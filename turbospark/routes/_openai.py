@@ -27,19 +27,28 @@ _ids = itertools.count()
 
 @attrs.frozen
 class Envelope:
-    """The id, creation time and model name every object of one response carries."""
+    """The id, creation time, model name and system fingerprint every object of one response
+    carries."""
 
     id: str
     created: int
     model: str
+    fingerprint: str
 
     @classmethod
-    def new(cls, prefix: str, model: str) -> Envelope:
+    def new(cls, prefix: str, model: str, fingerprint: str) -> Envelope:
         now = int(time.time())
-        return cls(f"{prefix}-{now}-{next(_ids)}", now, model)
+        return cls(f"{prefix}-{now}-{next(_ids)}", now, model, fingerprint)
 
     def wrap(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fingerprint,
+            "choices": choices,
+        }
 
 
 def sampling_params(

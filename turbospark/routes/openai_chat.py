@@ -72,12 +72,13 @@ def _template_kwargs(body: ChatCompletionRequest) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     if body.reasoning_effort is not None:
         kwargs["reasoning_effort"] = body.reasoning_effort
-        kwargs["enable_thinking"] = body.reasoning_effort not in ("off", "none", "minimal")
+        kwargs["enable_thinking"] = body.reasoning_effort not in ("none", "minimal")
     kwargs.update(body.chat_template_kwargs or {})
     return kwargs
 
 
 @blueprint.post("/v1/chat/completions")
+@blueprint.post("/chat/completions")  # clients whose base URL lacks /v1
 async def chat_completions() -> Response:
     sys_ = system()
     body = structure(parse_json(await request.get_data()), ChatCompletionRequest)
@@ -98,7 +99,7 @@ async def chat_completions() -> Response:
         ),
         n=n,
     )
-    env = Envelope.new("chatcmpl", body.model or entry.id)
+    env = Envelope.new("chatcmpl", body.model or entry.id, entry.fingerprint)
 
     def chunk(delta: dict[str, Any], index: int, finish: str | None = None) -> dict[str, Any]:
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}

@@ -42,6 +42,7 @@ def _degradation(body: CompletionRequest) -> str | None:
 
 
 @blueprint.post("/v1/completions")
+@blueprint.post("/completions")
 async def completions() -> Response:
     sys_ = system()
     body = structure(parse_json(await request.get_data()), CompletionRequest)
@@ -62,7 +63,7 @@ async def completions() -> Response:
         ),
         n=n,
     )
-    env = Envelope.new("cmpl", body.model or entry.id)
+    env = Envelope.new("cmpl", body.model or entry.id, entry.fingerprint)
 
     def choice(text: str, index: int, finish: str | None = None) -> dict[str, Any]:
         return {"text": text, "index": index, "logprobs": None, "finish_reason": finish}
