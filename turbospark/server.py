@@ -13,6 +13,7 @@ closes what is left.  The other actors live until the root nursery ends, after H
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 from functools import partial
 
 import attrs
@@ -58,27 +59,39 @@ async def serve(
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     stop = trio.Event()
-    http_done = trio.Event()
 
-    async def end_generations() -> None:
-        await stop.wait()
+    http_scope = trio.CancelScope()
+
+    async def shut_down() -> None:
+        await stop.wait()  # Hypercorn stops accepting now
         with trio.move_on_after(settings.graceful_timeout):
-            await http_done.wait()
+            await app.in_flight.wait_idle()
         system.stop_models()
+        with trio.move_on_after(SHUTDOWN_MARGIN):
+            await app.in_flight.wait_idle()
+        # Every request is answered: what is left are idle keep-alive connections, which
+        # Hypercorn would otherwise hold open until its own deadline.
+        http_scope.cancel()
 
     async with trio.open_nursery() as root:
         system = await root.start(partial(run_system, settings, backends, resolve=resolve))
         app = create_app(system)
-        root.start_soon(end_generations)
+        root.start_soon(shut_down)
         async with trio.open_nursery() as http:
-            binds = await http.start(
-                partial(
-                    hypercorn.trio.serve,
-                    app,
-                    _hypercorn_config(settings),
-                    shutdown_trigger=stop.wait,
-                )
-            )
+            binds = await http.start(partial(_serve_http, http_scope, app, settings, stop))
             task_status.started(Server(binds[0], system, stop))
-        http_done.set()
         root.cancel_scope.cancel()
+
+
+async def _serve_http(
+    scope: trio.CancelScope,
+    app: Any,
+    settings: Settings,
+    stop: trio.Event,
+    *,
+    task_status: trio.TaskStatus[list[str]],
+) -> None:
+    with scope:
+        await hypercorn.trio.serve(
+            app, _hypercorn_config(settings), shutdown_trigger=stop.wait, task_status=task_status
+        )

@@ -19,6 +19,7 @@ from contextlib import ExitStack
 from typing import Any, Literal
 
 import attrs
+import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
 from quart import Response, g, request
 from quart_trio import QuartTrio
@@ -46,18 +47,45 @@ Family = Literal["openai", "anthropic", "ollama"]
 _scope: contextvars.ContextVar[ExitStack] = contextvars.ContextVar("turbospark_request_scope")
 
 
+class InFlight:
+    """How many HTTP requests are being answered (body included), for a shutdown that waits
+    for them, and only them: an idle keep-alive connection holds nothing."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._idle = trio.Event()
+        self._idle.set()
+
+    def enter(self) -> None:
+        self.count += 1
+        self._idle = trio.Event() if self.count == 1 else self._idle
+
+    def exit(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        while self.count:
+            await self._idle.wait()
+
+
 class _ScopedConnection(TrioASGIHTTPConnection):
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        in_flight: InFlight = self.app.in_flight  # type: ignore[attr-defined]
+        in_flight.enter()
         with ExitStack() as stack:
             token = _scope.set(stack)
             try:
                 await super().__call__(receive, send)
             finally:
                 _scope.reset(token)
+                in_flight.exit()
 
 
 class _App(QuartTrio):
     asgi_http_class = _ScopedConnection
+    in_flight: InFlight
 
 
 def request_scope() -> ExitStack:
@@ -190,6 +218,7 @@ def _authorized(key: str) -> bool:
 
 def create_app(sys_: System) -> QuartTrio:
     app = _App("turbospark")
+    app.in_flight = InFlight()
     app.config["MAX_CONTENT_LENGTH"] = sys_.settings.max_body_bytes
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
     ids = itertools.count()

@@ -26,12 +26,14 @@ def _row(entry: ModelEntry, name: str) -> dict[str, Any]:
 
 
 @blueprint.get("/v1/models")
+@blueprint.get("/models")
 async def list_models() -> Response:
     rows = [_row(e, name) for e in system().registry.entries for name in e.names]
     return json_response({"object": "list", "data": rows})
 
 
 @blueprint.get("/v1/models/<path:model_id>")
+@blueprint.get("/models/<path:model_id>")
 async def get_model(model_id: str) -> Response:
     entry = system().registry.lookup(model_id)
     if entry is None:

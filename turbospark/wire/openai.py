@@ -37,6 +37,36 @@ def _in_range(lo: float, hi: float):  # type: ignore[no-untyped-def]
     return check
 
 
+def _one_of(*allowed: str):  # type: ignore[no-untyped-def]
+    """An enum the API defines: anything else is refused by name (never ignored)."""
+
+    def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if v is not None and v not in allowed:
+                names = ", ".join(repr(a) for a in allowed)
+                raise ValueError(f"{attribute.name} must be one of {names}, got {v!r}")
+
+    return check
+
+
+def _response_format(_: object, attribute: attrs.Attribute[Any], value: dict[str, Any] | None) -> None:
+    if value is None:
+        return
+    kind = value.get("type")
+    if kind not in ("text", "json_object", "json_schema"):
+        raise ValueError(
+            f"response_format.type must be one of 'text', 'json_object', 'json_schema', got {kind!r}"
+        )
+    if kind == "json_schema" and not isinstance(value.get("json_schema"), dict):
+        raise ValueError("response_format.json_schema must be an object when type is 'json_schema'")
+
+
+def _tool_choice(_: object, attribute: attrs.Attribute[Any], value: str | dict[str, Any] | None) -> None:
+    if isinstance(value, str) and value not in ("none", "auto", "required"):
+        raise ValueError(f"tool_choice must be one of 'none', 'auto', 'required' or an object, got {value!r}")
+
+
 @attrs.frozen
 class ChatMessage:
     role: Role
@@ -85,22 +115,26 @@ class ChatCompletionRequest(GenerationFields):
     max_completion_tokens: int | None = attrs.field(default=None, validator=_positive)
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = attrs.field(default=None, validator=_response_format)
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: str | dict[str, Any] | None = attrs.field(default=None, validator=_tool_choice)
     parallel_tool_calls: bool | None = None
-    reasoning_effort: str | None = None
+    reasoning_effort: str | None = attrs.field(
+        default=None, validator=_one_of("none", "minimal", "low", "medium", "high", "xhigh")
+    )
     chat_template_kwargs: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
-    service_tier: str | None = None
-    modalities: list[str] | None = None
+    service_tier: str | None = attrs.field(
+        default=None, validator=_one_of("auto", "default", "flex", "scale", "priority")
+    )
+    modalities: list[str] | None = attrs.field(default=None, validator=_one_of("text", "audio"))
     prediction: dict[str, Any] | None = None
     audio: dict[str, Any] | None = None
     web_search_options: dict[str, Any] | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    verbosity: str | None = None
+    verbosity: str | None = attrs.field(default=None, validator=_one_of("low", "medium", "high"))
 
 
 @attrs.frozen(kw_only=True)
