@@ -2,13 +2,17 @@
 
 One pinned OS thread per model loads the backend and runs every generation for it (MLX streams
 are thread-local, and the KV caches stay with the thread).  It never touches a Trio object
-directly; everything goes through ``trio.from_thread``.  Its loop has three verbs:
+directly; everything goes through ``trio.from_thread``.  Its loop:
 
     while True:
+        start()     # admitted jobs whose routes have had Started enter the engine
         step()      # one engine step: a prefill chunk for newcomers, one decode step for the rest
-        exchange()  # one crossing into Trio: every sequence's news out, leaving clients and new
+        admit()     # waiting jobs get slots when the batch has room (slots and KV budget)
+        exchange()  # one crossing into Trio: every job's news out, leaving clients and new
                     # jobs in
-        admit()     # new jobs join the batch when a slot and KV room are free
+
+A job is one request: one sequence, or ``n`` sequences (choices) that share its prompt's
+prefill and its reply channel.
 
 - ``exchange`` is one ``from_thread.run`` per step.  On the Trio side it emits the step's observer
   events, then, for every sequence, sends its replies with ``send_nowait`` (a ``Delta`` per
