@@ -202,6 +202,9 @@ BAD_BODIES = [
     (json.dumps(chat_body(modalities=["text", "video"])).encode(), "got 'video'"),
     (json.dumps(chat_body(verbosity="loud")).encode(), "verbosity must be one of"),
     (json.dumps(chat_body(n=0)).encode(), "n must be between 1 and 128, got 0"),
+    (json.dumps(chat_body(logit_bias={"the": 5})).encode(), "logit_bias keys must be token ids"),
+    (json.dumps(chat_body(logit_bias={"5": 101})).encode(), "between -100 and 100, got 101"),
+    (json.dumps(chat_body(logit_bias={"99999999": 1})).encode(), "outside this model's vocabulary"),
 ]
 
 

@@ -184,3 +184,19 @@ async def test_n_seeded_choices_are_each_reproducible(batch_server, client) -> N
         assert alone.json()["choices"][0]["message"]["content"] == text, i
     again = await client.post(f"{batch_server.url}{PATH}", json=body | {"n": 3, "stream": False})
     assert [c["message"]["content"] for c in again.json()["choices"]] == texts
+
+
+async def test_logit_bias_bans_and_forces_tokens(batch_server, client) -> None:
+    from turbospark.model.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(smollm2_store().path)
+    france = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+    body = {"messages": france, "temperature": 0, "max_tokens": 12}
+    plain = (await client.post(f"{batch_server.url}{PATH}", json=body)).json()
+    assert "Paris" in plain["choices"][0]["message"]["content"]
+    (paris,) = tok.encode(" Paris")
+    banned = (await client.post(f"{batch_server.url}{PATH}", json=body | {"logit_bias": {str(paris): -100}})).json()
+    assert "Paris" not in banned["choices"][0]["message"]["content"]
+    (yes,) = tok.encode("Yes")
+    forced = (await client.post(f"{batch_server.url}{PATH}", json=body | {"logit_bias": {str(yes): 100}, "max_tokens": 3})).json()
+    assert forced["choices"][0]["message"]["content"] == "YesYesYes"

@@ -253,6 +253,11 @@ class _Loop:
         try:
             entry.ids = encode_prompt(self.backend, job)
             entry.grow = len(entry.ids) + job.params.max_tokens
+            vocab = self.backend.tokenizer.vocab_size
+            if any(not 0 <= i < vocab for i, _ in job.params.logit_bias):
+                raise RequestInvalid(
+                    f"logit_bias names a token id outside this model's vocabulary (0-{vocab - 1})",
+                    param="logit_bias")
             if job.n > self.admission.max_batch:
                 raise RequestInvalid(
                     f"n is {job.n}, but this model runs at most {self.admission.max_batch} "

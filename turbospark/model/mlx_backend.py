@@ -101,6 +101,10 @@ def make_processors(params: SamplingParams, prompt_len: int) -> list[Callable[..
         )
     if params.repetition_penalty != 1:
         processors.append(make_repetition_penalty(params.repetition_penalty, 20))
+    if params.logit_bias:
+        ids = mx.array([i for i, _ in params.logit_bias])
+        bias = mx.array([b for _, b in params.logit_bias], dtype=mx.float32)
+        processors.append(lambda tokens, logits: logits.at[:, ids].add(bias.astype(logits.dtype)))
     return processors
 
 

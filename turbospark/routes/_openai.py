@@ -65,7 +65,10 @@ def sampling_params(
     }
     if max_tokens is not None:
         given["max_tokens"] = max_tokens
-    return SamplingParams(seed=body.seed, stop=tuple(stop), **{**model_defaults, **given})
+    bias = tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items())
+    return SamplingParams(
+        seed=body.seed, stop=tuple(stop), logit_bias=bias, **{**model_defaults, **given}
+    )
 
 
 def usage(finished: list[Finished]) -> dict[str, Any]:

@@ -45,7 +45,7 @@ def _degradation(body: ChatCompletionRequest, dropped_images: int) -> str | None
     labels = []
     if body.response_format and body.response_format.get("type") != "text":
         labels.append("response_format")
-    for name in ("logprobs", "top_logprobs", "logit_bias", "prediction", "audio", "web_search_options"):
+    for name in ("logprobs", "top_logprobs", "prediction", "audio", "web_search_options"):
         if getattr(body, name) is not None:
             labels.append(name)
     if body.tools and body.tool_choice != "none":

@@ -35,7 +35,7 @@ def _prompt(body: CompletionRequest) -> str:
 
 
 def _degradation(body: CompletionRequest) -> str | None:
-    labels = [name for name in ("logprobs", "best_of", "logit_bias") if getattr(body, name) is not None]
+    labels = [name for name in ("logprobs", "best_of") if getattr(body, name) is not None]
     if body.echo:
         labels.append("echo")
     return ", ".join(labels) or None

@@ -67,6 +67,19 @@ def _tool_choice(_: object, attribute: attrs.Attribute[Any], value: str | dict[s
         raise ValueError(f"tool_choice must be one of 'none', 'auto', 'required' or an object, got {value!r}")
 
 
+def _logit_bias(_: object, attribute: attrs.Attribute[Any], value: dict[str, float] | None) -> None:
+    """OpenAI's shape: token ids (as strings) to a bias between -100 and 100."""
+    if value is None:
+        return
+    if len(value) > 1024:
+        raise ValueError(f"logit_bias may hold at most 1024 tokens, got {len(value)}")
+    for key, bias in value.items():
+        if not key.isdigit():
+            raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+        if not -100 <= bias <= 100:
+            raise ValueError(f"logit_bias values must be between -100 and 100, got {bias}")
+
+
 @attrs.frozen
 class ChatMessage:
     role: Role
@@ -105,7 +118,7 @@ class GenerationFields:
     frequency_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
     repetition_penalty: float | None = attrs.field(default=None, validator=_in_range(0.01, 10.0))
     n: int | None = attrs.field(default=None, validator=_in_range(1, 128))  # OpenAI's bound
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = attrs.field(default=None, validator=_logit_bias)
     user: str | None = None
 
 
