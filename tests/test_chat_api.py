@@ -122,7 +122,7 @@ async def test_content_parts_and_degradation(start_server, client: httpx.AsyncCl
     assert r.status_code == 200
     header = r.headers["x-anyllm-degradation"]
     labels, _, note = header.partition("; ")
-    assert labels.split(", ") == ["response_format", "logprobs"]  # n is honoured
+    assert labels.split(", ") == ["response_format"]  # n and logprobs are honoured
     assert "no vision tower" in note
     assert [c["index"] for c in r.json()["choices"]] == [0, 1]
     assert r.json()["usage"]["prompt_tokens"] == prompt_tokens([{"role": "user", "content": "Describe"}])
@@ -467,3 +467,23 @@ async def test_a_base_url_without_v1_reaches_the_same_handlers(start_server) -> 
     assert text.usage.completion_tokens == 2
     assert "scripted" in [m.id async for m in sdk.models.list()]
     assert (await sdk.models.retrieve("scripted")).id == "scripted"
+
+
+async def test_logprobs_streaming_and_not(start_server, client) -> None:
+    server = await start_server()
+    body = chat_body(max_tokens=4, logprobs=True, top_logprobs=3)
+    r = await client.post(f"{server.url}/v1/chat/completions", json=body)
+    choice = r.json()["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert "".join(e["token"] for e in content) == choice["message"]["content"]
+    for e in content:
+        assert e["logprob"] <= 0 and e["bytes"] == list(e["token"].encode())
+        assert len(e["top_logprobs"]) == 3 and e["top_logprobs"][0]["token"] == e["token"]
+    r = await client.post(f"{server.url}/v1/chat/completions", json=body | {"stream": True})
+    chunks = [json.loads(d) for _, d in sse_events(r.text)[:-1]]
+    streamed = [e for c in chunks if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]]
+    assert streamed == content  # every token reported once, in order
+    r = await client.post(f"{server.url}/v1/chat/completions", json=chat_body(max_tokens=2, top_logprobs=2))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
+    r = await client.post(f"{server.url}/v1/chat/completions", json=chat_body(max_tokens=2))
+    assert r.json()["choices"][0]["logprobs"] is None  # not asked, not given

@@ -66,9 +66,15 @@ async def test_bad_completion_requests(start_server, client, body, needle) -> No
     assert needle in r.json()["error"]["message"]
 
 
-async def test_echo_and_logprobs_are_named_as_not_honoured(start_server, client) -> None:
+async def test_echo_is_named_as_not_honoured_and_logprobs_are_given(start_server, client) -> None:
     server = await start_server()
-    r = await client.post(f"{server.url}{PATH}", json={"prompt": "a", "echo": True, "logprobs": 2, "max_tokens": 1})
-    assert r.headers["x-anyllm-degradation"] == "logprobs, echo"
+    r = await client.post(f"{server.url}{PATH}", json={"prompt": "a", "echo": True, "logprobs": 2, "max_tokens": 3})
+    assert r.headers["x-anyllm-degradation"] == "echo"
+    choice = r.json()["choices"][0]
+    logprobs = choice["logprobs"]
+    assert "".join(logprobs["tokens"]) == choice["text"] and len(logprobs["tokens"]) == 3
+    assert logprobs["token_logprobs"] == [0.0, 0.0, 0.0]  # the scripted backend is certain
+    assert all(len(top) == 2 for top in logprobs["top_logprobs"])
+    assert logprobs["text_offset"] == [0, len(logprobs["tokens"][0]), len("".join(logprobs["tokens"][:2]))]
     r = await client.post(f"{server.url}{PATH}", json={"prompt": "a", "max_tokens": 1})
     assert "x-anyllm-degradation" not in r.headers

@@ -200,3 +200,20 @@ async def test_logit_bias_bans_and_forces_tokens(batch_server, client) -> None:
     (yes,) = tok.encode("Yes")
     forced = (await client.post(f"{batch_server.url}{PATH}", json=body | {"logit_bias": {str(yes): 100}, "max_tokens": 3})).json()
     assert forced["choices"][0]["message"]["content"] == "YesYesYes"
+
+
+async def test_logprobs_from_the_real_model(batch_server, client) -> None:
+    import math
+
+    france = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+    body = {"messages": france, "temperature": 0, "max_tokens": 8, "logprobs": True, "top_logprobs": 5}
+    r = (await client.post(f"{batch_server.url}{PATH}", json=body)).json()
+    content = r["choices"][0]["logprobs"]["content"]
+    assert r["choices"][0]["message"]["content"] == "The capital of France is Paris."
+    assert len(content) == 8  # every token, the end of turn included
+    for e in content:
+        tops = e["top_logprobs"]
+        assert len(tops) == 5 and tops[0]["token"] == e["token"]  # greedy: the likeliest
+        assert tops[0]["logprob"] == pytest.approx(e["logprob"], abs=1e-5)
+        assert all(a["logprob"] >= b["logprob"] for a, b in zip(tops, tops[1:]))
+        assert sum(math.exp(t["logprob"]) for t in tops) <= 1 + 1e-4

@@ -40,6 +40,7 @@ __all__ = [
     "Submit",
     "Take",
     "TextPrompt",
+    "TokenLogprob",
     "Withdraw",
 ]
 
@@ -93,12 +94,22 @@ class Started:
 
 
 @attrs.frozen
+class TokenLogprob:
+    """A generated token as text, its log-probability, and the most likely alternatives."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@attrs.frozen
 class Delta:
     """One decode step of choice ``index``: ``text`` is what became safe to show (possibly
-    empty)."""
+    empty); ``logprob`` describes the step's token when the request asked for log-probabilities."""
 
     text: str
     index: int = 0
+    logprob: TokenLogprob | None = None
 
 
 @attrs.frozen

@@ -58,6 +58,7 @@ from ..messages import (
     Reply,
     Started,
     TextPrompt,
+    TokenLogprob,
 )
 from ._admission import Admission
 from .backend import Backend, SamplingParams, StepOutput
@@ -224,13 +225,23 @@ class _Loop:
             job, state = choice.job, choice.state
             assert state is not None
             try:
-                job.outbox.append(Delta(state.feed(token), choice.index))
+                logprob = self._logprob(token, out.logprobs.get(sid))
+                job.outbox.append(Delta(state.feed(token), choice.index, logprob))
                 if state.stop_reason is not None:
                     self._finish(choice)
             except Exception:
                 log.exception("model %s: ending request %d failed", self.backend.model_id,
                               job.job.request_id)
                 self._fail(job)
+
+    def _logprob(
+        self, token: int, found: tuple[float, tuple[tuple[int, float], ...]] | None
+    ) -> TokenLogprob | None:
+        if found is None:
+            return None
+        decode = self.backend.tokenizer.decode
+        chosen, top = found
+        return TokenLogprob(decode([token]), chosen, tuple((decode([i]), lp) for i, lp in top))
 
     def _fork(self, sid: int) -> None:
         """Choice 0 has read the prompt: the other choices start from its KV cache."""

@@ -51,6 +51,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     stop: tuple[str, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    logprobs: int | None = None  # report each token's log-probability and this many alternatives
 
 
 @attrs.frozen
@@ -69,6 +70,9 @@ class StepOutput:
     progress: Mapping[int, PrefillProgress] = attrs.field(factory=dict)
     tokens: Mapping[int, int] = attrs.field(factory=dict)
     failed: Mapping[int, BaseException] = attrs.field(factory=dict)
+    #: For sequences that asked: the token's log-probability, and the most likely alternatives
+    #: as (token id, log-probability), most likely first.
+    logprobs: Mapping[int, tuple[float, tuple[tuple[int, float], ...]]] = attrs.field(factory=dict)
 
 
 class Backend(Protocol):

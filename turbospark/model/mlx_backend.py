@@ -195,6 +195,7 @@ class _Running:
     prompt: list[int]
     cached: int
     reading: bool = True  # still in prefill
+    logprobs: int | None = None  # alternatives to report per token, when asked
 
 
 class MlxBackend:
@@ -292,7 +293,7 @@ class MlxBackend:
                 samplers=[sampler],
                 logits_processors=[processors],
             )
-        self._running[seq] = _Running(uid, prompt, cached)
+        self._running[seq] = _Running(uid, prompt, cached, logprobs=params.logprobs)
         self._by_uid[uid] = seq
 
     def _guard(self, seq: int, fn: Callable[..., mx.array], stand_in: Callable[..., mx.array]) -> Callable[..., mx.array]:
@@ -326,16 +327,20 @@ class MlxBackend:
                 run.reading = False
             progress[seq] = PrefillProgress(run.cached + done, run.cached + total, run.cached)
         tokens: dict[int, int] = {}
+        asked: list[tuple[int, mx.array, int, int]] = []
         for r in generation_responses:
             seq = self._by_uid.get(r.uid)
             if seq is not None:
                 tokens[seq] = r.token
                 self.decode_steps += 1
+                if (k := self._running[seq].logprobs) is not None:
+                    asked.append((seq, r.logprobs, r.token, k))
+        logprobs = _logprobs(asked)
         failed, self._failed = self._failed, {}
         for seq in failed:
             self.remove(seq, keep_cache=False)
             tokens.pop(seq, None)
-        return StepOutput(progress, tokens, failed)
+        return StepOutput(progress, tokens, failed, {s: v for s, v in logprobs.items() if s in tokens})
 
     def remove(self, seq: int, *, keep_cache: bool = True) -> None:
         run = self._running.get(seq)
@@ -357,6 +362,25 @@ class MlxBackend:
         self._by_uid.clear()
         self._failed.clear()
         old.close()
+
+
+def _logprobs(
+    asked: list[tuple[int, mx.array, int, int]],
+) -> dict[int, tuple[float, tuple[tuple[int, float], ...]]]:
+    """The chosen token's log-probability and the ``k`` most likely tokens, for the sequences
+    that asked (one evaluation for all of them; nothing for the others)."""
+    if not asked:
+        return {}
+    picks = []
+    for _, lp, token, k in asked:
+        top = mx.argpartition(-lp, k - 1)[:k] if k else mx.array([], dtype=mx.uint32)
+        picks.append((lp[token], top, lp[top] if k else top))
+    mx.eval(picks)
+    out = {}
+    for (seq, _, _, _), (chosen, top, values) in zip(asked, picks, strict=True):
+        pairs = sorted(zip(top.tolist(), values.tolist(), strict=True), key=lambda p: -p[1])
+        out[seq] = (chosen.item(), tuple(pairs))
+    return out
 
 
 def _fingerprint(path: Path) -> str:

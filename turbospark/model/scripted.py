@@ -87,13 +87,15 @@ class ScriptedBackend:
 
     def insert(self, seq: int, prompt: list[int], params: SamplingParams) -> int:
         self.counters.generations += 1
-        self._seqs[seq] = _ScriptedSeq(total=len(prompt), tokens=self._tokens())
+        self._seqs[seq] = _ScriptedSeq(total=len(prompt), tokens=self._tokens(), logprobs=params.logprobs)
         return 0
 
     def fork(self, seq: int, new: Mapping[int, SamplingParams]) -> bool:
         total = self._seqs[seq].total
-        for sid in new:
-            self._seqs[sid] = _ScriptedSeq(total=total, tokens=self._tokens(), done=total)
+        for sid, params in new.items():
+            self._seqs[sid] = _ScriptedSeq(
+                total=total, tokens=self._tokens(), done=total, logprobs=params.logprobs
+            )
         return True
 
     def _tokens(self) -> Iterator[int]:
@@ -106,6 +108,7 @@ class ScriptedBackend:
         self._pace()
         progress: dict[int, PrefillProgress] = {}
         out: dict[int, int] = {}
+        logprobs: dict[int, tuple[float, tuple[tuple[int, float], ...]]] = {}
         for sid, seq in list(self._seqs.items()):
             if seq.done < seq.total:
                 self.counters.prefill_chunks += 1
@@ -118,7 +121,10 @@ class ScriptedBackend:
             self.counters.decode_steps += 1
             seq.generated += 1
             out[sid] = token
-        return StepOutput(progress, out)
+            if seq.logprobs is not None:  # certain of its token; the next ids, far behind
+                top = [(token, 0.0), *((token + k, -20.0 - k) for k in range(1, seq.logprobs))]
+                logprobs[sid] = (0.0, tuple(top[: seq.logprobs]))
+        return StepOutput(progress, out, logprobs=logprobs)
 
     def remove(self, seq: int, *, keep_cache: bool = True) -> None:
         self._seqs.pop(seq, None)
@@ -137,6 +143,7 @@ class _ScriptedSeq:
     tokens: Iterator[int]
     done: int = 0
     generated: int = 0
+    logprobs: int | None = None
 
     @property
     def in_cache(self) -> int:

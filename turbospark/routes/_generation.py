@@ -24,6 +24,7 @@ from ..messages import (
     Reply,
     Started,
     TextPrompt,
+    TokenLogprob,
 )
 from ..model.backend import SamplingParams
 from ._app import request_scope, system
@@ -43,6 +44,7 @@ class Completion:
 
     texts: list[str]
     finished: list[Finished]
+    logprobs: list[list[TokenLogprob]]  # per choice, one per token (when asked)
 
 
 async def start(
@@ -82,14 +84,18 @@ async def start(
 async def collect(replies: Replies, n: int = 1) -> Completion:
     """Drain a non-streaming generation of ``n`` choices."""
     parts: list[list[str]] = [[] for _ in range(n)]
+    logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
     finished: dict[int, Finished] = {}
     async for msg in replies:
         if isinstance(msg, Delta):
             parts[msg.index].append(msg.text)
+            if msg.logprob is not None:
+                logprobs[msg.index].append(msg.logprob)
         elif isinstance(msg, Finished):
             finished[msg.index] = msg
             if len(finished) == n:
-                return Completion(["".join(p) for p in parts], [finished[i] for i in range(n)])
+                texts = ["".join(p) for p in parts]
+                return Completion(texts, [finished[i] for i in range(n)], logprobs)
         else:
             assert isinstance(msg, Failed), msg
             raise msg.error

@@ -10,14 +10,16 @@ from typing import Any
 import attrs
 from quart import Response
 
-from ..messages import Delta, Failed, Finished
+from ..messages import Delta, Failed, Finished, TokenLogprob
 from ..model.backend import SamplingParams
 from ..wire.openai import GenerationFields
 from . import _sse
 from ._app import exception_body
 from ._generation import Replies, events
 
-__all__ = ["DEGRADATION_HEADER", "Envelope", "sampling_params", "sse_response", "usage"]
+__all__ = [
+    "DEGRADATION_HEADER", "Envelope", "chat_logprobs", "sampling_params", "sse_response", "usage",
+]
 
 # Parameters that were accepted but not honoured are named here (comma-separated).
 DEGRADATION_HEADER = "x-anyllm-degradation"
@@ -52,7 +54,11 @@ class Envelope:
 
 
 def sampling_params(
-    body: GenerationFields, *, max_tokens: int | None, model_defaults: Mapping[str, float]
+    body: GenerationFields,
+    *,
+    max_tokens: int | None,
+    model_defaults: Mapping[str, float],
+    logprobs: int | None = None,
 ) -> SamplingParams:
     """Each sampling field from the request, else the model's own default (its
     ``generation_config.json``), else the server's (``SamplingParams``' defaults)."""
@@ -67,8 +73,27 @@ def sampling_params(
         given["max_tokens"] = max_tokens
     bias = tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items())
     return SamplingParams(
-        seed=body.seed, stop=tuple(stop), logit_bias=bias, **{**model_defaults, **given}
+        seed=body.seed,
+        stop=tuple(stop),
+        logit_bias=bias,
+        logprobs=logprobs,
+        **{**model_defaults, **given},
     )
+
+
+def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
+    """Chat's ``logprobs`` object: one entry per token, with its bytes and alternatives."""
+
+    def one(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+    return {
+        "content": [
+            one(e.token, e.logprob) | {"top_logprobs": [one(t, lp) for t, lp in e.top]}
+            for e in entries
+        ],
+        "refusal": None,
+    }
 
 
 def usage(finished: list[Finished]) -> dict[str, Any]:
@@ -90,12 +115,12 @@ def sse_response(
     keepalive: float,
     n: int,
     opening: list[dict[str, Any]],
-    piece: Callable[[str, int], dict[str, Any]],
-    finish: Callable[[str, int], dict[str, Any]],
+    piece: Callable[[str, int, list[TokenLogprob]], dict[str, Any]],
+    finish: Callable[[str, int, list[TokenLogprob]], dict[str, Any]],
 ) -> Response:
     """An OpenAI-style stream: ``opening`` chunks, one ``piece`` chunk per non-empty text piece
-    of a choice (given its index), each choice's ``finish`` chunk (given the finish reason and
-    index); once all ``n`` choices have finished, with ``stream_options.include_usage`` a chunk
+    of a choice (given its index and the log-probabilities of the tokens since its last chunk),
+    each choice's ``finish`` chunk (given the finish reason, index and tokens not yet reported); once all ``n`` choices have finished, with ``stream_options.include_usage`` a chunk
     with no choices and the usage, then ``[DONE]``; a failure is one ``event: error`` frame and
     no ``[DONE]``."""
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -104,14 +129,18 @@ def sse_response(
         for chunk in opening:
             yield _sse.data(chunk)
         finished: list[Finished] = []
+        pending: list[list[TokenLogprob]] = [[] for _ in range(n)]
         async for msg in events(replies, keepalive=keepalive, n=n):
             if msg is None:
                 yield _sse.KEEPALIVE
             elif isinstance(msg, Delta):
+                if msg.logprob is not None:
+                    pending[msg.index].append(msg.logprob)
                 if msg.text:
-                    yield _sse.data(piece(msg.text, msg.index))
+                    yield _sse.data(piece(msg.text, msg.index, pending[msg.index]))
+                    pending[msg.index] = []
             elif isinstance(msg, Finished):
-                last = finish(msg.finish_reason, msg.index)
+                last = finish(msg.finish_reason, msg.index, pending[msg.index])
                 yield _sse.data(last)
                 finished.append(msg)
                 if len(finished) == n:

@@ -8,11 +8,19 @@ from quart import Blueprint, Response, g, request
 
 from ..chat import TemplateMessage, apply_default_system, text_of, tool_call
 from ..codec import parse_json, structure
-from ..messages import ChatPrompt, RequestRouted
+from ..errors import RequestInvalid
+from ..messages import ChatPrompt, RequestRouted, TokenLogprob
 from ..wire.openai import ChatCompletionRequest
 from ._app import json_response, system
 from ._generation import collect, start
-from ._openai import DEGRADATION_HEADER, Envelope, sampling_params, sse_response, usage
+from ._openai import (
+    DEGRADATION_HEADER,
+    Envelope,
+    chat_logprobs,
+    sampling_params,
+    sse_response,
+    usage,
+)
 
 blueprint = Blueprint("openai_chat", __name__)
 
@@ -45,7 +53,7 @@ def _degradation(body: ChatCompletionRequest, dropped_images: int) -> str | None
     labels = []
     if body.response_format and body.response_format.get("type") != "text":
         labels.append("response_format")
-    for name in ("logprobs", "top_logprobs", "prediction", "audio", "web_search_options"):
+    for name in ("prediction", "audio", "web_search_options"):
         if getattr(body, name) is not None:
             labels.append(name)
     if body.tools and body.tool_choice != "none":
@@ -88,6 +96,9 @@ async def chat_completions() -> Response:
     messages = apply_default_system(messages, sys_.settings.system_prompt)
     tools = tuple(body.tools or ()) if body.tool_choice != "none" else ()
     n = body.n or 1
+    if body.top_logprobs is not None and not body.logprobs:
+        raise RequestInvalid("top_logprobs requires logprobs to be true", param="top_logprobs")
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
     replies = await start(
         request_id=g.record.id,
         model=entry.id,
@@ -96,13 +107,19 @@ async def chat_completions() -> Response:
             body,
             max_tokens=body.max_tokens or body.max_completion_tokens,
             model_defaults=entry.sampling_defaults,
+            logprobs=logprobs,
         ),
         n=n,
     )
     env = Envelope.new("chatcmpl", body.model or entry.id, entry.fingerprint)
 
-    def chunk(delta: dict[str, Any], index: int, finish: str | None = None) -> dict[str, Any]:
-        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+    def reported(entries: list[TokenLogprob]) -> dict[str, Any] | None:
+        return chat_logprobs(entries) if logprobs is not None and entries else None
+
+    def chunk(
+        delta: dict[str, Any], index: int, finish: str | None = None, entries: list[TokenLogprob] = []
+    ) -> dict[str, Any]:
+        choice = {"index": index, "delta": delta, "logprobs": reported(entries), "finish_reason": finish}
         return env.wrap("chat.completion.chunk", [choice])
 
     if body.stream:
@@ -112,8 +129,8 @@ async def chat_completions() -> Response:
             keepalive=sys_.settings.keepalive_interval,
             n=n,
             opening=[chunk({"role": "assistant", "content": ""}, i) for i in range(n)],
-            piece=lambda text, i: chunk({"content": text}, i),
-            finish=lambda reason, i: chunk({}, i, reason),
+            piece=lambda text, i, entries: chunk({"content": text}, i, None, entries),
+            finish=lambda reason, i, entries: chunk({}, i, reason, entries),
         )
     else:
         done = await collect(replies, n)
@@ -121,10 +138,12 @@ async def chat_completions() -> Response:
             {
                 "index": i,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": None,
+                "logprobs": chat_logprobs(entries) if logprobs is not None else None,
                 "finish_reason": fin.finish_reason,
             }
-            for i, (text, fin) in enumerate(zip(done.texts, done.finished, strict=True))
+            for i, (text, fin, entries) in enumerate(
+                zip(done.texts, done.finished, done.logprobs, strict=True)
+            )
         ]
         response = json_response(
             env.wrap("chat.completion", choices) | {"usage": usage(done.finished)}

@@ -12,7 +12,7 @@ from quart import Blueprint, Response, g, request
 
 from ..codec import parse_json, structure
 from ..errors import RequestInvalid
-from ..messages import RequestRouted, TextPrompt
+from ..messages import RequestRouted, TextPrompt, TokenLogprob
 from ..wire.openai import CompletionRequest
 from ._app import json_response, system
 from ._generation import collect, start
@@ -34,8 +34,22 @@ def _prompt(body: CompletionRequest) -> str:
     return body.prompt[0]
 
 
+def _logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
+    """The legacy completions shape: parallel lists, alternatives as {token: logprob}."""
+    offsets, at = [], 0
+    for e in entries:
+        offsets.append(at)
+        at += len(e.token)
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [dict(e.top) for e in entries],
+        "text_offset": offsets,
+    }
+
+
 def _degradation(body: CompletionRequest) -> str | None:
-    labels = [name for name in ("logprobs", "best_of") if getattr(body, name) is not None]
+    labels = ["best_of"] if body.best_of is not None else []
     if body.echo:
         labels.append("echo")
     return ", ".join(labels) or None
@@ -60,13 +74,17 @@ async def completions() -> Response:
             body,
             max_tokens=body.max_tokens or DEFAULT_MAX_TOKENS,
             model_defaults=entry.sampling_defaults,
+            logprobs=body.logprobs,
         ),
         n=n,
     )
     env = Envelope.new("cmpl", body.model or entry.id, entry.fingerprint)
 
-    def choice(text: str, index: int, finish: str | None = None) -> dict[str, Any]:
-        return {"text": text, "index": index, "logprobs": None, "finish_reason": finish}
+    def choice(
+        text: str, index: int, finish: str | None = None, entries: list[TokenLogprob] = []
+    ) -> dict[str, Any]:
+        reported = _logprobs(entries) if body.logprobs is not None else None
+        return {"text": text, "index": index, "logprobs": reported, "finish_reason": finish}
 
     if body.stream:
         response = sse_response(
@@ -75,14 +93,16 @@ async def completions() -> Response:
             keepalive=sys_.settings.keepalive_interval,
             n=n,
             opening=[],
-            piece=lambda text, i: env.wrap("text_completion", [choice(text, i)]),
-            finish=lambda reason, i: env.wrap("text_completion", [choice("", i, reason)]),
+            piece=lambda text, i, e: env.wrap("text_completion", [choice(text, i, None, e)]),
+            finish=lambda reason, i, e: env.wrap("text_completion", [choice("", i, reason, e)]),
         )
     else:
         done = await collect(replies, n)
         choices = [
-            choice(text, i, fin.finish_reason)
-            for i, (text, fin) in enumerate(zip(done.texts, done.finished, strict=True))
+            choice(text, i, fin.finish_reason, entries)
+            for i, (text, fin, entries) in enumerate(
+                zip(done.texts, done.finished, done.logprobs, strict=True)
+            )
         ]
         response = json_response(
             env.wrap("text_completion", choices) | {"usage": usage(done.finished)}

@@ -127,7 +127,7 @@ class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage] = attrs.field(validator=attrs.validators.min_len(1))
     max_completion_tokens: int | None = attrs.field(default=None, validator=_positive)
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = attrs.field(default=None, validator=_in_range(0, 20))
     response_format: dict[str, Any] | None = attrs.field(default=None, validator=_response_format)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = attrs.field(default=None, validator=_tool_choice)
@@ -157,7 +157,7 @@ class CompletionRequest(GenerationFields):
     prompt: str | list[str]
     best_of: int | None = None
     echo: bool | None = None
-    logprobs: int | None = None
+    logprobs: int | None = attrs.field(default=None, validator=_in_range(0, 5))
     suffix: str | None = None
 
 
