@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from functools import partial
-from itertools import islice
 import httpx
 import pytest
 import trio
