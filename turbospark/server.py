@@ -59,7 +59,6 @@ async def serve(
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     stop = trio.Event()
-
     http_scope = trio.CancelScope()
 
     async def shut_down() -> None:
@@ -69,8 +68,8 @@ async def serve(
         system.stop_models()
         with trio.move_on_after(SHUTDOWN_MARGIN):
             await app.in_flight.wait_idle()
-        # Every request is answered: what is left are idle keep-alive connections, which
-        # Hypercorn would otherwise hold open until its own deadline.
+        # Every request is answered (or out of time): what is left are idle keep-alive
+        # connections, which Hypercorn would otherwise hold open until its own deadline.
         http_scope.cancel()
 
     async with trio.open_nursery() as root:
