@@ -269,11 +269,12 @@ class MlxBackend:
         keep = len(run.prompt) - 1
         if list(tokens[:keep]) != run.prompt[:keep] or (len(tokens) > keep and not _trimmable(cache)):
             return False
-        for sid, params in new.items():
-            copy_ = copy.deepcopy(cache)
-            if len(tokens) > keep and trim_prompt_cache(copy_, len(tokens) - keep) != len(tokens) - keep:
-                return False
-            self._insert(sid, run.prompt, params, copy_, keep)
+        trim = len(tokens) - keep
+        copies = [copy.deepcopy(cache) for _ in new]
+        if trim and any(trim_prompt_cache(c, trim) != trim for c in copies):
+            return False  # before any of them is inserted: the caller inserts them afresh
+        for (sid, params), cache_copy in zip(new.items(), copies, strict=True):
+            self._insert(sid, run.prompt, params, cache_copy, keep)
         return True
 
     def _insert(self, seq: int, prompt: list[int], params: SamplingParams, cache: list[Any] | None, cached: int) -> None:
