@@ -93,10 +93,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--max-batch",
         type=_int_in(1, 1024, "a batch size"),
-        default=Settings.max_batch_default(),
+        default=Settings().max_batch,
         metavar="N",
         help="sequences a model runs at once, batched into one step; more wait in the queue "
-        f"(default {Settings.max_batch_default()})",
+        f"(default {Settings().max_batch})",
     )
     s.add_argument(
         "--kv-budget-mb",
@@ -158,7 +158,7 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sett
         max_queue=args.max_queue,
         max_resolutions=args.max_resolutions,
         max_batch=args.max_batch,
-        kv_budget=args.kv_budget_mb << 20 if args.kv_budget_mb else Settings.kv_budget_default(),
+        **({"kv_budget": args.kv_budget_mb << 20} if args.kv_budget_mb else {}),
         events_path=args.events,
         script=script,
         token_delay=args.token_delay_ms / 1000,

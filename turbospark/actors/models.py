@@ -41,7 +41,7 @@ async def model_actor(
     make_backend: Callable[[], Backend],
     queue: trio.MemorySendChannel[QueueMessage],
     emit: Callable[[object], None],
-    limits: Limits = Limits(),
+    limits: Limits,
     *,
     task_status: trio.TaskStatus[ModelInfo] = trio.TASK_STATUS_IGNORED,
 ) -> None:

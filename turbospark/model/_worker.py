@@ -73,10 +73,10 @@ Take = Callable[[int, bool], Awaitable["list[GenerationJob] | None"]]
 
 @attrs.frozen
 class Limits:
-    """How much one model thread runs at once."""
+    """How much one model thread runs at once (from ``Settings``)."""
 
-    max_batch: int = 16
-    kv_budget: int = 2 << 30  # bytes of KV cache the running sequences may grow to
+    max_batch: int
+    kv_budget: int  # bytes of KV cache the running batch may grow to
 
 
 def serve_model(
@@ -84,7 +84,7 @@ def serve_model(
     take: Take,
     emit: Callable[[object], None],
     ready: Callable[[Backend], None],
-    limits: Limits = Limits(),
+    limits: Limits,
 ) -> None:
     """Body of a model thread: load, say ready, then run batches until shutdown."""
     backend = make_backend()
@@ -118,13 +118,13 @@ def encode_prompt(backend: Backend, job: GenerationJob) -> list[int]:
 
 @attrs.define(eq=False)
 class _Choice:
-    """One sequence of a job: its engine id once it runs, and its own state."""
+    """One sequence of a job: its engine id and its own state."""
 
     job: _Job
     index: int
     params: SamplingParams
-    sid: int = -1
-    state: SequenceState | None = None
+    sid: int
+    state: SequenceState
 
 
 @attrs.define(eq=False)
@@ -138,7 +138,7 @@ class _Job:
     choices: list[_Choice] = attrs.field(factory=list)
     outbox: list[Reply] = attrs.field(factory=list)
     close: bool = False  # the reply channel closes once the outbox is out
-    running: bool = False  # admitted: its slots are reserved, Started is on its way
+    admitted: bool = False  # its slots are reserved, Started is on its way
     inserted: bool = False  # in the engine (after its route has had Started)
     cached: int = 0
 
@@ -214,7 +214,6 @@ class _Loop:
                 self._fail(choice.job)
         for sid, progress in out.progress.items():
             if (choice := self.running.get(sid)) is not None:
-                assert choice.state is not None
                 choice.state.progress(progress)
                 if progress.done == progress.total and sid in self.forks:
                     self._fork(sid)
@@ -223,7 +222,6 @@ class _Loop:
             if choice is None:
                 continue
             job, state = choice.job, choice.state
-            assert state is not None
             try:
                 logprob = self._logprob(token, out.logprobs.get(sid))
                 job.outbox.append(Delta(state.feed(token), choice.index, logprob))
@@ -296,8 +294,7 @@ class _Loop:
             for i in range(job.job.n):
                 # with a seed, choice i draws from seed + i: reproducible, and distinct
                 own = params if i == 0 or params.seed is None else attrs.evolve(params, seed=params.seed + i)
-                choice = _Choice(job, i, own, sid=next(self.seq_ids))
-                choice.state = SequenceState(
+                state = SequenceState(
                     params=own,
                     decoder=tok.stream_decoder(),
                     stop_ids=tok.stop_ids,
@@ -305,10 +302,11 @@ class _Loop:
                     prompt_tokens=len(job.ids),
                     created=job.job.created,
                 )
+                choice = _Choice(job, i, own, next(self.seq_ids), state)
                 job.choices.append(choice)
                 self.running[choice.sid] = choice
                 self.admission.admit(choice.sid, job.grow)
-            job.running = True
+            job.admitted = True
             self.jobs.append(job)
             job.outbox.append(Started(len(job.ids)))
 
@@ -328,7 +326,6 @@ class _Loop:
                 self._fail(job)
                 continue
             for choice in job.choices:
-                assert choice.state is not None
                 choice.state.cached = choice.state.prefilled = job.cached
             if others:
                 self.forks[first.sid] = others
@@ -337,7 +334,7 @@ class _Loop:
 
     def _finish(self, choice: _Choice) -> None:
         job, state = choice.job, choice.state
-        assert state is not None and state.stop_reason is not None
+        assert state.stop_reason is not None
         # Its KV goes back to the prefix cache (raising: _fail); of several choices only the
         # first's, so one request's siblings do not push other conversations out of it.
         self.backend.remove(choice.sid, keep_cache=choice.index == 0)
@@ -355,41 +352,32 @@ class _Loop:
 
     def _fail(self, job: _Job, *, removed: bool = False) -> None:
         """Something one of the job's sequences did raised: the job fails, alone."""
-        for choice in self._live(job):
-            assert choice.state is not None
-            if not removed:
-                try:
-                    self.backend.remove(choice.sid, keep_cache=False)
-                except Exception:
-                    log.exception("model %s: removing a failed sequence failed", self.backend.model_id)
-            choice.state.stop_reason = "Error"
-            self._release(choice)
+        self._stop(job, "Error", remove=not removed, keep_cache=False)
         self._end(job, Failed(GenerationFailed("generation failed")), "Error")
 
     def _gone(self, job: _Job) -> None:
         """The route stopped listening: stop every choice, keep what their KV caches hold."""
-        if not job.running:
+        if not job.admitted:
             self.waiting.remove(job)
             self.events.append(self._generated(job, "Cancelled"))
             job.close = True
             self.ended.append(job)
             return
-        if not job.inserted:  # it left as Started went out: it never ran
-            for choice in job.choices:
-                assert choice.state is not None
-                choice.state.end("Cancelled")
-                self._release(choice)
-            self._end(job, None, "Cancelled")
-            return
-        for choice in self._live(job):
-            assert choice.state is not None
-            try:
-                self.backend.remove(choice.sid)
-            except Exception:
-                log.exception("model %s: removing a cancelled sequence failed", self.backend.model_id)
-            choice.state.end("Cancelled")
-            self._release(choice)
+        self._stop(job, "Cancelled")
         self._end(job, None, "Cancelled")
+
+    def _stop(self, job: _Job, reason: StopReason, *, remove: bool = True, keep_cache: bool = True) -> None:
+        """End the job's choices still in the batch: out of the engine (unless it is past
+        saving), their slots free."""
+        for choice in self._live(job):
+            if remove:
+                try:
+                    self.backend.remove(choice.sid, keep_cache=keep_cache)
+                except Exception:
+                    log.exception("model %s: removing a sequence of request %d failed",
+                                  self.backend.model_id, job.job.request_id)
+            choice.state.end(reason)
+            self._release(choice)
 
     def _live(self, job: _Job) -> list[_Choice]:
         """The job's choices still in the batch."""
@@ -411,21 +399,21 @@ class _Loop:
 
     def _generated(self, job: _Job, reason: StopReason) -> Generated:
         request = job.job
-        state = job.choices[0].state if job.choices else None
-        if state is None or not job.inserted:  # it never ran
+        if not job.inserted:  # it never ran
             return Generated(
                 id=request.request_id, model=self.backend.model_id, prompt_tokens=len(job.ids),
                 new_tokens=0, prefill_seconds=0.0, decode_seconds=0.0, stop_reason=reason,
                 reused_prefix_tokens=0, phase="queued" if reason == "Cancelled" else None,
                 began=False,
             )
+        state = job.choices[0].state
         ended = time.monotonic()
         prefill_end = state.prefill_end
         return Generated(
             id=request.request_id,
             model=self.backend.model_id,
             prompt_tokens=state.prompt_tokens,
-            new_tokens=sum(c.state.new_tokens for c in job.choices if c.state is not None),
+            new_tokens=sum(c.state.new_tokens for c in job.choices),
             prefill_seconds=(prefill_end or ended) - state.began,
             decode_seconds=ended - prefill_end if prefill_end else 0.0,
             stop_reason=reason,
@@ -496,10 +484,7 @@ class _Loop:
     def _shutdown(self) -> None:
         """Cancelled (or the loop itself broke): every job here gets its documented end."""
         for job in list(self.jobs):
-            for choice in self._live(job):
-                assert choice.state is not None
-                choice.state.end("Shutdown")
-                self._release(choice)
+            self._stop(job, "Shutdown", remove=False)  # the engine goes with the thread
             self._end(job, Failed(ShuttingDown()), "Shutdown")
         while self.waiting:
             job = self.waiting.popleft()

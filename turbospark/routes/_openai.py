@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -81,7 +81,7 @@ def sampling_params(
     )
 
 
-def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
+def chat_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
     """Chat's ``logprobs`` object: one entry per token, with its bytes and alternatives."""
 
     def one(token: str, logprob: float) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from quart import Blueprint, Response, g, request
@@ -113,11 +114,11 @@ async def chat_completions() -> Response:
     )
     env = Envelope.new("chatcmpl", body.model or entry.id, entry.fingerprint)
 
-    def reported(entries: list[TokenLogprob]) -> dict[str, Any] | None:
+    def reported(entries: Sequence[TokenLogprob]) -> dict[str, Any] | None:
         return chat_logprobs(entries) if logprobs is not None and entries else None
 
     def chunk(
-        delta: dict[str, Any], index: int, finish: str | None = None, entries: list[TokenLogprob] = []
+        delta: dict[str, Any], index: int, finish: str | None = None, entries: Sequence[TokenLogprob] = ()
     ) -> dict[str, Any]:
         choice = {"index": index, "delta": delta, "logprobs": reported(entries), "finish_reason": finish}
         return env.wrap("chat.completion.chunk", [choice])

@@ -6,6 +6,7 @@ The prompt is encoded as is (with BOS where the model wants one), so base models
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from quart import Blueprint, Response, g, request
@@ -34,7 +35,7 @@ def _prompt(body: CompletionRequest) -> str:
     return body.prompt[0]
 
 
-def _logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
+def _logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
     """The legacy completions shape: parallel lists, alternatives as {token: logprob}."""
     offsets, at = [], 0
     for e in entries:
@@ -81,7 +82,7 @@ async def completions() -> Response:
     env = Envelope.new("cmpl", body.model or entry.id, entry.fingerprint)
 
     def choice(
-        text: str, index: int, finish: str | None = None, entries: list[TokenLogprob] = []
+        text: str, index: int, finish: str | None = None, entries: Sequence[TokenLogprob] = ()
     ) -> dict[str, Any]:
         reported = _logprobs(entries) if body.logprobs is not None else None
         return {"text": text, "index": index, "logprobs": reported, "finish_reason": finish}
