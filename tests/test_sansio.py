@@ -11,6 +11,7 @@ from turbospark.codec import structure
 from turbospark.errors import ModelNotFound, NoModel, RequestInvalid
 from turbospark.model._admission import Admission
 from turbospark.model.backend import PrefillProgress, SamplingParams
+from turbospark.model.output import OutputParser
 from turbospark.model.scripted import shipped_tokenizer
 from turbospark.model.sequence import SequenceState
 from turbospark.model.stops import StopMatcher
@@ -176,6 +177,7 @@ def _sequence(**params: object) -> tuple[SequenceState, list[int]]:
         eos_id=tok.eos_id,
         prompt_tokens=5,
         created=0.0,
+        parser=OutputParser(tok.dialect),
     )
     return state, tok.encode("The capital of France is Paris.")
 
@@ -183,7 +185,7 @@ def _sequence(**params: object) -> tuple[SequenceState, list[int]]:
 def test_sequence_ends_on_its_budget_with_everything_shown() -> None:
     state, ids = _sequence(max_tokens=3)
     state.progress(PrefillProgress(5, 5, 2))
-    texts = [state.feed(t, now=1.0) for t in ids[:3]]
+    texts = [state.feed(t, now=1.0).content for t in ids[:3]]
     assert "".join(texts) == shipped_tokenizer().decode(ids[:3])
     assert state.stop_reason == "MaxTokens" and state.finish_reason == "length"
     assert (state.new_tokens, state.cached, state.phase, state.prefill_end) == (3, 2, "decode", 1.0)
@@ -193,7 +195,7 @@ def test_sequence_holds_a_possible_stop_string_and_drops_a_matched_one() -> None
     state, ids = _sequence(max_tokens=50, stop=("Paris",))
     out = ""
     for t in ids:
-        out += state.feed(t)
+        out += state.feed(t).content
         if state.stop_reason is not None:
             break
     assert out == "The capital of France is " and state.stop_reason == "StopString"
@@ -203,10 +205,10 @@ def test_sequence_holds_a_possible_stop_string_and_drops_a_matched_one() -> None
 def test_sequence_stop_token_flushes_the_held_tail() -> None:
     tok = shipped_tokenizer()
     state, ids = _sequence(max_tokens=50, stop=(".!",))
-    out = "".join(state.feed(t) for t in ids)
+    out = "".join(state.feed(t).content for t in ids)
     assert out == "The capital of France is Paris"  # the "." could still become ".!"
     (end_of_turn,) = tok.encode("<|im_end|>")
-    out += state.feed(end_of_turn)
+    out += state.feed(end_of_turn).content
     assert out == "The capital of France is Paris."
     assert state.stop_reason == ("Eos" if end_of_turn == tok.eos_id else "EndOfTurn")
     state.end("Cancelled")  # an ended sequence keeps its reason

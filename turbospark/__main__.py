@@ -16,6 +16,7 @@ from .blas import describe as describe_blas
 from .blas import reexec_with_openblas
 from .model.backend import BackendSpec
 from .config import Settings
+from .guardrails import Guardrails
 
 __all__ = ["main"]
 
@@ -106,6 +107,13 @@ def _parser() -> argparse.ArgumentParser:
         help="KV-cache memory a model's running sequences may grow to; a request that would not "
         "fit waits for room (default: a quarter of physical memory)",
     )
+    s.add_argument(
+        "--guardrails",
+        choices=("on", "off"),
+        default="on",
+        help="tool calls: rescue calls written in other markups, validate arguments against the "
+        "tool's schema and retry once with a correction (default on)",
+    )
     s.add_argument("--events", type=Path, metavar="FILE", help="append observer events to FILE as JSON lines")
     s.add_argument("--script", type=Path, metavar="FILE", help="scripted backend: emit this UTF-8 text, then end the turn")
     s.add_argument(
@@ -158,6 +166,7 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sett
         max_queue=args.max_queue,
         max_resolutions=args.max_resolutions,
         max_batch=args.max_batch,
+        guardrails=Guardrails() if args.guardrails == "on" else Guardrails.off(),
         **({"kv_budget": args.kv_budget_mb << 20} if args.kv_budget_mb else {}),
         events_path=args.events,
         script=script,

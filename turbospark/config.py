@@ -7,6 +7,8 @@ from pathlib import Path
 
 import attrs
 
+from .guardrails import Guardrails
+
 __all__ = ["Settings"]
 
 
@@ -31,6 +33,8 @@ class Settings:
     graceful_timeout: float = 5.0
     keepalive_interval: float = 15.0
     max_body_bytes: int = 25 * 1024 * 1024
+    # Tool calls: rescue what the parser missed, validate arguments, one corrective retry.
+    guardrails: Guardrails = attrs.field(factory=Guardrails)
 
 
 def _physical_memory() -> int:

@@ -15,6 +15,7 @@ import trio
 
 from .errors import TurboSparkError
 from .model.backend import SamplingParams
+from .model.output import ToolCall
 from .model.sequence import Phase, StopReason
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "Take",
     "TextPrompt",
     "TokenLogprob",
+    "ToolCall",
     "Withdraw",
 ]
 
@@ -104,12 +106,15 @@ class TokenLogprob:
 
 @attrs.frozen
 class Delta:
-    """One decode step of choice ``index``: ``text`` is what became safe to show (possibly
-    empty); ``logprob`` describes the step's token when the request asked for log-probabilities."""
+    """One decode step of choice ``index``: ``text`` is the content that became safe to show
+    (possibly empty), ``reasoning`` the reasoning, ``tool_calls`` the calls completed at this
+    step; ``logprob`` describes the step's token when the request asked for log-probabilities."""
 
     text: str
     index: int = 0
     logprob: TokenLogprob | None = None
+    reasoning: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @attrs.frozen

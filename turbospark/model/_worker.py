@@ -62,6 +62,7 @@ from ..messages import (
 )
 from ._admission import Admission
 from .backend import Backend, SamplingParams, StepOutput
+from .output import OutputParser
 from .sequence import SequenceState, StopReason
 
 __all__ = ["Limits", "encode_prompt", "serve_model"]
@@ -93,16 +94,18 @@ def serve_model(
     _Loop(backend, take, emit, admission).run()
 
 
-def encode_prompt(backend: Backend, job: GenerationJob) -> list[int]:
+def encode_prompt(backend: Backend, job: GenerationJob) -> tuple[list[int], bool]:
+    """The prompt's token ids, and whether it leaves the model inside a reasoning span."""
     tok = backend.tokenizer
     prompt = job.prompt
     if isinstance(prompt, ChatPrompt):
-        ids = tok.encode_chat(
+        text = tok.render_chat(
             prompt.messages, tools=prompt.tools or None, template_kwargs=prompt.template_kwargs
         )
+        ids, in_reasoning = tok.encode(text), tok.opens_reasoning(text)
     else:
         assert isinstance(prompt, TextPrompt)
-        ids = tok.encode(prompt.text, add_bos=tok.add_bos_token)
+        ids, in_reasoning = tok.encode(prompt.text, add_bos=tok.add_bos_token), False
     if not ids:
         raise RequestInvalid("the prompt is empty", param="messages")
     budget = job.params.max_tokens
@@ -113,7 +116,7 @@ def encode_prompt(backend: Backend, job: GenerationJob) -> list[int]:
             "lower max_tokens.",
             param="max_tokens",
         )
-    return ids
+    return ids, in_reasoning
 
 
 @attrs.define(eq=False)
@@ -141,6 +144,7 @@ class _Job:
     admitted: bool = False  # its slots are reserved, Started is on its way
     inserted: bool = False  # in the engine (after its route has had Started)
     cached: int = 0
+    in_reasoning: bool = False  # the prompt opened a reasoning span
 
 
 # One entry per job in a crossing: its reply channel, what to send (nothing: only ask whether
@@ -224,7 +228,10 @@ class _Loop:
             job, state = choice.job, choice.state
             try:
                 logprob = self._logprob(token, out.logprobs.get(sid))
-                job.outbox.append(Delta(state.feed(token), choice.index, logprob))
+                parts = state.feed(token)
+                job.outbox.append(
+                    Delta(parts.content, choice.index, logprob, parts.reasoning, parts.calls)
+                )
                 if state.stop_reason is not None:
                     self._finish(choice)
             except Exception:
@@ -260,8 +267,10 @@ class _Loop:
         """A job from the queue: tokenise it and check it fits, then wait for room."""
         entry = _Job(job)
         try:
-            entry.ids = encode_prompt(self.backend, job)
+            entry.ids, entry.in_reasoning = encode_prompt(self.backend, job)
             entry.grow = len(entry.ids) + job.params.max_tokens
+            if job.params.grammar is not None:  # compiled now: a schema it cannot enforce is a 400
+                self.backend.tokenizer.grammars.compile(job.params.grammar)
             vocab = self.backend.tokenizer.vocab_size
             if any(not 0 <= i < vocab for i, _ in job.params.logit_bias):
                 raise RequestInvalid(
@@ -301,6 +310,11 @@ class _Loop:
                     eos_id=tok.eos_id,
                     prompt_tokens=len(job.ids),
                     created=job.job.created,
+                    parser=OutputParser(
+                        tok.dialect,
+                        tools=job.job.prompt.tools if isinstance(job.job.prompt, ChatPrompt) else (),
+                        in_reasoning=job.in_reasoning,
+                    ),
                 )
                 choice = _Choice(job, i, own, next(self.seq_ids), state)
                 job.choices.append(choice)

@@ -25,6 +25,7 @@ from typing import Protocol
 
 import attrs
 
+from ..structured import Grammar
 from .tokenizer import Tokenizer
 
 __all__ = [
@@ -52,6 +53,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     logprobs: int | None = None  # report each token's log-probability and this many alternatives
+    grammar: Grammar | None = None  # constrained decoding: only what the grammar accepts
 
 
 @attrs.frozen

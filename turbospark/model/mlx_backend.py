@@ -30,6 +30,7 @@ from typing import Any
 
 import attrs
 import mlx.core as mx
+import numpy as np
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from mlx_lm.sample_utils import (
@@ -44,6 +45,7 @@ from mlx_lm.utils import load_model
 
 from .. import __version__
 from .backend import PrefillProgress, SamplingParams, StepOutput, fingerprint
+from .constraint import Matcher
 from .tokenizer import Tokenizer
 
 __all__ = ["MlxBackend", "PrefixCache", "generation_defaults", "make_sampler"]
@@ -106,6 +108,28 @@ def make_processors(params: SamplingParams, prompt_len: int) -> list[Callable[..
         bias = mx.array([b for _, b in params.logit_bias], dtype=mx.float32)
         processors.append(lambda tokens, logits: logits.at[:, ids].add(bias.astype(logits.dtype)))
     return processors
+
+
+def constrain(matcher: Matcher) -> Callable[[mx.array, mx.array], mx.array]:
+    """Constrained decoding as a logits processor: consume the token sampled last step (the
+    engine feeds it back as the newest context token; the first call sees the prompt's last
+    token), then mask every token the grammar does not allow next."""
+    calls = 0
+
+    def process(tokens: mx.array, logits: mx.array) -> mx.array:
+        nonlocal calls
+        if calls:
+            matcher.consume(int(tokens[-1].item()))
+        calls += 1
+        if matcher.done:
+            return logits
+        allowed = matcher.allowed()
+        mask = np.zeros(logits.shape[-1], dtype=bool)
+        width = min(len(allowed), mask.size)
+        mask[:width] = allowed[:width]
+        return mx.where(mx.array(mask), logits, mx.array(-mx.inf, dtype=logits.dtype))
+
+    return process
 
 
 @attrs.define
@@ -281,10 +305,10 @@ class MlxBackend:
         sampler = make_sampler(params)
         if sampler is not greedy:
             sampler = self._guard(seq, sampler, greedy)
-        processors = [
-            self._guard(seq, p, lambda tokens, logits: logits)
-            for p in make_processors(params, len(prompt))
-        ]
+        steps = make_processors(params, len(prompt))
+        if params.grammar is not None:
+            steps.append(constrain(self.tokenizer.grammars.matcher(params.grammar)))
+        processors = [self._guard(seq, p, lambda tokens, logits: logits) for p in steps]
         with mx.stream(self.stream):
             (uid,) = self.engine.insert(
                 [prompt[cached:]],

@@ -23,6 +23,7 @@ import attrs
 
 from .. import __version__
 from .backend import PrefillProgress, SamplingParams, StepOutput, fingerprint
+from .constraint import Matcher
 from .tokenizer import Tokenizer
 
 __all__ = ["SCRIPTED_ID", "ScriptedBackend", "ScriptedCounters", "shipped_tokenizer"]
@@ -87,14 +88,21 @@ class ScriptedBackend:
 
     def insert(self, seq: int, prompt: list[int], params: SamplingParams) -> int:
         self.counters.generations += 1
-        self._seqs[seq] = _ScriptedSeq(total=len(prompt), tokens=self._tokens(), logprobs=params.logprobs)
+        self._seqs[seq] = _ScriptedSeq(
+            total=len(prompt), tokens=self._tokens(), logprobs=params.logprobs,
+            matcher=self._matcher(params),
+        )
         return 0
+
+    def _matcher(self, params: SamplingParams) -> Matcher | None:
+        return None if params.grammar is None else self.tokenizer.grammars.matcher(params.grammar)
 
     def fork(self, seq: int, new: Mapping[int, SamplingParams]) -> bool:
         total = self._seqs[seq].total
         for sid, params in new.items():
             self._seqs[sid] = _ScriptedSeq(
-                total=total, tokens=self._tokens(), done=total, logprobs=params.logprobs
+                total=total, tokens=self._tokens(), done=total, logprobs=params.logprobs,
+                matcher=self._matcher(params),
             )
         return True
 
@@ -118,6 +126,8 @@ class ScriptedBackend:
             token = next(seq.tokens, None)
             if token is None:  # a script without an end-of-turn token: stop repeating
                 token = self._endless[0]
+            if seq.matcher is not None:
+                token = self._constrained(seq.matcher, token)
             self.counters.decode_steps += 1
             seq.generated += 1
             out[sid] = token
@@ -125,6 +135,17 @@ class ScriptedBackend:
                 top = [(token, 0.0), *((token + k, -20.0 - k) for k in range(1, seq.logprobs))]
                 logprobs[sid] = (0.0, tuple(top[: seq.logprobs]))
         return StepOutput(progress, out, logprobs=logprobs)
+
+    def _constrained(self, matcher: Matcher, token: int) -> int:
+        """The script's token where the grammar allows it; else the end of the turn where it
+        may end, else the lowest token it allows."""
+        if not matcher.done:
+            allowed = matcher.allowed()
+            if not allowed[token]:
+                end = self.tokenizer.eos_id
+                token = end if end is not None and allowed[end] else int(allowed.argmax())
+            matcher.consume(token)
+        return token
 
     def remove(self, seq: int, *, keep_cache: bool = True) -> None:
         self._seqs.pop(seq, None)
@@ -144,6 +165,7 @@ class _ScriptedSeq:
     done: int = 0
     generated: int = 0
     logprobs: int | None = None
+    matcher: Matcher | None = None
 
     @property
     def in_cache(self) -> int:

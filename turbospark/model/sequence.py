@@ -18,6 +18,7 @@ from typing import Literal, Protocol
 import attrs
 
 from .backend import PrefillProgress, SamplingParams
+from .output import OutputParser, Parts
 from .stops import StopMatcher
 
 __all__ = ["SequenceState", "StopReason"]
@@ -42,6 +43,7 @@ class SequenceState:
     eos_id: int | None
     prompt_tokens: int
     created: float  # when the request was accepted (for time to first token)
+    parser: OutputParser
     began: float = attrs.field(factory=time.monotonic)
     phase: Phase = "prefill"
     stop_reason: StopReason | None = None
@@ -61,9 +63,9 @@ class SequenceState:
     def progress(self, item: PrefillProgress) -> None:
         self.cached, self.prefilled = item.cached, item.done
 
-    def feed(self, token: int, now: float | None = None) -> str:
-        """One decoded token: the text now safe to show (possibly empty).  When the sequence
-        ends here, ``stop_reason`` is set and the text includes everything still held back."""
+    def feed(self, token: int, now: float | None = None) -> Parts:
+        """One decoded token: the parts now safe to show (possibly none).  When the sequence
+        ends here, ``stop_reason`` is set and the parts include everything still held back."""
         assert self.stop_reason is None, "a finished sequence was fed"
         if self.phase == "prefill":
             self.phase = "decode"
@@ -71,14 +73,18 @@ class SequenceState:
         self.new_tokens += 1
         if token in self.stop_ids:
             self.stop_reason = "Eos" if token == self.eos_id else "EndOfTurn"
-            return self._tail()
+            return self._last(self._tail())
         text = self.stops.feed(self.decoder.add(token))
         if self.stops.matched is not None:
             self.stop_reason = "StopString"
-        elif self.new_tokens >= self.params.max_tokens:
+            return self._last(text)
+        if self.new_tokens >= self.params.max_tokens:
             self.stop_reason = "MaxTokens"
-            text += self._tail()
-        return text
+            return self._last(text + self._tail())
+        return self.parser.feed(text)
+
+    def _last(self, text: str) -> Parts:
+        return self.parser.feed(text) + self.parser.finish()
 
     def _tail(self) -> str:
         """What the decoder or the stop matcher still held; a stop string it completes wins."""

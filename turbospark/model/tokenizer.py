@@ -8,6 +8,7 @@ counts are the same whichever backend answers.  No Trio import: this runs on the
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -18,7 +19,10 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
 
+from ..chat import tools_in_preamble
 from ..errors import RequestInvalid
+from .constraint import Grammars
+from .output import MARKUP, THINK_START, Dialect
 
 __all__ = ["StreamDecoder", "Tokenizer"]
 
@@ -70,7 +74,19 @@ class Tokenizer:
         for name in (eos_token, *_END_OF_TURN):
             if name and (tid := tokenizer.token_to_id(name)) is not None:
                 stops.add(tid)
+        self.vocab: dict[str, int] = tokenizer.get_vocab(with_added_tokens=True)
+        # Special tokens are shown to the output parser when they are markup it reads
+        # (``<think>``, Harmony's channels ...); all others are dropped from the text.
+        self.hidden_ids = frozenset(
+            i for i, t in tokenizer.get_added_tokens_decoder().items()
+            if t.special and t.content not in MARKUP
+        )
+        self.dialect = Dialect.detect(chat_template, self.vocab)
+        if self.dialect.harmony and (call := tokenizer.token_to_id("<|call|>")) is not None:
+            stops.add(call)  # a Harmony tool call ends the turn
         self.stop_ids: frozenset[int] = frozenset(stops)
+        # Templates that render ``tools`` themselves; the others get them in a system preamble.
+        self.renders_tools = bool(chat_template and "tools" in chat_template)
         self._template = None
         if chat_template:
             env = ImmutableSandboxedEnvironment(
@@ -100,6 +116,12 @@ class Tokenizer:
             extra_stop_ids=extra,
         )
 
+    @functools.cached_property
+    def grammars(self) -> Grammars:
+        """Constrained decoding's compiled grammars for this tokenizer (built on first use)."""
+        eos = self.eos_id if self.eos_id is not None else min(self.stop_ids, default=0)
+        return Grammars(self._tok.to_str(), vocab=self.vocab_size, eos_id=eos)
+
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
@@ -117,6 +139,11 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def decode_visible(self, ids: Sequence[int]) -> str:
+        """Text with the markup special tokens kept (for the output parser)."""
+        hidden = self.hidden_ids
+        return self._tok.decode([i for i in ids if i not in hidden], skip_special_tokens=False)
 
     def render_chat(
         self,
@@ -136,6 +163,8 @@ class Tokenizer:
             raise RequestInvalid(
                 "this model has no chat template (a base model): use /v1/completions instead"
             )
+        if not self.renders_tools:
+            messages, tools = tools_in_preamble(messages, tools or ()), None
         try:
             return self._template.render(
                 {
@@ -153,6 +182,12 @@ class Tokenizer:
     def encode_chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> list[int]:
         # The template writes its own BOS; adding another degrades some models.
         return self.encode(self.render_chat(messages, **kwargs))
+
+    @staticmethod
+    def opens_reasoning(prompt: str) -> bool:
+        """Whether a rendered prompt leaves the model inside ``<think>`` (its output starts as
+        reasoning)."""
+        return prompt.rstrip().endswith(THINK_START)
 
     def stream_decoder(self) -> StreamDecoder:
         return StreamDecoder(self)
@@ -179,8 +214,8 @@ class StreamDecoder:
         return self._advance(final=True)
 
     def _advance(self, *, final: bool) -> str:
-        before = self._tok.decode(self._ids[self._prefix : self._read])
-        after = self._tok.decode(self._ids[self._prefix :])
+        before = self._tok.decode_visible(self._ids[self._prefix : self._read])
+        after = self._tok.decode_visible(self._ids[self._prefix :])
         if len(after) <= len(before) or (not final and after.endswith("\ufffd")):
             return ""
         piece = after[len(before) :]

@@ -7,13 +7,16 @@ thread's next send fails: that is the whole cancellation protocol.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import attrs
 import trio
 
 from ..errors import ShuttingDown
+from ..guardrails import Accept, Guardrails, Rescued, inspect
 from ..messages import (
     ChatPrompt,
     Delta,
@@ -25,11 +28,13 @@ from ..messages import (
     Started,
     TextPrompt,
     TokenLogprob,
+    ToolCall,
 )
 from ..model.backend import SamplingParams
+from ..model.output import call_id
 from ._app import request_scope, system
 
-__all__ = ["Completion", "Replies", "collect", "events", "start"]
+__all__ = ["Completion", "Replies", "collect", "events", "generate_turn", "start"]
 
 # Room for Queued, Started and Failed beyond one Delta per token of the budget and one Finished,
 # for each choice: the model thread never has to wait for a slow reader.
@@ -40,11 +45,13 @@ Replies = trio.MemoryReceiveChannel[Reply]
 
 @attrs.frozen
 class Completion:
-    """A whole generation: each choice's text and ending, by index."""
+    """A whole generation: each choice's content, reasoning, tool calls and ending, by index."""
 
     texts: list[str]
     finished: list[Finished]
     logprobs: list[list[TokenLogprob]]  # per choice, one per token (when asked)
+    reasoning: list[str]
+    calls: list[tuple[ToolCall, ...]]
 
 
 async def start(
@@ -84,18 +91,27 @@ async def start(
 async def collect(replies: Replies, n: int = 1) -> Completion:
     """Drain a non-streaming generation of ``n`` choices."""
     parts: list[list[str]] = [[] for _ in range(n)]
+    reasoning: list[list[str]] = [[] for _ in range(n)]
+    calls: list[tuple[ToolCall, ...]] = [() for _ in range(n)]
     logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
     finished: dict[int, Finished] = {}
     async for msg in replies:
         if isinstance(msg, Delta):
             parts[msg.index].append(msg.text)
+            reasoning[msg.index].append(msg.reasoning)
+            calls[msg.index] += msg.tool_calls
             if msg.logprob is not None:
                 logprobs[msg.index].append(msg.logprob)
         elif isinstance(msg, Finished):
             finished[msg.index] = msg
             if len(finished) == n:
-                texts = ["".join(p) for p in parts]
-                return Completion(texts, [finished[i] for i in range(n)], logprobs)
+                return Completion(
+                    ["".join(p) for p in parts],
+                    [finished[i] for i in range(n)],
+                    logprobs,
+                    ["".join(r) for r in reasoning],
+                    calls,
+                )
         else:
             assert isinstance(msg, Failed), msg
             raise msg.error
@@ -124,3 +140,55 @@ async def events(
             finished += isinstance(msg, Finished)
             if finished == n or isinstance(msg, Failed):
                 return
+
+
+async def generate_turn(
+    *,
+    request_id: int,
+    model: str,
+    prompt: ChatPrompt,
+    params: SamplingParams,
+    n: int,
+    call_required: bool,
+    guardrails: Guardrails,
+) -> Completion:
+    """A whole turn that offered tools, under the guardrails: a call the parser missed is
+    rescued from the text (which it then replaces); a missing required call or arguments that
+    break their schema get a corrective turn and another try, at most ``guardrails.retries``
+    times; then the last answer stands.  With several choices each is rescued, none retried."""
+    attempts = 0
+    while True:
+        done = await collect(
+            await start(request_id=request_id, model=model, prompt=prompt, params=params, n=n), n
+        )
+        retry = None
+        for i in range(n):
+            verdict = inspect(
+                content=done.texts[i], calls=done.calls[i], tools=prompt.tools,
+                call_required=call_required, guardrails=guardrails, new_id=call_id,
+            )
+            if isinstance(verdict, Rescued):
+                done.texts[i], done.calls[i] = "", verdict.calls
+            elif not isinstance(verdict, Accept):
+                retry = verdict
+        if retry is None or n != 1 or attempts >= guardrails.retries:
+            return done
+        attempts += 1
+        said: dict[str, Any] = {"role": "assistant", "content": done.texts[0]}
+        if retry.calls:
+            said["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+                for c in retry.calls
+            ]
+        turns = ([said] if said["content"].strip() or retry.calls else []) + [
+            {"role": "user", "content": retry.nudge}
+        ]
+        prompt = attrs.evolve(prompt, messages=(*prompt.messages, *turns))
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text

@@ -12,13 +12,15 @@ from quart import Response
 
 from ..messages import Delta, Failed, Finished, TokenLogprob
 from ..model.backend import SamplingParams
+from ..structured import Grammar
 from ..wire.openai import GenerationFields
 from . import _sse
 from ._app import exception_body
 from ._generation import Replies, events
 
 __all__ = [
-    "DEGRADATION_HEADER", "Envelope", "chat_logprobs", "sampling_params", "sse_response", "usage",
+    "DEGRADATION_HEADER", "Envelope", "chat_logprobs", "sampling_params", "sse_response",
+    "stream_response", "usage",
 ]
 
 # Parameters that were accepted but not honoured are named here (comma-separated).
@@ -59,6 +61,7 @@ def sampling_params(
     max_tokens: int | None,
     model_defaults: Mapping[str, float],
     logprobs: int | None = None,
+    grammar: Grammar | None = None,
 ) -> SamplingParams:
     """Each sampling field from the request, else the model's own default (its
     ``generation_config.json``), else the server's (``SamplingParams``' defaults)."""
@@ -77,6 +80,7 @@ def sampling_params(
         stop=tuple(stop),
         logit_bias=bias,
         logprobs=logprobs,
+        grammar=grammar,
         **{**model_defaults, **given},
     )
 
@@ -115,14 +119,15 @@ def sse_response(
     keepalive: float,
     n: int,
     opening: list[dict[str, Any]],
-    piece: Callable[[str, int, list[TokenLogprob]], dict[str, Any]],
-    finish: Callable[[str, int, list[TokenLogprob]], dict[str, Any]],
+    pieces: Callable[[Delta, list[TokenLogprob]], list[dict[str, Any]]],
+    finish: Callable[[Finished, bool, list[TokenLogprob]], dict[str, Any]],
 ) -> Response:
-    """An OpenAI-style stream: ``opening`` chunks, one ``piece`` chunk per non-empty text piece
-    of a choice (given its index and the log-probabilities of the tokens since its last chunk),
-    each choice's ``finish`` chunk (given the finish reason, index and tokens not yet reported); once all ``n`` choices have finished, with ``stream_options.include_usage`` a chunk
-    with no choices and the usage, then ``[DONE]``; a failure is one ``event: error`` frame and
-    no ``[DONE]``."""
+    """An OpenAI-style stream: ``opening`` chunks; the ``pieces`` chunks of each delta that
+    shows something (given the log-probabilities of the tokens since the last chunk of its
+    choice); each choice's ``finish`` chunk (given whether it made tool calls, and the tokens not
+    yet reported); once all ``n`` choices have finished, with ``stream_options.include_usage``
+    a chunk with no choices and the usage, then ``[DONE]``; a failure is one ``event: error``
+    frame and no ``[DONE]``."""
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     async def frames() -> AsyncIterator[bytes]:
@@ -130,17 +135,20 @@ def sse_response(
             yield _sse.data(chunk)
         finished: list[Finished] = []
         pending: list[list[TokenLogprob]] = [[] for _ in range(n)]
+        called = [False] * n
         async for msg in events(replies, keepalive=keepalive, n=n):
             if msg is None:
                 yield _sse.KEEPALIVE
             elif isinstance(msg, Delta):
                 if msg.logprob is not None:
                     pending[msg.index].append(msg.logprob)
-                if msg.text:
-                    yield _sse.data(piece(msg.text, msg.index, pending[msg.index]))
+                called[msg.index] |= bool(msg.tool_calls)
+                if msg.text or msg.reasoning or msg.tool_calls:
+                    for chunk in pieces(msg, pending[msg.index]):
+                        yield _sse.data(chunk)
                     pending[msg.index] = []
             elif isinstance(msg, Finished):
-                last = finish(msg.finish_reason, msg.index, pending[msg.index])
+                last = finish(msg, called[msg.index], pending[msg.index])
                 yield _sse.data(last)
                 finished.append(msg)
                 if len(finished) == n:
@@ -151,8 +159,12 @@ def sse_response(
                 assert isinstance(msg, Failed)
                 yield _sse.event("error", exception_body(msg.error, "openai"))
 
+    return stream_response(frames())
+
+
+def stream_response(frames: AsyncIterator[bytes]) -> Response:
     response = Response(
-        frames(),
+        frames,
         content_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

@@ -1,25 +1,34 @@
-"""``POST /v1/chat/completions``: the OpenAI chat contract, streaming and not."""
+"""``POST /v1/chat/completions``: the OpenAI chat contract, streaming and not.
+
+Content, reasoning and tool calls come typed from the model thread.  A request that offers tools
+(with the guardrails on) is generated whole before anything is sent, so that a missed call can be
+rescued and a bad one retried; its stream is then framed from the finished turn.  Any other
+stream is sent as the model writes it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from quart import Blueprint, Response, g, request
 
-from ..chat import TemplateMessage, apply_default_system, text_of, tool_call
+from ..chat import TemplateMessage, apply_default_system, image_urls, text_of, tool_call
 from ..codec import parse_json, structure
 from ..errors import RequestInvalid
-from ..messages import ChatPrompt, RequestRouted, TokenLogprob
+from ..messages import ChatPrompt, Delta, Finished, RequestRouted, TokenLogprob, ToolCall
+from ..structured import check_images, function_tools, grammar_for, select_tools
 from ..wire.openai import ChatCompletionRequest
+from . import _sse
 from ._app import json_response, system
-from ._generation import collect, start
+from ._generation import Completion, collect, generate_turn, start
 from ._openai import (
     DEGRADATION_HEADER,
     Envelope,
     chat_logprobs,
     sampling_params,
     sse_response,
+    stream_response,
     usage,
 )
 
@@ -32,45 +41,44 @@ DROPPED_IMAGES = (
 
 
 def _messages(body: ChatCompletionRequest) -> tuple[list[TemplateMessage], int]:
+    """The conversation for the template, and how many images it carried (validated; the
+    models served here have no vision tower, so they are dropped)."""
     out: list[TemplateMessage] = []
-    dropped = 0
-    for m in body.messages:
-        text, other = text_of(m.content)
-        dropped += other
+    images = check_images(url for m in body.messages for url in image_urls(m.content))
+    for i, m in enumerate(body.messages):
+        text, _ = text_of(m.content)
         role = {"function": "tool", "developer": "system"}.get(m.role, m.role)
         msg: TemplateMessage = {"role": role, "content": text}
         if m.tool_calls:
-            msg["tool_calls"] = [tool_call(c) for c in m.tool_calls]
+            msg["tool_calls"] = [_history_call(c, i) for c in m.tool_calls]
+        if m.reasoning_content:
+            msg["reasoning_content"] = m.reasoning_content
         if m.name is not None:
             msg["name"] = m.name
         if m.tool_call_id is not None:
             msg["tool_call_id"] = m.tool_call_id
         if text or m.tool_calls:
             out.append(msg)
-    return out, dropped
+    return out, images
 
 
-def _degradation(body: ChatCompletionRequest, dropped_images: int) -> str | None:
-    labels = []
-    if body.response_format and body.response_format.get("type") != "text":
-        labels.append("response_format")
-    for name in ("prediction", "audio", "web_search_options"):
-        if getattr(body, name) is not None:
-            labels.append(name)
-    if body.tools and body.tool_choice != "none":
-        labels.append("tool_calls")
-        if body.tool_choice not in (None, "auto"):
-            labels.append("tool_choice")
-        if body.parallel_tool_calls is not None:
-            labels.append("parallel_tool_calls")
+def _history_call(call: Any, at: int) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise RequestInvalid(
+            f"messages[{at}].tool_calls entries need a function with a name", param="messages"
+        )
+    return tool_call(call)
+
+
+def _degradation(body: ChatCompletionRequest, images: int) -> str | None:
+    labels = [name for name in ("prediction", "audio", "web_search_options") if getattr(body, name) is not None]
     if body.modalities and set(body.modalities) != {"text"}:
         labels.append("modalities")
     if body.stream_options and body.stream_options.include_obfuscation:
         labels.append("include_obfuscation")
-    if body.reasoning_effort is not None:
-        labels.append("reasoning_content")  # passed to the template, not yet split out
     header = ", ".join(labels)
-    if dropped_images:
+    if images:
         header = f"{header}; {DROPPED_IMAGES}" if header else DROPPED_IMAGES
     return header or None
 
@@ -86,6 +94,35 @@ def _template_kwargs(body: ChatCompletionRequest) -> dict[str, Any]:
     return kwargs
 
 
+def _json_demand(body: ChatCompletionRequest) -> tuple[dict[str, Any] | None, bool]:
+    """``response_format``: a JSON Schema to enforce, or any JSON object."""
+    fmt = body.response_format or {}
+    if fmt.get("type") == "json_schema":
+        spec = fmt["json_schema"]
+        schema = spec.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise RequestInvalid("response_format.json_schema.schema must be an object", param="response_format")
+        return (schema, False) if schema is not None else (None, True)
+    return None, fmt.get("type") == "json_object"
+
+
+def call_wire(call: ToolCall, *, index: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"index": call.index} if index is None else {"index": index}
+    return out | {"id": call.id, "type": "function",
+                  "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def _message(text: str, reasoning: str, calls: Sequence[ToolCall]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if reasoning:
+        message["reasoning_content"] = message["reasoning"] = reasoning
+    if calls:
+        message["tool_calls"] = [
+            {k: v for k, v in call_wire(c).items() if k != "index"} for c in calls
+        ]
+    return message
+
+
 @blueprint.post("/v1/chat/completions")
 @blueprint.post("/chat/completions")  # clients whose base URL lacks /v1
 async def chat_completions() -> Response:
@@ -93,62 +130,121 @@ async def chat_completions() -> Response:
     body = structure(parse_json(await request.get_data()), ChatCompletionRequest)
     entry = await sys_.resolve(body.model, "chat")
     sys_.emit(RequestRouted(g.record.id, body.model, entry.id, body.stream))
-    messages, dropped = _messages(body)
+    messages, images = _messages(body)
     messages = apply_default_system(messages, sys_.settings.system_prompt)
-    tools = tuple(body.tools or ()) if body.tool_choice != "none" else ()
+    tools, required = select_tools(function_tools(body.tools), body.tool_choice)
+    schema, any_object = _json_demand(body)
+    grammar = grammar_for(
+        json_schema=schema, json_object=any_object, tools=tools, call_required=required,
+        parallel=body.parallel_tool_calls is True,
+    )
     n = body.n or 1
     if body.top_logprobs is not None and not body.logprobs:
         raise RequestInvalid("top_logprobs requires logprobs to be true", param="top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    replies = await start(
-        request_id=g.record.id,
-        model=entry.id,
-        prompt=ChatPrompt(tuple(messages), tools, _template_kwargs(body)),
-        params=sampling_params(
-            body,
-            max_tokens=body.max_tokens or body.max_completion_tokens,
-            model_defaults=entry.sampling_defaults,
-            logprobs=logprobs,
-        ),
-        n=n,
+    prompt = ChatPrompt(tuple(messages), tools, _template_kwargs(body))
+    params = sampling_params(
+        body,
+        max_tokens=body.max_tokens or body.max_completion_tokens,
+        model_defaults=entry.sampling_defaults,
+        logprobs=logprobs,
+        grammar=grammar,
     )
     env = Envelope.new("chatcmpl", body.model or entry.id, entry.fingerprint)
-
-    def reported(entries: Sequence[TokenLogprob]) -> dict[str, Any] | None:
-        return chat_logprobs(entries) if logprobs is not None and entries else None
-
-    def chunk(
-        delta: dict[str, Any], index: int, finish: str | None = None, entries: Sequence[TokenLogprob] = ()
-    ) -> dict[str, Any]:
-        choice = {"index": index, "delta": delta, "logprobs": reported(entries), "finish_reason": finish}
-        return env.wrap("chat.completion.chunk", [choice])
-
-    if body.stream:
-        response = sse_response(
-            replies,
-            body,
-            keepalive=sys_.settings.keepalive_interval,
-            n=n,
-            opening=[chunk({"role": "assistant", "content": ""}, i) for i in range(n)],
-            piece=lambda text, i, entries: chunk({"content": text}, i, None, entries),
-            finish=lambda reason, i, entries: chunk({}, i, reason, entries),
+    guardrails = sys_.settings.guardrails
+    if tools and guardrails.active:
+        done = await generate_turn(
+            request_id=g.record.id, model=entry.id, prompt=prompt, params=params, n=n,
+            call_required=required, guardrails=guardrails,
         )
+        response = _buffered_stream(env, body, done) if body.stream else _whole(env, done, logprobs)
     else:
-        done = await collect(replies, n)
-        choices = [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": chat_logprobs(entries) if logprobs is not None else None,
-                "finish_reason": fin.finish_reason,
-            }
-            for i, (text, fin, entries) in enumerate(
-                zip(done.texts, done.finished, done.logprobs, strict=True)
-            )
-        ]
-        response = json_response(
-            env.wrap("chat.completion", choices) | {"usage": usage(done.finished)}
-        )
-    if header := _degradation(body, dropped):
+        replies = await start(request_id=g.record.id, model=entry.id, prompt=prompt, params=params, n=n)
+        if body.stream:
+            response = _live_stream(env, body, replies, n, logprobs)
+        else:
+            response = _whole(env, await collect(replies, n), logprobs)
+    if header := _degradation(body, images):
         response.headers[DEGRADATION_HEADER] = header
     return response
+
+
+def _finish_reason(fin: Finished, called: bool) -> str:
+    return "tool_calls" if called else fin.finish_reason
+
+
+def _whole(env: Envelope, done: Completion, logprobs: int | None) -> Response:
+    choices = [
+        {
+            "index": i,
+            "message": _message(text, reasoning, calls),
+            "logprobs": chat_logprobs(entries) if logprobs is not None else None,
+            "finish_reason": _finish_reason(fin, bool(calls)),
+        }
+        for i, (text, reasoning, calls, fin, entries) in enumerate(
+            zip(done.texts, done.reasoning, done.calls, done.finished, done.logprobs, strict=True)
+        )
+    ]
+    return json_response(env.wrap("chat.completion", choices) | {"usage": usage(done.finished)})
+
+
+def _chunk(
+    env: Envelope, delta: dict[str, Any], index: int, finish: str | None = None,
+    entries: Sequence[TokenLogprob] = (), logprobs: int | None = None,
+) -> dict[str, Any]:
+    reported = chat_logprobs(entries) if logprobs is not None and entries else None
+    choice = {"index": index, "delta": delta, "logprobs": reported, "finish_reason": finish}
+    return env.wrap("chat.completion.chunk", [choice])
+
+
+def _live_stream(env: Envelope, body: ChatCompletionRequest, replies: Any, n: int, logprobs: int | None) -> Response:
+    def pieces(d: Delta, entries: list[TokenLogprob]) -> list[dict[str, Any]]:
+        deltas: list[dict[str, Any]] = []
+        if d.reasoning:
+            deltas.append({"reasoning_content": d.reasoning, "reasoning": d.reasoning})
+        if d.text:
+            deltas.append({"content": d.text})
+        if d.tool_calls:
+            deltas.append({"tool_calls": [call_wire(c) for c in d.tool_calls]})
+        return [
+            _chunk(env, delta, d.index, None, entries if k == 0 else (), logprobs)
+            for k, delta in enumerate(deltas)
+        ]
+
+    return sse_response(
+        replies,
+        body,
+        keepalive=system().settings.keepalive_interval,
+        n=n,
+        opening=[_chunk(env, {"role": "assistant", "content": ""}, i) for i in range(n)],
+        pieces=pieces,
+        finish=lambda fin, called, entries: _chunk(
+            env, {}, fin.index, _finish_reason(fin, called), entries, logprobs
+        ),
+    )
+
+
+def _buffered_stream(env: Envelope, body: ChatCompletionRequest, done: Completion) -> Response:
+    """A finished turn framed as a stream: per choice its role, reasoning, content and calls,
+    then its finish; then the usage (when asked) and ``[DONE]``."""
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    async def frames() -> AsyncIterator[bytes]:
+        last: dict[str, Any] = {}
+        for i, (text, reasoning, calls, fin) in enumerate(
+            zip(done.texts, done.reasoning, done.calls, done.finished, strict=True)
+        ):
+            yield _sse.data(_chunk(env, {"role": "assistant", "content": ""}, i))
+            if reasoning:
+                yield _sse.data(_chunk(env, {"reasoning_content": reasoning, "reasoning": reasoning}, i))
+            if text:
+                yield _sse.data(_chunk(env, {"content": text}, i))
+            for call in calls:
+                yield _sse.data(_chunk(env, {"tool_calls": [call_wire(call)]}, i))
+            last = _chunk(env, {}, i, _finish_reason(fin, bool(calls)))
+            yield _sse.data(last)
+        if include_usage:
+            yield _sse.data(last | {"choices": [], "usage": usage(done.finished)})
+        yield _sse.DONE
+
+    return stream_response(frames())

@@ -94,8 +94,9 @@ async def completions() -> Response:
             keepalive=sys_.settings.keepalive_interval,
             n=n,
             opening=[],
-            piece=lambda text, i, e: env.wrap("text_completion", [choice(text, i, None, e)]),
-            finish=lambda reason, i, e: env.wrap("text_completion", [choice("", i, reason, e)]),
+            pieces=lambda d, e: [env.wrap("text_completion", [choice(d.text, d.index, None, e)])]
+            if d.text else [],
+            finish=lambda f, _, e: env.wrap("text_completion", [choice("", f.index, f.finish_reason, e)]),
         )
     else:
         done = await collect(replies, n)

@@ -1,0 +1,103 @@
+"""Constrained decoding with llguidance: per-sequence token masks from a grammar.
+
+Theory of operation: a request that demands a structure (a JSON Schema, forced tool calls)
+carries a ``Grammar`` (Lark text, ``%json{..}`` for schemas).  On the model thread,
+``Grammars`` compiles it once per model tokenizer (cached by text; a schema feature llguidance
+cannot enforce is refused here, by name, before any prefill) and hands each sequence its own
+``Matcher``.  Before every sampling step the matcher gives the set of tokens that keep the
+output inside the grammar; after it, the sampled token is consumed.  End of sequence is in the
+set only where the grammar accepts, so a finished output always parses.
+
+llguidance was chosen for its per-token cost on CPU and its JSON Schema coverage (see
+``design/decisions/0010-constrained-decoding.md``).  No Trio, no MLX: the backends apply the
+mask to their logits.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import llguidance
+import llguidance.numpy as llg_numpy
+import numpy as np
+
+from ..errors import RequestInvalid
+from ..structured import Grammar
+
+__all__ = ["Grammars", "Matcher"]
+
+_CACHED = 64  # compiled grammars kept per model
+
+
+class Matcher:
+    """One sequence's position in its grammar."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab: int) -> None:
+        self._m = matcher
+        self._vocab = vocab
+        self._bits = llg_numpy.allocate_token_bitmask(1, vocab)
+
+    def allowed(self) -> np.ndarray:
+        """A boolean mask over the tokenizer's vocabulary: the tokens allowed next."""
+        llg_numpy.fill_next_token_bitmask(self._m, self._bits, 0)
+        return np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self._vocab].astype(bool)
+
+    def consume(self, token: int) -> bool:
+        """Advance past a sampled token; False when the grammar did not allow it (or has
+        ended), in which case the matcher stops constraining."""
+        if self._m.is_stopped() or self._m.is_error():
+            return False
+        return bool(self._m.consume_token(token))
+
+    @property
+    def done(self) -> bool:
+        """Ended or broken: nothing more to enforce."""
+        return self._m.is_stopped() or self._m.is_error()
+
+    def accepting(self) -> bool:
+        return bool(self._m.is_accepting())
+
+
+class Grammars:
+    """Compiled grammars for one tokenizer."""
+
+    def __init__(self, tokenizer_json: str, *, vocab: int, eos_id: int) -> None:
+        self._tok = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab, eos_token=eos_id)
+        self.vocab = vocab
+        self._cache: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+
+    def compile(self, grammar: Grammar) -> llguidance.LLMatcher:
+        """The grammar's initial matcher (cached).
+
+        Raises:
+            RequestInvalid: the grammar (a JSON Schema in it) uses something llguidance cannot
+                enforce, or is malformed; the message names it.
+        """
+        found = self._cache.get(grammar.lark)
+        if found is not None:
+            self._cache.move_to_end(grammar.lark)
+            return found
+        compiled = llguidance.LLMatcher.grammar_from_lark(grammar.lark)
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(compiled, self._tok)
+        if failed or messages:
+            detail = "; ".join(_plain(m) for m in messages) or "the grammar was refused"
+            raise RequestInvalid(
+                f"{grammar.what}: this schema cannot be enforced: {detail}", param=grammar.what
+            )
+        matcher = llguidance.LLMatcher(self._tok, compiled, log_level=0)
+        if matcher.is_error():
+            raise RequestInvalid(f"{grammar.what}: {matcher.get_error()}", param=grammar.what)
+        self._cache[grammar.lark] = matcher
+        if len(self._cache) > _CACHED:
+            self._cache.popitem(last=False)
+        return matcher
+
+    def matcher(self, grammar: Grammar) -> Matcher:
+        return Matcher(self.compile(grammar).deep_copy(), self.vocab)
+
+
+def _plain(message: str) -> str:
+    """llguidance's message without its position in our grammar text (the caller never saw
+    that text): ``at 1(8): failed to compile JSON schema: X`` becomes ``X``."""
+    first = message.strip().splitlines()[0] if message.strip() else message
+    return first.rsplit(": ", 1)[-1] if "failed to compile" in first else first
