@@ -29,6 +29,7 @@ from .actors.models import model_actor
 from .actors.observer import Observer, ObserverMessage, RenderMetrics, Subscribe, observer
 from .actors.resolver import Resolve, ResolveFn, resolve_in_registry, resolver
 from .config import Settings
+from .conversations import ResponseStore
 from .errors import TurboSparkError
 from .actors.observer import Event
 from .messages import GenerationJob, Submit, Withdraw
@@ -47,6 +48,7 @@ class System:
     queue: trio.MemorySendChannel[QueueMessage]
     resolver: trio.MemorySendChannel[Resolve]
     model_scopes: tuple[trio.CancelScope, ...] = ()
+    responses: ResponseStore = attrs.field(factory=ResponseStore)  # for previous_response_id
 
     def stop_models(self) -> None:
         """Shutdown's first step: every model thread stops within a step and answers what it

@@ -5,6 +5,7 @@
     │   └── ContextOverflow (400)    prompt + budget exceed the model's context window
     ├── Unauthorized (401)           missing or wrong API key
     ├── ModelNotFound (404)          several models attached, none answers to the name
+    ├── NotFound (404)               something else the request names is unknown
     ├── Rejected (503, retryable)    capacity refusals, answered before any expensive work
     │   ├── QueueFull                the model's generation queue is at --max-queue
     │   └── ResolutionBusy           every model-resolution slot is taken
@@ -25,6 +26,7 @@ __all__ = [
     "GenerationFailed",
     "ModelNotFound",
     "NoModel",
+    "NotFound",
     "QueueFull",
     "Rejected",
     "RequestInvalid",
@@ -93,6 +95,17 @@ class ModelNotFound(TurboSparkError):
 
     def extra(self) -> dict[str, object]:
         return {"available": self.available}
+
+
+class NotFound(TurboSparkError):
+    """Something the request names (other than a model) does not exist, e.g. a stored response."""
+
+    status = 404
+    type = "invalid_request_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param, self.code = param, code
 
 
 class Rejected(TurboSparkError):

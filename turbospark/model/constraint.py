@@ -32,27 +32,36 @@ _CACHED = 64  # compiled grammars kept per model
 class Matcher:
     """One sequence's position in its grammar."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab: int) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, vocab: int, eos_id: int) -> None:
         self._m = matcher
         self._vocab = vocab
+        self._eos = eos_id
         self._bits = llg_numpy.allocate_token_bitmask(1, vocab)
 
     def allowed(self) -> np.ndarray:
-        """A boolean mask over the tokenizer's vocabulary: the tokens allowed next."""
+        """A boolean mask over the tokenizer's vocabulary: the tokens allowed next (only the
+        end of sequence once the grammar is complete)."""
+        if self._m.is_stopped():
+            mask = np.zeros(self._vocab, dtype=bool)
+            mask[self._eos] = True
+            return mask
         llg_numpy.fill_next_token_bitmask(self._m, self._bits, 0)
         return np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self._vocab].astype(bool)
 
     def consume(self, token: int) -> bool:
-        """Advance past a sampled token; False when the grammar did not allow it (or has
-        ended), in which case the matcher stops constraining."""
+        """Advance past a sampled token; False when the grammar did not allow it."""
         if self._m.is_stopped() or self._m.is_error():
-            return False
+            return token == self._eos
         return bool(self._m.consume_token(token))
+
+    def forced(self) -> list[int]:
+        """Tokens the grammar forces next, whatever is sampled (may be none)."""
+        return list(self._m.compute_ff_tokens())
 
     @property
     def done(self) -> bool:
-        """Ended or broken: nothing more to enforce."""
-        return self._m.is_stopped() or self._m.is_error()
+        """Broken (a token it did not allow got through): nothing more can be enforced."""
+        return bool(self._m.is_error())
 
     def accepting(self) -> bool:
         return bool(self._m.is_accepting())
@@ -64,6 +73,7 @@ class Grammars:
     def __init__(self, tokenizer_json: str, *, vocab: int, eos_id: int) -> None:
         self._tok = llguidance.LLTokenizer(tokenizer_json, n_vocab=vocab, eos_token=eos_id)
         self.vocab = vocab
+        self.eos_id = eos_id
         self._cache: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
 
     def compile(self, grammar: Grammar) -> llguidance.LLMatcher:
@@ -93,7 +103,7 @@ class Grammars:
         return matcher
 
     def matcher(self, grammar: Grammar) -> Matcher:
-        return Matcher(self.compile(grammar).deep_copy(), self.vocab)
+        return Matcher(self.compile(grammar).deep_copy(), self.vocab, self.eos_id)
 
 
 def _plain(message: str) -> str:

@@ -73,6 +73,7 @@ class ScriptedBackend:
         self._end_of_turn = end[0] if len(end) == 1 and end[0] in self.tokenizer.stop_ids else None
         self._script = None if script is None else self.tokenizer.encode(script)
         self._endless = self.tokenizer.encode(ENDLESS_TEXT)
+        self._closers = [ids[0] for text in ('"', "}", "]", "0") if len(ids := self.tokenizer.encode(text)) == 1]
         self._seqs: dict[int, _ScriptedSeq] = {}
         self.fingerprint = fingerprint(
             "scripted", f"turbospark {__version__}", script if script is not None else ENDLESS_TEXT
@@ -124,10 +125,10 @@ class ScriptedBackend:
                 progress[sid] = PrefillProgress(seq.done, seq.total, 0)
                 continue
             token = next(seq.tokens, None)
-            if token is None:  # a script without an end-of-turn token: stop repeating
-                token = self._endless[0]
             if seq.matcher is not None:
                 token = self._constrained(seq.matcher, token)
+            elif token is None:  # a script without an end-of-turn token: stop repeating
+                token = self._endless[0]
             self.counters.decode_steps += 1
             seq.generated += 1
             out[sid] = token
@@ -136,15 +137,20 @@ class ScriptedBackend:
                 logprobs[sid] = (0.0, tuple(top[: seq.logprobs]))
         return StepOutput(progress, out, logprobs=logprobs)
 
-    def _constrained(self, matcher: Matcher, token: int) -> int:
-        """The script's token where the grammar allows it; else the end of the turn where it
-        may end, else the lowest token it allows."""
-        if not matcher.done:
-            allowed = matcher.allowed()
-            if not allowed[token]:
-                end = self.tokenizer.eos_id
-                token = end if end is not None and allowed[end] else int(allowed.argmax())
-            matcher.consume(token)
+    def _constrained(self, matcher: Matcher, token: int | None) -> int:
+        """The script's token where the grammar allows it.  Else the shortest way out: what the
+        grammar forces, the end of the turn where it may end, a token that closes a string,
+        an object or an array, a zero, else the lowest token it allows."""
+        if matcher.done:
+            return token if token is not None else self._endless[0]
+        allowed = matcher.allowed()
+        if token is None or not allowed[token]:
+            forced = matcher.forced()
+            preferred = [self.tokenizer.eos_id, *self._closers]
+            token = forced[0] if forced else next(
+                (t for t in preferred if t is not None and allowed[t]), int(allowed.argmax())
+            )
+        matcher.consume(token)
         return token
 
     def remove(self, seq: int, *, keep_cache: bool = True) -> None:

@@ -13,7 +13,7 @@ from quart import Response
 from ..messages import Delta, Failed, Finished, TokenLogprob
 from ..model.backend import SamplingParams
 from ..structured import Grammar
-from ..wire.openai import GenerationFields
+from ..wire.openai import GenerationFields, ResponsesRequest
 from . import _sse
 from ._app import exception_body
 from ._generation import Replies, events
@@ -56,7 +56,7 @@ class Envelope:
 
 
 def sampling_params(
-    body: GenerationFields,
+    body: GenerationFields | ResponsesRequest,
     *,
     max_tokens: int | None,
     model_defaults: Mapping[str, float],
@@ -70,11 +70,11 @@ def sampling_params(
         name: value
         for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                      "presence_penalty", "frequency_penalty")
-        if (value := getattr(body, name)) is not None
+        if (value := getattr(body, name, None)) is not None
     }
     if max_tokens is not None:
         given["max_tokens"] = max_tokens
-    bias = tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items())
+    bias = tuple((int(k), float(v)) for k, v in (getattr(body, "logit_bias", None) or {}).items())
     return SamplingParams(
         seed=body.seed,
         stop=tuple(stop),

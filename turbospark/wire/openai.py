@@ -18,6 +18,7 @@ __all__ = [
     "ChatMessage",
     "CompletionRequest",
     "GenerationFields",
+    "ResponsesRequest",
     "StreamOptions",
 ]
 
@@ -161,6 +162,49 @@ class CompletionRequest(GenerationFields):
     suffix: str | None = None
 
 
+@attrs.frozen(kw_only=True)
+class ResponsesRequest:
+    """``/v1/responses``: items in, items out.  ``input`` items are checked by the route (their
+    shape depends on their type)."""
+
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = attrs.field(default=None, validator=_tool_choice)
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = attrs.field(default=None, validator=_positive)
+    temperature: float | None = attrs.field(default=None, validator=_in_range(0.0, 2.0))
+    top_p: float | None = attrs.field(default=None, validator=_in_range(0.0, 1.0))
+    top_k: int | None = attrs.field(default=None, validator=_in_range(0, 2**32 - 1))
+    min_p: float | None = attrs.field(default=None, validator=_in_range(0.0, 1.0))
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
+    frequency_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
+    repetition_penalty: float | None = attrs.field(default=None, validator=_in_range(0.01, 10.0))
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+    user: str | None = None
+    truncation: str | None = attrs.field(default=None, validator=_one_of("auto", "disabled"))
+    include: list[str] | None = None
+    service_tier: str | None = attrs.field(
+        default=None, validator=_one_of("auto", "default", "flex", "scale", "priority")
+    )
+    top_logprobs: int | None = attrs.field(default=None, validator=_in_range(0, 20))
+    background: bool | None = None
+    max_tool_calls: int | None = attrs.field(default=None, validator=_positive)
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    prompt: dict[str, Any] | None = None
+    conversation: str | dict[str, Any] | None = None
+
+
 def _structure_content(value: Any, _: type) -> str | list[dict[str, Any]] | None:
     if value is None or isinstance(value, str):
         return value
@@ -185,10 +229,21 @@ def _string_or_strings(name: str):  # type: ignore[no-untyped-def]
 def _structure_tool_choice(value: Any, _: type) -> str | dict[str, Any] | None:
     if value is None or isinstance(value, (str, dict)):
         return value
-    raise TypeError("tool_choice must be a string or an object")
+    raise TypeError("expected a string or an object")
 
 
 converter.register_structure_hook(str | list[dict[str, Any]] | None, _structure_content)
 converter.register_structure_hook(str | list[str] | None, _string_or_strings("stop"))
 converter.register_structure_hook(str | list[str], _string_or_strings("prompt"))
+
+
+def _structure_input(value: Any, _: type) -> str | list[dict[str, Any]]:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(item, dict) for item in value):
+        return value
+    raise TypeError("input must be a string or an array of input items")
+
+
+converter.register_structure_hook(str | list[dict[str, Any]], _structure_input)
 converter.register_structure_hook(str | dict[str, Any] | None, _structure_tool_choice)
