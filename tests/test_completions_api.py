@@ -66,10 +66,18 @@ async def test_bad_completion_requests(start_server, client, body, needle) -> No
     assert needle in r.json()["error"]["message"]
 
 
-async def test_echo_is_named_as_not_honoured_and_logprobs_are_given(start_server, client) -> None:
+async def test_echo_and_logprobs(start_server, client) -> None:
     server = await start_server()
-    r = await client.post(f"{server.url}{PATH}", json={"prompt": "a", "echo": True, "logprobs": 2, "max_tokens": 3})
-    assert r.headers["x-anyllm-degradation"] == "echo"
+    r = await client.post(f"{server.url}{PATH}", json={"prompt": "Once", "echo": True, "max_tokens": 3})
+    assert "x-anyllm-degradation" not in r.headers
+    plain = await client.post(f"{server.url}{PATH}", json={"prompt": "Once", "max_tokens": 3})
+    assert r.json()["choices"][0]["text"] == "Once" + plain.json()["choices"][0]["text"]
+    r = await client.post(f"{server.url}{PATH}", json={"prompt": "Once", "echo": True, "max_tokens": 3, "stream": True})
+    texts = [json.loads(d)["choices"][0]["text"] for _, d in sse_events(r.text)[:-1]]
+    assert texts[0] == "Once" and "".join(texts) == "Once" + plain.json()["choices"][0]["text"]
+    r = await client.post(f"{server.url}{PATH}", json={"prompt": "a", "echo": True, "logprobs": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+    r = await client.post(f"{server.url}{PATH}", json={"prompt": "a", "logprobs": 2, "max_tokens": 3})
     choice = r.json()["choices"][0]
     logprobs = choice["logprobs"]
     assert "".join(logprobs["tokens"]) == choice["text"] and len(logprobs["tokens"]) == 3

@@ -15,6 +15,7 @@ mask to their logits.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 
 import llguidance
@@ -110,4 +111,5 @@ def _plain(message: str) -> str:
     """llguidance's message without its position in our grammar text (the caller never saw
     that text): ``at 1(8): failed to compile JSON schema: X`` becomes ``X``."""
     first = message.strip().splitlines()[0] if message.strip() else message
-    return first.rsplit(": ", 1)[-1] if "failed to compile" in first else first
+    first = first.split("failed to compile JSON schema: ", 1)[-1]
+    return re.sub(r"^at \d+\(\d+\): ", "", first)

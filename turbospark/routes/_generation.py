@@ -151,11 +151,13 @@ async def generate_turn(
     n: int,
     call_required: bool,
     guardrails: Guardrails,
+    parallel: bool = True,
 ) -> Completion:
     """A whole turn that offered tools, under the guardrails: a call the parser missed is
     rescued from the text (which it then replaces); a missing required call or arguments that
     break their schema get a corrective turn and another try, at most ``guardrails.retries``
-    times; then the last answer stands.  With several choices each is rescued, none retried."""
+    times; then the last answer stands.  With several choices each is rescued, none retried.
+    Without ``parallel``, a turn keeps its first call only."""
     attempts = 0
     while True:
         done = await collect(
@@ -171,6 +173,8 @@ async def generate_turn(
                 done.texts[i], done.calls[i] = "", verdict.calls
             elif not isinstance(verdict, Accept):
                 retry = verdict
+        if not parallel:
+            done.calls[:] = [c[:1] for c in done.calls]
         if retry is None or n != 1 or attempts >= guardrails.retries:
             return done
         attempts += 1

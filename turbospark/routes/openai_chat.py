@@ -49,15 +49,18 @@ def _messages(body: ChatCompletionRequest) -> tuple[list[TemplateMessage], int]:
         text, _ = text_of(m.content)
         role = {"function": "tool", "developer": "system"}.get(m.role, m.role)
         msg: TemplateMessage = {"role": role, "content": text}
-        if m.tool_calls:
-            msg["tool_calls"] = [_history_call(c, i) for c in m.tool_calls]
+        calls = list(m.tool_calls or ())
+        if m.function_call is not None:  # the deprecated single-call form
+            calls.append({"id": f"call_{i}", "type": "function", "function": m.function_call})
+        if calls:
+            msg["tool_calls"] = [_history_call(c, i) for c in calls]
         if m.reasoning_content:
             msg["reasoning_content"] = m.reasoning_content
         if m.name is not None:
             msg["name"] = m.name
         if m.tool_call_id is not None:
             msg["tool_call_id"] = m.tool_call_id
-        if text or m.tool_calls:
+        if text or calls:
             out.append(msg)
     return out, images
 
@@ -72,7 +75,14 @@ def _history_call(call: Any, at: int) -> dict[str, Any]:
 
 
 def _degradation(body: ChatCompletionRequest, images: int) -> str | None:
-    labels = [name for name in ("prediction", "audio", "web_search_options") if getattr(body, name) is not None]
+    """Fields accepted but not honoured.  Identifiers (``user``, ``safety_identifier``,
+    ``prompt_cache_key``, ``metadata``) change nothing by definition; ``service_tier`` ``auto``
+    and ``default`` are what every request gets."""
+    labels = [name for name in ("prediction", "audio", "web_search_options", "verbosity") if getattr(body, name) is not None]
+    if body.store:
+        labels.append("store")
+    if body.service_tier not in (None, "auto", "default"):
+        labels.append("service_tier")
     if body.modalities and set(body.modalities) != {"text"}:
         labels.append("modalities")
     if body.stream_options and body.stream_options.include_obfuscation:
@@ -156,6 +166,7 @@ async def chat_completions() -> Response:
         done = await generate_turn(
             request_id=g.record.id, model=entry.id, prompt=prompt, params=params, n=n,
             call_required=required, guardrails=guardrails,
+            parallel=body.parallel_tool_calls is not False,
         )
         response = _buffered_stream(env, body, done) if body.stream else _whole(env, done, logprobs)
     else:

@@ -50,10 +50,7 @@ def _logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
 
 
 def _degradation(body: CompletionRequest) -> str | None:
-    labels = ["best_of"] if body.best_of is not None else []
-    if body.echo:
-        labels.append("echo")
-    return ", ".join(labels) or None
+    return "best_of" if body.best_of not in (None, 1) else None
 
 
 @blueprint.post("/v1/completions")
@@ -67,6 +64,12 @@ async def completions() -> Response:
         raise RequestInvalid("suffix (fill-in-the-middle) is not supported", param="suffix")
     n = body.n or 1
     text = _prompt(body)
+    if body.echo and body.logprobs is not None:
+        raise RequestInvalid(
+            "echo with logprobs is not supported: this server does not score prompt tokens",
+            param="echo",
+        )
+    echoed = text if body.echo else ""
     replies = await start(
         request_id=g.record.id,
         model=entry.id,
@@ -93,7 +96,7 @@ async def completions() -> Response:
             body,
             keepalive=sys_.settings.keepalive_interval,
             n=n,
-            opening=[],
+            opening=[env.wrap("text_completion", [choice(echoed, i)]) for i in range(n)] if echoed else [],
             pieces=lambda d, e: [env.wrap("text_completion", [choice(d.text, d.index, None, e)])]
             if d.text else [],
             finish=lambda f, _, e: env.wrap("text_completion", [choice("", f.index, f.finish_reason, e)]),
@@ -101,7 +104,7 @@ async def completions() -> Response:
     else:
         done = await collect(replies, n)
         choices = [
-            choice(text, i, fin.finish_reason, entries)
+            choice(echoed + text, i, fin.finish_reason, entries)
             for i, (text, fin, entries) in enumerate(
                 zip(done.texts, done.finished, done.logprobs, strict=True)
             )

@@ -413,7 +413,7 @@ async def create_response() -> Response:
     if tools and guardrails.active:
         done = await generate_turn(
             request_id=g.record.id, model=entry.id, prompt=prompt, params=params, n=1,
-            call_required=required, guardrails=guardrails,
+            call_required=required, guardrails=guardrails, parallel=body.parallel_tool_calls is not False,
         )
         response = _buffered(resp, done, keep) if body.stream else None
         if response is None:
