@@ -1,0 +1,118 @@
+"""Structured generation on the real default model (SmolLM2-135M-Instruct), through the
+official openai SDK: a forced tool round trip, a strict JSON schema at temperature 0.7,
+logprobs, and a two-turn Responses conversation that hits the prefix cache."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+import trio
+
+from turbospark.config import Settings
+from turbospark.model.backend import BackendSpec
+from turbospark.server import serve
+
+from .realmodels import smollm2_store
+
+pytestmark = pytest.mark.mlx
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.fixture
+async def sdk(nursery: trio.Nursery):
+    from turbospark.model.mlx_backend import MlxBackend
+
+    stored = smollm2_store()
+    server = await nursery.start(
+        serve,
+        Settings(host="127.0.0.1", port=0, graceful_timeout=1.0),
+        [BackendSpec(stored.name, lambda: MlxBackend(stored.path, model_id=stored.name, prefill_chunk=64))],
+    )
+    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", timeout=120)
+    yield client
+    await client.close()
+    server.stop.set()
+
+
+async def test_a_required_tool_call_round_trip(sdk) -> None:
+    question = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    first = await sdk.chat.completions.create(
+        model="any", messages=question, tools=[WEATHER], tool_choice="required", max_tokens=60, temperature=0
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    answer = await sdk.chat.completions.create(
+        model="any",
+        messages=[*question, choice.message.model_dump(exclude_none=True),
+                  {"role": "tool", "tool_call_id": call.id, "content": "12 degrees and cloudy"}],
+        tools=[WEATHER], max_tokens=30, temperature=0,
+    )
+    assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
+
+
+async def test_a_strict_json_schema_validates_when_sampling(sdk) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3},
+        },
+        "required": ["name", "age", "tags"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}}
+    for seed in (1, 2):
+        r = await sdk.chat.completions.create(
+            model="any", messages=[{"role": "user", "content": "Invent a person."}],
+            response_format=fmt, temperature=0.7, seed=seed, max_tokens=120,
+        )
+        assert r.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+
+
+async def test_logprobs_with_alternatives(sdk) -> None:
+    r = await sdk.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "Say hi."}],
+        logprobs=True, top_logprobs=3, max_tokens=4, temperature=0,
+    )
+    entries = r.choices[0].logprobs.content
+    assert len(entries) == 4 or r.choices[0].finish_reason == "stop"
+    for e in entries:
+        assert len(e.top_logprobs) == 3 and e.top_logprobs[0].logprob >= e.top_logprobs[-1].logprob
+        assert e.logprob == pytest.approx(e.top_logprobs[0].logprob, abs=1e-4)  # greedy takes the top
+        assert bytes(e.bytes).decode() == e.token
+
+
+async def test_responses_two_turns_reuse_the_cache(sdk) -> None:
+    first = await sdk.responses.create(
+        model="any", input="My name is Ada. Remember it.", instructions="Answer briefly.",
+        max_output_tokens=20, temperature=0,
+    )
+    assert first.output_text
+    second = await sdk.responses.create(
+        model="any", input="What is my name?", previous_response_id=first.id,
+        max_output_tokens=20, temperature=0,
+    )
+    assert second.output_text
+    assert second.usage.input_tokens > first.usage.input_tokens
+    assert second.usage.input_tokens_details.cached_tokens > 0  # the earlier turn was read from cache
