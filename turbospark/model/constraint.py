@@ -9,7 +9,7 @@ output inside the grammar; after it, the sampled token is consumed.  End of sequ
 set only where the grammar accepts, so a finished output always parses.
 
 llguidance was chosen for its per-token cost on CPU and its JSON Schema coverage (see
-``design/decisions/0010-constrained-decoding.md``).  No Trio, no MLX: the backends apply the
+``design/decisions/0011-constrained-decoding.md``).  No Trio, no MLX: the backends apply the
 mask to their logits.
 """
 
