@@ -17,7 +17,7 @@ import pytest
 from turbospark.store.catalogue import RegistryUnreachableError, pull
 from turbospark.store.store import ModelStore, StoredModel
 
-__all__ = ["cached_store", "gemma_store", "smollm2_store"]
+__all__ = ["cached_store", "gemma_store", "minilm_store", "smollm2_store"]
 
 
 def cached_store() -> ModelStore:
@@ -42,3 +42,8 @@ def smollm2_store() -> StoredModel:
 def gemma_store() -> StoredModel:
     """Gemma 3 270M base (gemma3 architecture, plain completion), float32."""
     return _pulled("gemma-3-270m")
+
+
+def minilm_store() -> StoredModel:
+    """all-MiniLM-L6-v2 (BERT sentence embeddings, 384 dimensions), float32."""
+    return _pulled("all-minilm-l6-v2")
