@@ -18,16 +18,17 @@ batch it ran.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
+import attrs
 import numpy as np
 
 from .. import __version__
 from .backend import fingerprint
 from .tokenizer import Tokenizer
 
-__all__ = ["EMBEDDING_CONFIG", "SCRIPTED_ENCODER_ID", "Encoder", "ScriptedEncoder"]
+__all__ = ["EMBEDDING_CONFIG", "SCRIPTED_ENCODER_ID", "Encoder", "EncoderSpec", "ScriptedEncoder"]
 
 #: The file of a stored embedding model that says how its vectors are made (pooling, length).
 EMBEDDING_CONFIG = "embedding.json"
@@ -77,3 +78,11 @@ class ScriptedEncoder:
         ]
         vectors = np.array(rows, dtype=np.float64).reshape(len(batch), self.dimensions)
         return (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+
+
+@attrs.frozen
+class EncoderSpec:
+    """An embedding model to attach: its id, and how its thread builds the encoder."""
+
+    id: str
+    make: Callable[[], Encoder]

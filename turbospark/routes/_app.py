@@ -260,8 +260,12 @@ def create_app(sys_: System) -> QuartTrio:
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected)
 
-    from . import health, metrics, models, openai_chat, openai_completions
+    from . import (
+        health, metrics, models, ollama_embed, openai_chat, openai_completions, openai_embeddings,
+    )
 
-    for module in (health, models, metrics, openai_chat, openai_completions):
+    for module in (
+        health, models, metrics, openai_chat, openai_completions, openai_embeddings, ollama_embed,
+    ):
         app.register_blueprint(module.blueprint)
     return app
