@@ -348,7 +348,7 @@ async def test_a_request_that_disconnects_is_dropped_before_its_batch_runs(start
 
 async def test_a_full_inbox_is_a_503_queue_full(start_server, client) -> None:
     encoder = GatedEncoder()
-    server = await embeddings_server(start_server, encoder, max_queue=1)
+    server = await embeddings_server(start_server, encoder, max_queue=1, embedding_batch=1)
     inbox = server.system.embedders["scripted-embedding"]
     statuses: list[int] = []
 

@@ -90,7 +90,7 @@ class System:
             self.embedders[job.model].send_nowait(job)
         except trio.WouldBlock:
             self.emit(QueueRejected(job.request_id, job.model))
-            raise QueueFull(job.model, self.settings.max_queue) from None
+            raise QueueFull(job.model, embedding_queue(self.settings)) from None
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise ShuttingDown() from None
 
@@ -167,6 +167,11 @@ async def run_system(
         )
 
 
+def embedding_queue(settings: Settings) -> int:
+    """Embedding jobs allowed to wait per model (and held by its thread at once)."""
+    return max(settings.max_queue, settings.embedding_batch)
+
+
 async def _start_encoder(
     nursery: trio.Nursery,
     spec: EncoderSpec,
@@ -175,9 +180,13 @@ async def _start_encoder(
     scopes: list[trio.CancelScope],
     embedders: dict[str, trio.MemorySendChannel[EmbeddingJob]],
 ) -> ModelEntry:
-    """Start one embedding actor (ready once its thread has loaded the encoder)."""
-    send, recv = trio.open_memory_channel[EmbeddingJob](settings.max_queue)
-    limits = EmbeddingLimits(settings.embedding_batch, settings.max_queue)
+    """Start one embedding actor (ready once its thread has loaded the encoder).
+
+    Its inbox holds ``max_queue`` jobs, or a forward pass's worth of single-input requests if
+    that is more: many small concurrent requests are what batching is for."""
+    room = embedding_queue(settings)
+    send, recv = trio.open_memory_channel[EmbeddingJob](room)
+    limits = EmbeddingLimits(settings.embedding_batch, room)
     scopes.append(scope := trio.CancelScope())
     info = await nursery.start(
         _in_scope, scope, partial(embedding_actor, spec.id, spec.make, recv, obs.emit, limits)
