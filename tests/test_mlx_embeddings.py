@@ -203,3 +203,36 @@ async def test_a_batch_of_many_requests_runs_together(minilm_server, client) -> 
             if isinstance(event, EmbeddingBatch):
                 sizes.append(event.inputs)
     assert sum(sizes) == 20 and len(sizes) < 20  # several requests shared a forward pass
+
+
+def test_the_store_imports_a_sentence_encoder_directory(tmp_path: Path) -> None:
+    from turbospark.model.bert import BertEncoder
+    from turbospark.store.catalogue import CATALOGUE
+    from turbospark.store.store import ModelStore
+
+    store = ModelStore(tmp_path)
+    stored = store.import_source(minilm_source(), name="minilm", progress=False)
+    m = stored.manifest
+    assert (m["kind"], m["architecture"], m["dtype"], m["context_length"]) == ("embedding", "bert", "float32", 256)
+    assert m["source_sha256"] == CATALOGUE["all-minilm-l6-v2"].directory_sha256
+    assert json.loads((stored.path / "embedding.json").read_text()) == {
+        "pooling": "mean", "normalize": True, "max_tokens": 256, "dimensions": 384,
+    }
+    assert store.import_source(minilm_source(), name="minilm", progress=False).manifest["created"] == m["created"]
+    pulled = BertEncoder(minilm_store().path, model_id="a")
+    imported = BertEncoder(stored.path, model_id="b")
+    ids = pulled.tokenize(SENTENCES, truncate=True)
+    assert ids == imported.tokenize(SENTENCES, truncate=True)
+    assert np.array_equal(pulled.embed(ids), imported.embed(ids))
+    with pytest.raises(Exception, match="float dtype"):
+        store.import_source(minilm_source(), name="q", dtype="q4", progress=False)
+
+
+def test_serve_refuses_a_model_of_the_wrong_kind(monkeypatch) -> None:
+    from turbospark.attach import ModelSetupError, stored_model
+
+    monkeypatch.setenv("TURBOSPARK_HOME", str(minilm_store().path.parent.parent))
+    path, model_id = stored_model("all-minilm-l6-v2", kind="embedding")
+    assert model_id == "all-minilm-l6-v2" and path == minilm_store().path
+    with pytest.raises(ModelSetupError, match="is an embedding model: attach it with --embedding-model"):
+        stored_model("all-minilm-l6-v2")
