@@ -11,7 +11,6 @@ import math
 import struct
 from pathlib import Path
 
-import httpx
 import numpy as np
 import ollama
 import openai
