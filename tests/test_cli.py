@@ -73,7 +73,8 @@ def test_openai_sdk_streaming_and_not(scripted_server) -> None:
     assert chunks[-1].usage.prompt_tokens == prompt_tokens
 
     models = client.models.list()
-    assert [m.id for m in models.data] == ["scripted", "claude-turbospark-scripted"]
+    # with every --model scripted, the scripted encoder is the embedding model
+    assert [m.id for m in models.data] == ["scripted", "claude-turbospark-scripted", "scripted-embedding"]
     events_file = Path(proc.args[proc.args.index("--events") + 1])
     deadline = time.monotonic() + 10  # the observer writes the file a moment later
     while True:
@@ -85,6 +86,43 @@ def test_openai_sdk_streaming_and_not(scripted_server) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="scripted", messages=messages, max_tokens=0)
     assert "max_tokens must be greater than 0" in str(err.value)
+
+
+def test_openai_and_ollama_clients_embed_with_the_scripted_encoder(scripted_server) -> None:
+    import numpy as np
+    import ollama
+
+    proc, url = scripted_server
+    texts = ["The cat sits on the mat.", "A kitten is resting on a rug."]
+    expected = []
+    for text in texts:
+        v = np.array([1.0, 0.1 * len(text.encode()), 0.5, -0.2])
+        expected.append(v / np.linalg.norm(v))
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    for fmt in (openai.NOT_GIVEN, "float"):  # the SDK asks for base64 by default and decodes it
+        r = client.embeddings.create(model="text-embedding-3-small", input=texts, encoding_format=fmt)
+        assert r.model == "scripted-embedding"
+        assert np.allclose([d.embedding for d in r.data], expected, atol=1e-7)
+        assert r.usage.prompt_tokens == sum(len(TOK.encode(t)) for t in texts)
+    with pytest.raises(openai.BadRequestError, match="dimensions 5 exceeds"):
+        client.embeddings.create(model="any", input="x", dimensions=5)
+    embedded = ollama.Client(host=url).embed(model="all-minilm", input=texts)
+    assert np.allclose(embedded.embeddings, expected, atol=1e-7)
+    with pytest.raises(ollama.ResponseError) as refused:
+        ollama.Client(host=url).embed(model="all-minilm", input=texts, dimensions=0)
+    assert refused.value.status_code == 400 and "dimensions must be greater than 0" in refused.value.error
+
+
+def test_embedding_model_none_attaches_none() -> None:
+    proc, url = _start("--model", "scripted", "--embedding-model", "none")
+    try:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["scripted", "claude-turbospark-scripted"]
+        with pytest.raises(openai.InternalServerError, match="no model capable"):
+            client.embeddings.create(model="any", input="x")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
 
 
 def test_sigterm_shuts_down_gracefully(scripted_server) -> None:
@@ -130,6 +168,7 @@ def test_sigint_during_a_stream_exits_zero(tmp_path: Path) -> None:
         (["--port", "70000"], "a port number must be 0-65535, got 70000"),
         (["--system", "a", "--system-file", "x"], "not allowed with argument"),
         (["--events", "/nonexistent-dir/ev.jsonl"], "--events: cannot write /nonexistent-dir/ev.jsonl"),
+        (["--embedding-model"], "expected one argument"),
     ],
 )
 def test_bad_flags_exit_2_with_one_clear_line(args: list[str], needle: str) -> None:
@@ -149,6 +188,7 @@ def test_help_lists_every_flag() -> None:
     for flag in (
         "--host", "--port", "--model", "--api-key", "--system", "--system-file", "--max-queue",
         "--events", "--script", "--token-delay-ms", "--max-batch", "--kv-budget-mb",
+        "--embedding-model",
     ):
         assert flag in run.stdout
 
@@ -163,6 +203,26 @@ def test_api_key_from_the_environment(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model", "scripted", "--embedding-model", "none", "--embedding-model", "scripted"],
+         "--embedding-model none cannot be combined"),
+        (["--model", "scripted", "--embedding-model", "no-such-encoder"], "unknown model 'no-such-encoder'"),
+    ],
+)
+def test_embedding_model_setup_errors_exit_1(args: list[str], needle: str, tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "turbospark", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TURBOSPARK_HOME": str(tmp_path)},
+    )
+    assert run.returncode == 1
+    assert needle in run.stderr and "Traceback" not in run.stderr
 
 
 def test_a_blank_key_in_the_environment_is_refused() -> None:

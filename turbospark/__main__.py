@@ -15,6 +15,7 @@ from . import __version__
 from .blas import describe as describe_blas
 from .blas import reexec_with_openblas
 from .model.backend import BackendSpec
+from .model.encoder import EncoderSpec
 from .config import Settings
 from .guardrails import Guardrails
 
@@ -61,6 +62,15 @@ def _parser() -> argparse.ArgumentParser:
         metavar="ID|PATH",
         help="attach a model: a stored model id, a GGUF file or model directory to import, or "
         "'scripted' (repeatable; default: the default chat model)",
+    )
+    s.add_argument(
+        "--embedding-model",
+        action="append",
+        default=[],
+        metavar="ID|PATH",
+        help="attach an embedding model: a stored model id, a catalogue name, a BERT "
+        "sentence-encoder directory to import, 'scripted' (4-dimensional test vectors) or 'none' "
+        "(repeatable; default: all-minilm-l6-v2, or 'scripted' when every --model is scripted)",
     )
     s.add_argument(
         "--api-key",
@@ -161,6 +171,7 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sett
         host=args.host,
         port=args.port,
         models=tuple(args.model),
+        embedding_models=tuple(args.embedding_model),
         api_key=api_key,
         system_prompt=system_prompt,
         max_queue=args.max_queue,
@@ -174,7 +185,7 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sett
     )
 
 
-async def _run(settings: Settings, specs: Sequence[BackendSpec]) -> None:
+async def _run(settings: Settings, specs: Sequence[BackendSpec | EncoderSpec]) -> None:
     from .server import serve
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -207,10 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = _settings(args, parser)
     from .attach import ModelSetupError, backend_specs, needs_mlx
 
-    if needs_mlx(settings):
-        reexec_with_openblas([sys.executable, "-m", "turbospark", *argv])
-
     try:
+        if needs_mlx(settings):
+            reexec_with_openblas([sys.executable, "-m", "turbospark", *argv])
         specs = backend_specs(settings)
         trio.run(_run, settings, specs)
     except ModelSetupError as exc:

@@ -5,18 +5,21 @@
     ├── observer            inbox: events, RenderMetrics, Subscribe
     ├── generation_queue    inbox: Submit, Withdraw, Take
     ├── model_actor × N     each owns one pinned model thread; Take goes to the queue
+    ├── embedding_actor × M inbox: EmbeddingJob; each owns one pinned encoder thread
     └── resolver            inbox: Resolve; owns the resolution slots
 
 Shutdown begins with ``System.stop_models``: each model actor's own cancel scope is cancelled,
 its thread notices at its next ``check_cancelled`` (one step) and answers every sequence it holds
-``ShuttingDown``; the queue, told by ``Retire``, answers the jobs still waiting.  The rest of the
+``ShuttingDown``; the queue, told by ``Retire``, answers the jobs still waiting.  Embedding actors
+are cancelled the same way: the encoder thread answers what it holds, the actor what waits in its
+inbox.  The rest of the
 tree keeps serving the routes until the root nursery (``server.serve``) ends after HTTP has.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from functools import partial
 
@@ -24,20 +27,23 @@ import attrs
 import trio
 
 from .actors._mailbox import call
+from .actors.embedding import embedding_actor
 from .actors.generation import QueueMessage, generation_queue
 from .actors.models import model_actor
 from .actors.observer import Observer, ObserverMessage, RenderMetrics, Subscribe, observer
 from .actors.resolver import Resolve, ResolveFn, resolve_in_registry, resolver
 from .config import Settings
 from .conversations import ResponseStore
-from .errors import TurboSparkError
+from .errors import QueueFull, ShuttingDown, TurboSparkError
 from .actors.observer import Event
-from .messages import GenerationJob, Submit, Withdraw
+from .messages import EmbeddingJob, GenerationJob, QueueRejected, Submit, Withdraw
+from .model._embed_worker import EmbeddingLimits
 from .model._worker import Limits
 from .model.backend import BackendSpec
+from .model.encoder import EncoderSpec
 from .routing import Capability, ModelEntry, Registry, alias_for
 
-__all__ = ["BackendSpec", "System", "run_system"]
+__all__ = ["BackendSpec", "EncoderSpec", "System", "run_system"]
 
 
 @attrs.frozen
@@ -49,6 +55,8 @@ class System:
     resolver: trio.MemorySendChannel[Resolve]
     model_scopes: tuple[trio.CancelScope, ...] = ()
     responses: ResponseStore = attrs.field(factory=ResponseStore)  # for previous_response_id
+    #: each embedding model's inbox, by id
+    embedders: Mapping[str, trio.MemorySendChannel[EmbeddingJob]] = attrs.field(factory=dict)
 
     def stop_models(self) -> None:
         """Shutdown's first step: every model thread stops within a step and answers what it
@@ -77,6 +85,17 @@ class System:
         except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
             pass  # the model thread's first send will find the closed reply channel instead
 
+    def embed(self, job: EmbeddingJob) -> None:
+        """Hand ``job`` to its embedding model, or refuse it at once: ``QueueFull`` when
+        ``max_queue`` jobs already wait, ``ShuttingDown`` when the model has stopped."""
+        try:
+            self.embedders[job.model].send_nowait(job)
+        except trio.WouldBlock:
+            self.emit(QueueRejected(job.request_id, job.model))
+            raise QueueFull(job.model, embedding_queue(self.settings)) from None
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise ShuttingDown() from None
+
     async def metrics(self) -> bytes:
         return await call(self.observer.inbox, partial(RenderMetrics, dropped=self.observer.dropped))
 
@@ -89,7 +108,7 @@ class System:
 
 async def run_system(
     settings: Settings,
-    backends: Sequence[BackendSpec],
+    backends: Sequence[BackendSpec | EncoderSpec],
     *,
     resolve: ResolveFn = resolve_in_registry,
     task_status: trio.TaskStatus[System] = trio.TASK_STATUS_IGNORED,
@@ -107,7 +126,11 @@ async def run_system(
 
         entries = []
         scopes = []
+        embedders: dict[str, trio.MemorySendChannel[EmbeddingJob]] = {}
         for spec in backends:
+            if isinstance(spec, EncoderSpec):
+                entries.append(await _start_encoder(nursery, spec, settings, obs, scopes, embedders))
+                continue
             limits = Limits(settings.max_batch, settings.kv_budget)
             scopes.append(scope := trio.CancelScope())
             info = await nursery.start(
@@ -141,8 +164,44 @@ async def run_system(
                 queue=queue_send,
                 resolver=resolve_send,
                 model_scopes=tuple(scopes),
+                embedders=embedders,
             )
         )
+
+
+def embedding_queue(settings: Settings) -> int:
+    """Embedding jobs allowed to wait per model (and held by its thread at once)."""
+    return max(settings.max_queue, settings.embedding_batch)
+
+
+async def _start_encoder(
+    nursery: trio.Nursery,
+    spec: EncoderSpec,
+    settings: Settings,
+    obs: Observer,
+    scopes: list[trio.CancelScope],
+    embedders: dict[str, trio.MemorySendChannel[EmbeddingJob]],
+) -> ModelEntry:
+    """Start one embedding actor (ready once its thread has loaded the encoder).
+
+    Its inbox holds ``max_queue`` jobs, or a forward pass's worth of single-input requests if
+    that is more: many small concurrent requests are what batching is for."""
+    room = embedding_queue(settings)
+    send, recv = trio.open_memory_channel[EmbeddingJob](room)
+    limits = EmbeddingLimits(settings.embedding_batch, room)
+    scopes.append(scope := trio.CancelScope())
+    info = await nursery.start(
+        _in_scope, scope, partial(embedding_actor, spec.id, spec.make, recv, obs.emit, limits)
+    )
+    embedders[info.id] = send
+    return ModelEntry(
+        id=info.id,
+        context_window=info.max_tokens,
+        capabilities=frozenset({"embedding"}),
+        created=int(time.time()),
+        fingerprint=info.fingerprint,
+        dimensions=info.dimensions,
+    )
 
 
 async def _in_scope(scope: trio.CancelScope, actor: Any, *, task_status: trio.TaskStatus[Any]) -> None:

@@ -27,6 +27,12 @@ class Settings:
     max_batch: int = 16
     # Bytes of KV cache a model's running batch may grow to: a quarter of physical memory.
     kv_budget: int = attrs.field(factory=lambda: _physical_memory() // 4)
+    # Embedding models to attach (ids, catalogue names or paths; "scripted"; "none"): empty means
+    # the default (see attach.py).
+    embedding_models: tuple[str, ...] = ()
+    # Inputs an encoder runs in one forward pass, from any number of requests: what
+    # benchmarks/bench_embed.py shows is best on CPU (see the README).
+    embedding_batch: int = 64
     events_path: Path | None = None
     script: str | None = None
     token_delay: float = 0.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import attrs
+import numpy as np
 import trio
 
 from .errors import TurboSparkError
@@ -22,6 +23,10 @@ __all__ = [
     "BatchState",
     "ChatPrompt",
     "Delta",
+    "Embedded",
+    "EmbeddingBatch",
+    "EmbeddingJob",
+    "EmbeddingReply",
     "Failed",
     "Finished",
     "GenerationJob",
@@ -43,6 +48,7 @@ __all__ = [
     "TextPrompt",
     "TokenLogprob",
     "ToolCall",
+    "Vectors",
     "Withdraw",
 ]
 
@@ -244,3 +250,62 @@ class RequestFinished:
     status: int
     duration_ms: float
     error: str | None = None
+
+
+# --- embeddings: route -> embedding actor (its inbox) -> encoder thread -> route -------------
+
+
+@attrs.frozen(eq=False)
+class EmbeddingJob:
+    """Vectors for ``inputs``, in order.  Compared by identity: a job is a unique piece of work.
+
+    ``truncate``: cut inputs longer than the model reads (as sentence-transformers does);
+    without it such an input fails the job with a 400."""
+
+    request_id: int
+    model: str
+    inputs: tuple[str, ...]
+    truncate: bool
+    reply: trio.MemorySendChannel[EmbeddingReply]
+    created: float  # time.monotonic() when the route accepted the request
+
+
+@attrs.frozen(eq=False)
+class Vectors:
+    """The job's answer: one unit vector per input (``(len(inputs), width)`` float32), and the
+    tokens the model read for all of them (special tokens included, after truncation)."""
+
+    vectors: np.ndarray
+    prompt_tokens: int
+
+
+EmbeddingReply = Vectors | Failed
+
+EmbeddingOutcome = Literal["Done", "Cancelled", "Error", "Shutdown"]
+
+
+@attrs.frozen
+class EmbeddingBatch:
+    """One forward pass of an encoder: its inputs, the jobs they came from, the tokens they
+    hold and the padded tokens the pass computed."""
+
+    model: str
+    inputs: int
+    jobs: int
+    tokens: int
+    padded_tokens: int
+    seconds: float
+
+
+@attrs.frozen
+class Embedded:
+    """An embedding job ended: ``computed`` of its ``inputs`` had run (0 for a job dropped
+    before its first batch)."""
+
+    id: int
+    model: str
+    inputs: int
+    computed: int
+    prompt_tokens: int
+    seconds: float
+    outcome: EmbeddingOutcome

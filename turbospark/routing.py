@@ -38,6 +38,7 @@ class ModelEntry:
     created: int = 0
     sampling_defaults: dict[str, float] = attrs.field(factory=dict, hash=False)
     fingerprint: str = ""  # OpenAI's system_fingerprint for what this model generates
+    dimensions: int | None = None  # an embedding model's vector width
 
     @property
     def names(self) -> tuple[str, ...]:

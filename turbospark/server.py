@@ -23,6 +23,7 @@ from hypercorn.config import Config as HypercornConfig
 
 from ._system import System, run_system
 from .model.backend import BackendSpec
+from .model.encoder import EncoderSpec
 from .actors.resolver import ResolveFn, resolve_in_registry
 from .config import Settings
 from .routes import create_app
@@ -53,7 +54,7 @@ def _hypercorn_config(settings: Settings) -> HypercornConfig:
 
 async def serve(
     settings: Settings,
-    backends: Sequence[BackendSpec],
+    backends: Sequence[BackendSpec | EncoderSpec],
     *,
     resolve: ResolveFn = resolve_in_registry,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,

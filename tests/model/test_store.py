@@ -88,6 +88,7 @@ def test_import_gguf_writes_the_store_layout(store: ModelStore, tiny_gguf: Path)
     assert manifest.pop("created").endswith("+00:00")
     assert manifest == {
         "name": "tiny-chat.q4_0",
+        "kind": "generation",
         "source": str(tiny_gguf.resolve()),
         "source_sha256": _sha256(tiny_gguf),
         "format": "gguf",

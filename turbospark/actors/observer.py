@@ -21,6 +21,8 @@ from prometheus_client.exposition import generate_latest
 
 from ..messages import (
     BatchState,
+    Embedded,
+    EmbeddingBatch,
     Generated,
     GenerationBegan,
     QueueDepth,
@@ -42,6 +44,8 @@ Event = (
     | QueueDepth
     | QueueRejected
     | RequestFinished
+    | EmbeddingBatch
+    | Embedded
 )
 
 
@@ -120,6 +124,26 @@ class _Metrics:
             ["model"],
             registry=reg,
         )
+        self.embedding_inputs = Counter(
+            "turbospark_embedding_inputs", "Inputs embedded (vectors computed)", registry=reg
+        )
+        self.embedding_tokens = Counter(
+            "turbospark_embedding_tokens", "Tokens read by the encoders (padding excluded)", registry=reg
+        )
+        self.embedding_batch = Histogram(
+            "turbospark_embedding_batch_inputs",
+            "Inputs per encoder forward pass, from any number of requests",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=reg,
+        )
+        self.embedding_ends = Counter(
+            "turbospark_embedding_requests",
+            "Embedding requests ended, by outcome (Done, Cancelled, Error, Shutdown)",
+            ["outcome"],
+            registry=reg,
+        )
+        for outcome in ("Done", "Cancelled", "Error", "Shutdown"):
+            self.embedding_ends.labels(outcome)
         self._depths: dict[str, int] = {}
 
     def record(self, event: Event) -> None:
@@ -141,6 +165,12 @@ class _Metrics:
         elif isinstance(event, BatchState):
             self.batch_size.labels(event.model).set(event.running)
             self.kv_bytes.labels(event.model).set(event.kv_bytes)
+        elif isinstance(event, EmbeddingBatch):
+            self.embedding_inputs.inc(event.inputs)
+            self.embedding_tokens.inc(event.tokens)
+            self.embedding_batch.observe(event.inputs)
+        elif isinstance(event, Embedded):
+            self.embedding_ends.labels(event.outcome).inc()
         elif isinstance(event, QueueDepth):
             self._depths[event.model] = event.depth
             self.queue_depth.set(sum(self._depths.values()))

@@ -260,8 +260,14 @@ def create_app(sys_: System) -> QuartTrio:
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected)
 
-    from . import health, metrics, models, openai_chat, openai_completions, openai_responses
+    from . import (
+        health, metrics, models, ollama_embed, openai_chat, openai_completions, openai_embeddings,
+        openai_responses,
+    )
 
-    for module in (health, models, metrics, openai_chat, openai_completions, openai_responses):
+    for module in (
+        health, models, metrics, openai_chat, openai_completions, openai_responses,
+        openai_embeddings, ollama_embed,
+    ):
         app.register_blueprint(module.blueprint)
     return app

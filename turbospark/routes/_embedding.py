@@ -1,0 +1,63 @@
+"""How a route runs an embedding job: hand it to the model's embedding actor, wait for the one
+answer, and write a (possibly large) JSON body without holding up the event loop.
+
+The reply channel's receive end is entered into the request scope first thing, so whatever ends
+the request closes it, and the encoder thread drops the job at its next crossing, before the
+job's next forward pass.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+from quart import Response
+
+from ..errors import ShuttingDown
+from ..messages import EmbeddingJob, EmbeddingReply, Failed, Vectors
+from ._app import request_scope, system
+
+__all__ = ["embed", "json_body"]
+
+# Bodies with more numbers than this are serialised on a worker thread (a 2,048 x 384 float
+# answer takes about a second of json.dumps).
+_BIG = 50_000
+
+
+async def embed(*, request_id: int, model: str, inputs: Sequence[str], truncate: bool) -> Vectors:
+    """The vectors of ``inputs`` from embedding model ``model``.
+
+    Raises what the actor or the encoder answered (``QueueFull``, ``RequestInvalid``,
+    ``ShuttingDown`` ...).
+    """
+    reply_send, reply_recv = trio.open_memory_channel[EmbeddingReply](1)
+    request_scope().enter_context(reply_recv)
+    job = EmbeddingJob(request_id, model, tuple(inputs), truncate, reply_send, time.monotonic())
+    try:
+        system().embed(job)
+    except BaseException:
+        reply_send.close()
+        raise
+    try:
+        msg = await reply_recv.receive()
+    except trio.EndOfChannel:
+        raise ShuttingDown() from None
+    if isinstance(msg, Failed):
+        raise msg.error
+    return msg
+
+
+async def json_body(body: Any, numbers: int, status: int = 200) -> Response:
+    """``body`` as a JSON response; serialised on a worker thread when it holds many numbers."""
+    if numbers > _BIG:
+        text = await trio.to_thread.run_sync(_dumps, body, abandon_on_cancel=True)
+    else:
+        text = _dumps(body)
+    return Response(text, status=status, content_type="application/json")
+
+
+def _dumps(body: Any) -> str:
+    return json.dumps(body, ensure_ascii=False)

@@ -1,0 +1,80 @@
+"""Ollama's embedding routes, on the same embedding actors as ``/v1/embeddings``.
+
+- ``POST /api/embed``: ``{model, input: string | [string], truncate?, dimensions?, options?,
+  keep_alive?}`` -> ``{model, embeddings, total_duration, load_duration, prompt_eval_count}``.
+  An empty input (``[]`` or ``""``) gives no embeddings, as Ollama does; with ``truncate: false``
+  an input longer than the model reads is a 400.
+- ``POST /api/embeddings`` (Ollama's older route): ``{model, prompt}`` -> ``{embedding}``; an
+  empty prompt gives an empty embedding.
+
+The same limits as the OpenAI route (2,048 inputs, 1 MiB); errors in Ollama's shape
+``{"error": "..."}`` (400 bad input, 404 a name none of several embedding models answers to, 503
+none attached).  Models are always loaded, so ``keep_alive`` has nothing to change; ``options``
+(Ollama's runner settings) are accepted and named on the ``x-anyllm-degradation`` header.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from quart import Blueprint, Response, g, request
+
+from ..codec import parse_json, structure
+from ..embedding import check_dimensions, check_inputs, encode_vector, inputs_of, shorten
+from ..messages import RequestRouted
+from ..wire.embeddings import OllamaEmbeddingsRequest, OllamaEmbedRequest
+from ._app import system
+from ._embedding import embed, json_body
+
+blueprint = Blueprint("ollama_embed", __name__)
+
+DEGRADATION_HEADER = "x-anyllm-degradation"
+
+
+def _degradation(response: Response, options: dict[str, Any] | None) -> Response:
+    if options:
+        response.headers[DEGRADATION_HEADER] = ", ".join(f"options.{k}" for k in sorted(options))
+    return response
+
+
+@blueprint.post("/api/embed")
+async def embed_route() -> Response:
+    sys_ = system()
+    began = time.monotonic()
+    body = structure(parse_json(await request.get_data()), OllamaEmbedRequest)
+    inputs = [] if body.input is None or body.input == "" else inputs_of(body.input)
+    check_inputs(inputs, allow_empty=True)
+    check_dimensions(body.dimensions)
+    entry = await sys_.resolve(body.model, "embedding")
+    sys_.emit(RequestRouted(g.record.id, body.model, entry.id, False))
+    check_dimensions(body.dimensions, entry.dimensions)
+    vectors: list[list[float]] = []
+    tokens = 0
+    if inputs:
+        result = await embed(request_id=g.record.id, model=entry.id, inputs=inputs, truncate=body.truncate)
+        vectors = [encode_vector(v, "float") for v in shorten(result.vectors, body.dimensions)]  # type: ignore[misc]
+        tokens = result.prompt_tokens
+    answer = {
+        "model": entry.id,
+        "embeddings": vectors,
+        "total_duration": round((time.monotonic() - began) * 1e9),
+        "load_duration": 0,
+        "prompt_eval_count": tokens,
+    }
+    return _degradation(await json_body(answer, numbers=sum(len(v) for v in vectors)), body.options)
+
+
+@blueprint.post("/api/embeddings")
+async def embeddings_route() -> Response:
+    sys_ = system()
+    body = structure(parse_json(await request.get_data()), OllamaEmbeddingsRequest)
+    inputs = [body.prompt] if body.prompt else []
+    check_inputs(inputs, field="prompt", allow_empty=True)
+    entry = await sys_.resolve(body.model, "embedding")
+    sys_.emit(RequestRouted(g.record.id, body.model, entry.id, False))
+    vector: list[float] = []
+    if inputs:
+        result = await embed(request_id=g.record.id, model=entry.id, inputs=inputs, truncate=True)
+        vector = encode_vector(result.vectors[0], "float")  # type: ignore[assignment]
+    return _degradation(await json_body({"embedding": vector}, numbers=len(vector)), body.options)
