@@ -98,8 +98,9 @@ def _template_kwargs(body: ChatCompletionRequest) -> dict[str, Any]:
     switch that Qwen-style templates read), then the caller's ``chat_template_kwargs``."""
     kwargs: dict[str, Any] = {}
     if body.reasoning_effort is not None:
-        kwargs["reasoning_effort"] = body.reasoning_effort
-        kwargs["enable_thinking"] = body.reasoning_effort not in ("none", "minimal")
+        effort = "none" if body.reasoning_effort == "off" else body.reasoning_effort  # the reference's spelling
+        kwargs["reasoning_effort"] = effort
+        kwargs["enable_thinking"] = effort not in ("none", "minimal")
     kwargs.update(body.chat_template_kwargs or {})
     return kwargs
 
@@ -168,7 +169,7 @@ async def chat_completions() -> Response:
             call_required=required, guardrails=guardrails,
             parallel=body.parallel_tool_calls is not False,
         )
-        response = _buffered_stream(env, body, done) if body.stream else _whole(env, done, logprobs)
+        response = _buffered_stream(env, body, done, logprobs) if body.stream else _whole(env, done, logprobs)
     else:
         replies = await start(request_id=g.record.id, model=entry.id, prompt=prompt, params=params, n=n)
         if body.stream:
@@ -235,24 +236,26 @@ def _live_stream(env: Envelope, body: ChatCompletionRequest, replies: Any, n: in
     )
 
 
-def _buffered_stream(env: Envelope, body: ChatCompletionRequest, done: Completion) -> Response:
+def _buffered_stream(env: Envelope, body: ChatCompletionRequest, done: Completion, logprobs: int | None) -> Response:
     """A finished turn framed as a stream: per choice its role, reasoning, content and calls,
     then its finish; then the usage (when asked) and ``[DONE]``."""
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     async def frames() -> AsyncIterator[bytes]:
         last: dict[str, Any] = {}
-        for i, (text, reasoning, calls, fin) in enumerate(
-            zip(done.texts, done.reasoning, done.calls, done.finished, strict=True)
+        for i, (text, reasoning, calls, fin, entries) in enumerate(
+            zip(done.texts, done.reasoning, done.calls, done.finished, done.logprobs, strict=True)
         ):
             yield _sse.data(_chunk(env, {"role": "assistant", "content": ""}, i))
+            deltas: list[dict[str, Any]] = []
             if reasoning:
-                yield _sse.data(_chunk(env, {"reasoning_content": reasoning, "reasoning": reasoning}, i))
+                deltas.append({"reasoning_content": reasoning, "reasoning": reasoning})
             if text:
-                yield _sse.data(_chunk(env, {"content": text}, i))
-            for call in calls:
-                yield _sse.data(_chunk(env, {"tool_calls": [call_wire(call)]}, i))
-            last = _chunk(env, {}, i, _finish_reason(fin, bool(calls)))
+                deltas.append({"content": text})
+            deltas += [{"tool_calls": [call_wire(call)]} for call in calls]
+            for k, delta in enumerate(deltas):  # the turn's log-probabilities ride on its first chunk
+                yield _sse.data(_chunk(env, delta, i, None, entries if k == 0 else (), logprobs))
+            last = _chunk(env, {}, i, _finish_reason(fin, bool(calls)), () if deltas else entries, logprobs)
             yield _sse.data(last)
         if include_usage:
             yield _sse.data(last | {"choices": [], "usage": usage(done.finished)})

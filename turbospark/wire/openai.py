@@ -134,7 +134,7 @@ class ChatCompletionRequest(GenerationFields):
     tool_choice: str | dict[str, Any] | None = attrs.field(default=None, validator=_tool_choice)
     parallel_tool_calls: bool | None = None
     reasoning_effort: str | None = attrs.field(
-        default=None, validator=_one_of("none", "minimal", "low", "medium", "high", "xhigh")
+        default=None, validator=_one_of("none", "minimal", "low", "medium", "high", "xhigh", "off")
     )
     chat_template_kwargs: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
