@@ -148,6 +148,7 @@ async def run_system(
                     created=int(time.time()),
                     sampling_defaults=info.sampling_defaults,
                     fingerprint=info.fingerprint,
+                    tokenizer=info.tokenizer,
                 )
             )
         registry = Registry(tuple(entries))

@@ -82,6 +82,7 @@ class GenerationJob:
     reply: trio.MemorySendChannel[Reply]
     created: float  # time.monotonic() when the route accepted the request
     n: int = 1  # choices: the prompt is prefilled once and decoded n ways
+    clamp: bool = False  # a budget past the context window is cut to what it leaves, not refused
 
 
 # --- replies a generation sends back, in order ----------------------------------------------
@@ -130,6 +131,7 @@ class Finished:
 
     finish_reason: Literal["stop", "length"]
     stop_reason: StopReason
+    stop_sequence: str | None  # the stop string that ended it, if one did
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int

@@ -13,7 +13,7 @@ Detail lookups (``GET /v1/models/{id}``) match exactly, without the single-model
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import attrs
 
@@ -39,6 +39,9 @@ class ModelEntry:
     sampling_defaults: dict[str, float] = attrs.field(factory=dict, hash=False)
     fingerprint: str = ""  # OpenAI's system_fingerprint for what this model generates
     dimensions: int | None = None  # an embedding model's vector width
+    #: A generative model's tokenizer and chat template (thread-safe), for counting a prompt's
+    #: tokens without the model thread (``/v1/messages/count_tokens``).
+    tokenizer: Any = attrs.field(default=None, eq=False, hash=False, repr=False)
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -17,6 +17,7 @@ import trio
 
 from ..errors import ShuttingDown
 from ..messages import Failed, GenerationJob, Retire, Take
+from ..model.tokenizer import Tokenizer
 from ..model._worker import Limits, serve_model
 from ..model.backend import Backend
 from ._mailbox import answer
@@ -34,6 +35,7 @@ class ModelInfo:
     has_chat_template: bool
     sampling_defaults: dict[str, float]
     fingerprint: str
+    tokenizer: Tokenizer
 
 
 async def model_actor(
@@ -89,6 +91,7 @@ async def model_actor(
                         has_chat_template=backend.tokenizer.has_chat_template,
                         sampling_defaults=dict(backend.sampling_defaults),
                         fingerprint=backend.fingerprint,
+                        tokenizer=backend.tokenizer,
                     )
                 )
         finally:

@@ -64,8 +64,9 @@ from ._admission import Admission
 from .backend import Backend, SamplingParams, StepOutput
 from .output import OutputParser
 from .sequence import SequenceState, StopReason
+from .tokenizer import Tokenizer
 
-__all__ = ["Limits", "encode_prompt", "serve_model"]
+__all__ = ["Limits", "encode_prompt", "render_prompt", "serve_model"]
 
 log = logging.getLogger("turbospark.model")
 
@@ -94,21 +95,26 @@ def serve_model(
     _Loop(backend, take, emit, admission).run()
 
 
-def encode_prompt(backend: Backend, job: GenerationJob) -> tuple[list[int], bool]:
-    """The prompt's token ids, and whether it leaves the model inside a reasoning span."""
-    tok = backend.tokenizer
-    prompt = job.prompt
+def render_prompt(tok: Tokenizer, prompt: ChatPrompt | TextPrompt) -> tuple[list[int], bool]:
+    """A prompt's token ids, and whether it leaves the model inside a reasoning span.  The
+    model thread and ``count_tokens`` both count with this, so they agree exactly."""
     if isinstance(prompt, ChatPrompt):
         text = tok.render_chat(
             prompt.messages, tools=prompt.tools or None, template_kwargs=prompt.template_kwargs
         )
-        ids, in_reasoning = tok.encode(text), tok.opens_reasoning(text)
-    else:
-        assert isinstance(prompt, TextPrompt)
-        ids, in_reasoning = tok.encode(prompt.text, add_bos=tok.add_bos_token), False
+        return tok.encode(text), tok.opens_reasoning(text)
+    assert isinstance(prompt, TextPrompt)
+    return tok.encode(prompt.text, add_bos=tok.add_bos_token), False
+
+
+def encode_prompt(backend: Backend, job: GenerationJob) -> tuple[list[int], bool]:
+    """The prompt's token ids, and whether it leaves the model inside a reasoning span."""
+    ids, in_reasoning = render_prompt(backend.tokenizer, job.prompt)
     if not ids:
         raise RequestInvalid("the prompt is empty", param="messages")
     budget = job.params.max_tokens
+    if job.clamp and len(ids) < backend.context_window:
+        budget = min(budget, backend.context_window - len(ids))
     if len(ids) + budget > backend.context_window:
         raise ContextOverflow(
             f"This model's context window is {backend.context_window} tokens; the prompt has "
@@ -268,6 +274,9 @@ class _Loop:
         entry = _Job(job)
         try:
             entry.ids, entry.in_reasoning = encode_prompt(self.backend, job)
+            room = self.backend.context_window - len(entry.ids)
+            if job.params.max_tokens > room:  # a clamping job: its budget is what the context leaves
+                entry.job = job = attrs.evolve(job, params=attrs.evolve(job.params, max_tokens=room))
             entry.grow = len(entry.ids) + job.params.max_tokens
             if job.params.grammar is not None:  # compiled now: a schema it cannot enforce is a 400
                 self.backend.tokenizer.grammars.compile(job.params.grammar)
@@ -356,6 +365,7 @@ class _Loop:
         job.outbox.append(Finished(
             finish_reason=state.finish_reason,
             stop_reason=state.stop_reason,
+            stop_sequence=state.stops.matched,
             prompt_tokens=len(job.ids),
             completion_tokens=state.new_tokens,
             cached_tokens=job.cached,

@@ -262,12 +262,12 @@ def create_app(sys_: System) -> QuartTrio:
 
     from . import (
         health, metrics, models, ollama_embed, openai_chat, openai_completions, openai_embeddings,
-        openai_responses,
+        openai_responses, anthropic,
     )
 
     for module in (
         health, models, metrics, openai_chat, openai_completions, openai_responses,
-        openai_embeddings, ollama_embed,
+        openai_embeddings, ollama_embed, anthropic,
     ):
         app.register_blueprint(module.blueprint)
     return app

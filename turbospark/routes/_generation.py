@@ -8,8 +8,10 @@ thread's next send fails: that is the whole cancellation protocol.
 from __future__ import annotations
 
 import json
+import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any
 
 import attrs
@@ -34,7 +36,7 @@ from ..model.backend import SamplingParams
 from ..model.output import call_id
 from ._app import request_scope, system
 
-__all__ = ["Completion", "Replies", "collect", "events", "generate_turn", "start"]
+__all__ = ["Completion", "Replies", "collect", "events", "gather", "generate_turn", "start", "turn"]
 
 # Room for Queued, Started and Failed beyond one Delta per token of the budget and one Finished,
 # for each choice: the model thread never has to wait for a slow reader.
@@ -61,8 +63,12 @@ async def start(
     prompt: ChatPrompt | TextPrompt,
     params: SamplingParams,
     n: int = 1,
+    clamp: bool = False,
+    on_started: Callable[[Started], None] | None = None,
 ) -> Replies:
     """Queue a generation and wait until the model has started on it; return its replies.
+    With ``clamp``, a budget past what the context window leaves is cut to it instead of
+    refused; ``on_started`` sees the ``Started`` message (the prompt's length).
 
     Raises the error the queue or the model answered with (``QueueFull``, ``RequestInvalid``,
     ``ContextOverflow`` ...) before any response byte is sent.
@@ -71,13 +77,15 @@ async def start(
     buffer = n * (params.max_tokens + 1) + REPLY_SLACK
     reply_send, reply_recv = trio.open_memory_channel[Reply](buffer)
     request_scope().enter_context(reply_recv)
-    job = GenerationJob(request_id, model, prompt, params, reply_send, time.monotonic(), n)
+    job = GenerationJob(request_id, model, prompt, params, reply_send, time.monotonic(), n, clamp)
     started = False
     try:
         await sys_.submit(job)
         async for msg in reply_recv:
             if isinstance(msg, Started):
                 started = True
+                if on_started is not None:
+                    on_started(msg)
                 return reply_recv
             if isinstance(msg, Failed):
                 raise msg.error
@@ -88,15 +96,19 @@ async def start(
             sys_.withdraw(job)
 
 
-async def collect(replies: Replies, n: int = 1) -> Completion:
-    """Drain a non-streaming generation of ``n`` choices."""
+async def gather(replies: Replies, n: int = 1, *, keepalive: float = math.inf) -> AsyncIterator[Completion | None]:
+    """Drain a generation of ``n`` choices: ``None`` each time ``keepalive`` seconds pass
+    quietly (a long prefill: the caller may ping its client), then the ``Completion``.  Raises
+    the error it failed with."""
     parts: list[list[str]] = [[] for _ in range(n)]
     reasoning: list[list[str]] = [[] for _ in range(n)]
     calls: list[tuple[ToolCall, ...]] = [() for _ in range(n)]
     logprobs: list[list[TokenLogprob]] = [[] for _ in range(n)]
     finished: dict[int, Finished] = {}
-    async for msg in replies:
-        if isinstance(msg, Delta):
+    async for msg in events(replies, keepalive=keepalive, n=n):
+        if msg is None:
+            yield None
+        elif isinstance(msg, Delta):
             parts[msg.index].append(msg.text)
             reasoning[msg.index].append(msg.reasoning)
             calls[msg.index] += msg.tool_calls
@@ -105,16 +117,24 @@ async def collect(replies: Replies, n: int = 1) -> Completion:
         elif isinstance(msg, Finished):
             finished[msg.index] = msg
             if len(finished) == n:
-                return Completion(
+                yield Completion(
                     ["".join(p) for p in parts],
                     [finished[i] for i in range(n)],
                     logprobs,
                     ["".join(r) for r in reasoning],
                     calls,
                 )
+                return
         else:
-            assert isinstance(msg, Failed), msg
             raise msg.error
+
+
+async def collect(replies: Replies, n: int = 1) -> Completion:
+    """Drain a non-streaming generation of ``n`` choices."""
+    async with aclosing(gather(replies, n)) as items:
+        async for done in items:
+            if done is not None:
+                return done
     raise ShuttingDown()
 
 
@@ -153,16 +173,49 @@ async def generate_turn(
     guardrails: Guardrails,
     parallel: bool = True,
 ) -> Completion:
-    """A whole turn that offered tools, under the guardrails: a call the parser missed is
-    rescued from the text (which it then replaces); a missing required call or arguments that
-    break their schema get a corrective turn and another try, at most ``guardrails.retries``
-    times; then the last answer stands.  With several choices each is rescued, none retried.
-    Without ``parallel``, a turn keeps its first call only."""
+    """``turn`` drained, for a response sent whole."""
+    first = await start(request_id=request_id, model=model, prompt=prompt, params=params, n=n)
+    async with aclosing(turn(
+        first, request_id=request_id, model=model, prompt=prompt, params=params, n=n,
+        call_required=call_required, guardrails=guardrails, parallel=parallel,
+    )) as items:
+        async for done in items:
+            if done is not None:
+                return done
+    raise ShuttingDown()
+
+
+async def turn(
+    first: Replies,
+    *,
+    request_id: int,
+    model: str,
+    prompt: ChatPrompt,
+    params: SamplingParams,
+    n: int,
+    call_required: bool,
+    guardrails: Guardrails,
+    parallel: bool = True,
+    keepalive: float = math.inf,
+) -> AsyncIterator[Completion | None]:
+    """A whole turn that offered tools, under the guardrails, from its first generation
+    (already started, so a refusal was an HTTP error): a call the parser missed is rescued from
+    the text (which it then replaces); a missing required call or arguments that break their
+    schema get a corrective turn and another try, at most ``guardrails.retries`` times; then the
+    last answer stands.  With several choices each is rescued, none retried.  Without
+    ``parallel``, a turn keeps its first call only.  Yields ``None`` every ``keepalive`` quiet
+    seconds, then the ``Completion``."""
     attempts = 0
+    replies = first
     while True:
-        done = await collect(
-            await start(request_id=request_id, model=model, prompt=prompt, params=params, n=n), n
-        )
+        done = None
+        async for item in gather(replies, n, keepalive=keepalive):
+            if item is None:
+                yield None
+            else:
+                done = item
+        if done is None:
+            raise ShuttingDown()
         retry = None
         for i in range(n):
             verdict = inspect(
@@ -176,7 +229,8 @@ async def generate_turn(
         if not parallel:
             done.calls[:] = [c[:1] for c in done.calls]
         if retry is None or n != 1 or attempts >= guardrails.retries:
-            return done
+            yield done
+            return
         attempts += 1
         said: dict[str, Any] = {"role": "assistant", "content": done.texts[0]}
         if retry.calls:
@@ -189,6 +243,7 @@ async def generate_turn(
             {"role": "user", "content": retry.nudge}
         ]
         prompt = attrs.evolve(prompt, messages=(*prompt.messages, *turns))
+        replies = await start(request_id=request_id, model=model, prompt=prompt, params=params, n=n)
 
 
 def _arguments(text: str) -> Any:
