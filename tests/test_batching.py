@@ -163,12 +163,14 @@ async def test_a_failing_sequence_fails_alone(start_server, client, caplog) -> N
     for name in ("poisoned", "fails ending"):
         assert results[name].status_code == 500, name
         error = results[name].json()["error"]
-        assert (error["type"], error["message"]) == ("server_error", "generation failed")
+        assert error["type"] == "server_error" and error["message"].startswith("generation failed (error id ")
     frames = sse_events(results["poisoned stream"].text)
     assert frames[-1][0] == "error" and "[DONE]" not in results["poisoned stream"].text
-    assert json.loads(frames[-1][1])["error"]["message"] == "generation failed"
+    assert json.loads(frames[-1][1])["error"]["message"].startswith("generation failed (error id ")
     # no internal detail reaches a client; the log has each traceback
     assert "blew up" not in results["poisoned"].text and "blew up" in caplog.text
+    error_id = results["poisoned"].json()["error"]["message"].rsplit(" ", 1)[-1].rstrip(")")
+    assert f"(error id {error_id})" in caplog.text  # the log line the client's error points at
     assert "could not be handed back" in caplog.text
     # the batch-mate finished normally, and its text is exactly what it is alone
     healthy = [json.loads(d) for _, d in sse_events(results["healthy"].text)[:-1]]

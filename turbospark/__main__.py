@@ -18,6 +18,7 @@ from .model.backend import BackendSpec
 from .model.encoder import EncoderSpec
 from .config import Settings
 from .guardrails import Guardrails
+from .origins import parse_origins
 
 __all__ = ["main"]
 
@@ -78,6 +79,15 @@ def _parser() -> argparse.ArgumentParser:
         help="require this key (x-api-key or Authorization: Bearer) on every route but /health "
         "(default: $TURBOSPARK_API_KEY)",
     )
+    s.add_argument(
+        "--allowed-origins",
+        type=parse_origins,
+        default=None,
+        metavar="LIST",
+        help="comma-separated web origins allowed to call the server ('*' wildcards; '*' alone: "
+        "any; default: loopback names on any port and desktop-app schemes, as Ollama's "
+        "OLLAMA_ORIGINS; $TURBOSPARK_ORIGINS)",
+    )
     system = s.add_mutually_exclusive_group()
     system.add_argument(
         "--system",
@@ -137,6 +147,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _origins(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:
+    given = args.allowed_origins
+    if given is None and (env := os.environ.get("TURBOSPARK_ORIGINS")):
+        given = parse_origins(env)
+    return {"allowed_origins": given} if given else {}
+
+
 def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Settings:
     api_key = args.api_key
     if api_key is not None and not api_key.strip():
@@ -178,6 +195,7 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sett
         max_resolutions=args.max_resolutions,
         max_batch=args.max_batch,
         guardrails=Guardrails() if args.guardrails == "on" else Guardrails.off(),
+        **_origins(args),
         **({"kv_budget": args.kv_budget_mb << 20} if args.kv_budget_mb else {}),
         events_path=args.events,
         script=script,

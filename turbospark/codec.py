@@ -92,12 +92,69 @@ def _format(exc: BaseException) -> str:
     return "; ".join(messages)
 
 
+MAX_DEPTH = 64  # arrays and objects inside each other; real requests nest a dozen levels
+MAX_NUMBER_CHARS = 40  # a u64 seed has 20 digits; thousands of digits are an attack on int()
+
+
+def _no_constant(name: str) -> Any:
+    raise RequestInvalid(f"the request body is not valid JSON: {name} is not a JSON number")
+
+
+def _int(text: str) -> int:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise RequestInvalid(f"the request body holds a number of {len(text)} digits; at most {MAX_NUMBER_CHARS} are accepted")
+    return int(text)
+
+
+def _float(text: str) -> float:
+    if len(text) > MAX_NUMBER_CHARS * 8:
+        raise RequestInvalid(f"the request body holds a number of {len(text)} characters")
+    return float(text)
+
+
+def _check(value: Any) -> None:
+    """Nesting depth, and strings that cannot be UTF-8 (a lone UTF-16 surrogate from a
+    ``\\ud800`` escape), everywhere in a decoded body; iterative, so depth costs no stack."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            _utf8(item)
+        elif isinstance(item, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise RequestInvalid(f"the request body nests arrays and objects more than {MAX_DEPTH} deep")
+            if isinstance(item, dict):
+                for key, v in item.items():
+                    _utf8(key)
+                    stack.append((v, depth + 1))
+            else:
+                stack.extend((v, depth + 1) for v in item)
+
+
+def _utf8(text: str) -> None:
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestInvalid(
+                "the request body holds a string with a lone UTF-16 surrogate, which is not valid Unicode"
+            ) from None
+
+
 def parse_json(data: bytes) -> Any:
-    """Decode a request body, refusing anything that is not JSON."""
+    """Decode a request body, refusing anything that is not JSON, and JSON a careful server
+    does not take: NaN and Infinity, numbers of more than 40 digits, nesting more than 64 deep,
+    lone surrogates."""
     try:
-        return json.loads(data)
+        value = json.loads(data, parse_constant=_no_constant, parse_int=_int, parse_float=_float)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestInvalid(f"the request body is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise RequestInvalid(f"the request body nests arrays and objects more than {MAX_DEPTH} deep") from None
+    except ValueError as exc:  # int() refusing a number
+        raise RequestInvalid(f"the request body holds a number this server does not accept: {exc}") from None
+    _check(value)
+    return value
 
 
 def structure(data: Any, cls: type[T]) -> T:

@@ -8,6 +8,7 @@ from pathlib import Path
 import attrs
 
 from .guardrails import Guardrails
+from .origins import DEFAULT_ORIGINS
 
 __all__ = ["Settings"]
 
@@ -41,6 +42,8 @@ class Settings:
     max_body_bytes: int = 25 * 1024 * 1024
     # Tool calls: rescue what the parser missed, validate arguments, one corrective retry.
     guardrails: Guardrails = attrs.field(factory=Guardrails)
+    # Web pages allowed to call the server (``Origin``); requests without one always pass.
+    allowed_origins: tuple[str, ...] = DEFAULT_ORIGINS
 
 
 def _physical_memory() -> int:

@@ -4,6 +4,7 @@
     ├── RequestInvalid (400)         the caller sent something we will not run
     │   └── ContextOverflow (400)    prompt + budget exceed the model's context window
     ├── Unauthorized (401)           missing or wrong API key
+    ├── Forbidden (403)              an Origin or Host this server does not answer
     ├── ModelNotFound (404)          several models attached, none answers to the name
     ├── NotFound (404)               something else the request names is unknown
     ├── Rejected (503, retryable)    capacity refusals, answered before any expensive work
@@ -21,8 +22,11 @@ members of a group, so validation errors (which cattrs raises as groups) are tur
 
 from __future__ import annotations
 
+import secrets
+
 __all__ = [
     "ContextOverflow",
+    "Forbidden",
     "GenerationFailed",
     "ModelNotFound",
     "NoModel",
@@ -73,6 +77,13 @@ class Unauthorized(TurboSparkError):
 
     def __init__(self) -> None:
         super().__init__("invalid or missing API key")
+
+
+class Forbidden(TurboSparkError):
+    """The request came from a web page or host name this server does not answer."""
+
+    status = 403
+    type = "permission_error"
 
 
 class ModelNotFound(TurboSparkError):
@@ -158,5 +169,16 @@ class ShuttingDown(TurboSparkError):
 
 
 class GenerationFailed(TurboSparkError):
+    """An internal failure.  The client sees no internal detail, only an error id that the
+    server's log line for it shows too."""
+
     status = 500
     type = "server_error"
+    error_id: str | None = None
+
+    @classmethod
+    def new(cls, what: str = "generation failed") -> GenerationFailed:
+        error_id = secrets.token_hex(6)
+        error = cls(f"{what} (error id {error_id})")
+        error.error_id = error_id
+        return error

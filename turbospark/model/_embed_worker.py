@@ -135,8 +135,9 @@ class _Loop:
             entry.prompt_tokens = sum(len(ids) for ids in entry.ids)
         except Exception as exc:
             if not isinstance(exc, TurboSparkError):
-                log.exception("model %s: tokenising request %d failed", self.encoder.model_id, job.request_id)
-                exc = GenerationFailed("embedding failed")
+                exc = GenerationFailed.new("embedding failed")
+                log.exception("model %s: tokenising request %d failed (error id %s)",
+                              self.encoder.model_id, job.request_id, exc.error_id)
             self._end(entry, Failed(exc), "Error")
             return
         if not job.inputs:
@@ -170,10 +171,11 @@ class _Loop:
                 raise ValueError(f"the encoder gave {vectors.shape} vectors for {len(batch)} inputs")
         except Exception:
             owners = {key for key, _ in batch}
-            log.exception("model %s: a forward pass failed; its %d jobs fail with it",
-                          self.encoder.model_id, len(owners))
+            error = GenerationFailed.new("embedding failed")
+            log.exception("model %s: a forward pass failed; its %d jobs fail with it (error id %s)",
+                          self.encoder.model_id, len(owners), error.error_id)
             for key in owners:
-                self._end(self.jobs[key], Failed(GenerationFailed("embedding failed")), "Error")
+                self._end(self.jobs[key], Failed(error), "Error")
             return
         longest = max(len(ids) for ids in inputs)
         self.events.append(EmbeddingBatch(

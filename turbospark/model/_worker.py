@@ -205,10 +205,11 @@ class _Loop:
         try:
             out = self.backend.step()
         except Exception:
-            log.exception("model %s: a batch step failed; its %d jobs fail with it",
-                          self.backend.model_id, len(self.jobs))
+            error = GenerationFailed.new()
+            log.exception("model %s: a batch step failed; its %d jobs fail with it (error id %s)",
+                          self.backend.model_id, len(self.jobs), error.error_id)
             for job in list(self.jobs):
-                self._fail(job, removed=True)
+                self._fail(job, error, removed=True)
             try:
                 self.backend.reset()
             except Exception:
@@ -219,9 +220,8 @@ class _Loop:
     def _apply(self, out: StepOutput) -> None:
         for sid, exc in out.failed.items():
             if (choice := self.running.get(sid)) is not None:
-                log.error("model %s: a sequence of request %d failed", self.backend.model_id,
-                          choice.job.job.request_id, exc_info=exc)
-                self._fail(choice.job)
+                self._fail(choice.job, self._logged("a sequence of request %d failed",
+                                                    choice.job.job.request_id, exc_info=exc))
         for sid, progress in out.progress.items():
             if (choice := self.running.get(sid)) is not None:
                 choice.state.progress(progress)
@@ -241,9 +241,7 @@ class _Loop:
                 if state.stop_reason is not None:
                     self._finish(choice)
             except Exception:
-                log.exception("model %s: ending request %d failed", self.backend.model_id,
-                              job.job.request_id)
-                self._fail(job)
+                self._fail(job, self._logged("ending request %d failed", job.job.request_id))
 
     def _logprob(
         self, token: int, found: tuple[float, tuple[tuple[int, float], ...]] | None
@@ -263,9 +261,7 @@ class _Loop:
                 for c in others:  # its cache cannot be shared: each reads the prompt itself
                     self.backend.insert(c.sid, job.ids, c.params)
         except Exception:
-            log.exception("model %s: sharing the prompt of request %d failed",
-                          self.backend.model_id, job.job.request_id)
-            self._fail(job)
+            self._fail(job, self._logged("sharing the prompt of request %d failed", job.job.request_id))
 
     # --- admission -------------------------------------------------------------------------
 
@@ -296,8 +292,7 @@ class _Loop:
                     "this model may use; lower n or max_tokens", param="n")
         except Exception as exc:
             if not isinstance(exc, TurboSparkError):
-                log.exception("model %s: preparing request %d failed", self.backend.model_id, job.request_id)
-                exc = GenerationFailed("generation failed")
+                exc = self._logged("preparing request %d failed", job.request_id)
             entry.outbox.append(Failed(exc))
             entry.close = True
             self.ended.append(entry)
@@ -344,9 +339,7 @@ class _Loop:
             try:
                 job.cached = self.backend.insert(first.sid, job.ids, first.params)
             except Exception:
-                log.exception("model %s: starting request %d failed", self.backend.model_id,
-                              job.job.request_id)
-                self._fail(job)
+                self._fail(job, self._logged("starting request %d failed", job.job.request_id))
                 continue
             for choice in job.choices:
                 choice.state.cached = choice.state.prefilled = job.cached
@@ -374,10 +367,18 @@ class _Loop:
         if not self._live(job):
             self._end(job, None, state.stop_reason)
 
-    def _fail(self, job: _Job, *, removed: bool = False) -> None:
+    def _logged(self, what: str, request_id: int, *, exc_info: object = True) -> GenerationFailed:
+        """The error a client gets for an internal failure: an id, and a log line (with the
+        traceback) that shows the same id."""
+        error = GenerationFailed.new()
+        log.error("model %s: " + what + " (error id %s)", self.backend.model_id, request_id,
+                  error.error_id, exc_info=exc_info)
+        return error
+
+    def _fail(self, job: _Job, error: GenerationFailed, *, removed: bool = False) -> None:
         """Something one of the job's sequences did raised: the job fails, alone."""
         self._stop(job, "Error", remove=not removed, keep_cache=False)
-        self._end(job, Failed(GenerationFailed("generation failed")), "Error")
+        self._end(job, Failed(error), "Error")
 
     def _gone(self, job: _Job) -> None:
         """The route stopped listening: stop every choice, keep what their KV caches hold."""

@@ -14,6 +14,7 @@ import hmac
 import json
 import itertools
 import logging
+import secrets
 import time
 from contextlib import ExitStack
 from typing import Any, Literal
@@ -27,7 +28,8 @@ from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
 from .._system import System
-from ..errors import TurboSparkError, Unauthorized
+from ..errors import Forbidden, TurboSparkError, Unauthorized
+from ..origins import host_allowed, origin_allowed
 from ..messages import RequestFinished, RequestStarted
 
 __all__ = [
@@ -200,11 +202,26 @@ def _http_error(exc: HTTPException) -> Response:
 
 
 def _unexpected(exc: Exception) -> Response:
-    log.exception("unhandled error while serving %s %s", request.method, request.path)
-    message = f"internal error: {type(exc).__name__}"
+    error_id = secrets.token_hex(6)
+    log.exception("unhandled error while serving %s %s (error id %s)", request.method, request.path, error_id)
+    message = f"internal error (error id {error_id})"
     return error_response(
         500, error_body(family_of(request.path), 500, message, type="server_error"), message
     )
+
+
+def _preflight(origin: str) -> Response:
+    """A CORS preflight from an allowed origin (refused ones never get here)."""
+    response = Response("", status=204)
+    response.headers["Access-Control-Allow-Origin"] = origin
+    response.headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, HEAD, OPTIONS"
+    response.headers["Access-Control-Allow-Headers"] = (
+        request.headers.get("access-control-request-headers")
+        or "authorization, content-type, x-api-key, anthropic-version, anthropic-beta"
+    )
+    response.headers["Access-Control-Max-Age"] = "600"
+    response.headers["Vary"] = "Origin"
+    return response
 
 
 def _authorized(key: str) -> bool:
@@ -224,16 +241,27 @@ def create_app(sys_: System) -> QuartTrio:
     ids = itertools.count()
 
     @app.before_request
-    async def _begin() -> None:
+    async def _begin() -> Response | None:
         g.system = sys_
         route = request.url_rule.rule if request.url_rule is not None else "unmatched"
         g.record = record = _Record(next(ids), route, time.monotonic())
         sys_.emit(RequestStarted(record.id, int(time.time() * 1000), request.method, request.path))
         # A request that never gets a response (its client left) is still recorded, as 499.
         request_scope().callback(_finish, record, 499)
-        if sys_.settings.api_key and request.path != "/health":
-            if not _authorized(sys_.settings.api_key):
-                raise Unauthorized()
+        settings = sys_.settings
+        if not host_allowed(request.headers.get("host"), settings.host):
+            raise Forbidden(
+                f"the Host {request.headers.get('host')!r} is not a loopback name; a server bound to "
+                "loopback answers loopback names only"
+            )
+        origin = request.headers.get("origin")
+        if origin is not None and not origin_allowed(origin, settings.allowed_origins):
+            raise Forbidden(f"requests from the origin {origin!r} are not allowed (--allowed-origins)")
+        if request.method == "OPTIONS" and origin is not None:
+            return _preflight(origin)
+        if settings.api_key and request.path != "/health" and not _authorized(settings.api_key):
+            raise Unauthorized()
+        return None
 
     def _finish(record: _Record, status: int) -> None:
         if record.finished:
@@ -248,6 +276,15 @@ def create_app(sys_: System) -> QuartTrio:
                 error=record.error if status >= 400 else None,
             )
         )
+
+    @app.after_request
+    async def _cors(response: Response) -> Response:
+        origin = request.headers.get("origin")
+        if origin is not None and origin_allowed(origin, sys_.settings.allowed_origins):
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Access-Control-Expose-Headers"] = "x-anyllm-degradation, retry-after"
+            response.headers["Vary"] = "Origin"
+        return response
 
     @app.after_request
     async def _end(response: Response) -> Response:

@@ -503,8 +503,9 @@ async def _buffered(message: _Message, began: list[Started], steps: AsyncIterato
         yield _error(exc)
         return
     except Exception:
-        log.exception("a tool turn failed")
-        yield _error(GenerationFailed("generation failed"))
+        error = GenerationFailed.new()
+        log.exception("a tool turn failed (error id %s)", error.error_id)
+        yield _error(error)
         return
     assert done is not None
     for frame in message.parts(done.reasoning[0], done.texts[0], done.calls[0]):
