@@ -10,6 +10,7 @@ cattrs reports validation failures as exception groups; ``structure`` turns them
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, TypeVar
 
 import cattrs
@@ -109,7 +110,10 @@ def _int(text: str) -> int:
 def _float(text: str) -> float:
     if len(text) > MAX_NUMBER_CHARS * 8:
         raise RequestInvalid(f"the request body holds a number of {len(text)} characters")
-    return float(text)
+    value = float(text)
+    if math.isinf(value):
+        raise RequestInvalid(f"the request body holds a number too large for a double: {text[:40]}")
+    return value
 
 
 def _check(value: Any) -> None:

@@ -207,14 +207,13 @@ def validate(calls: Sequence[ToolCall], tools: Sequence[Mapping[str, Any]]) -> l
             args = json.loads(call.arguments)
         except json.JSONDecodeError:
             args = None
-        try:
-            validator = jsonschema.Draft202012Validator(schema)
-        except Exception:
-            continue
         if not isinstance(args, dict):
             errors = ["the arguments must be a JSON object"]
         else:
-            errors = [_error(e) for e in validator.iter_errors(args)]
+            try:
+                errors = [_error(e) for e in jsonschema.Draft202012Validator(schema).iter_errors(args)]
+            except Exception:  # a schema jsonschema cannot apply (checked at the door; belt and braces)
+                continue
         if errors:
             messages.append(f"Your call to `{call.name}` had invalid arguments: {'; '.join(errors)}.")
     return messages

@@ -97,9 +97,11 @@ class Queued:
 
 @attrs.frozen
 class Started:
-    """The prompt is tokenised and fits; prefill begins."""
+    """The prompt is tokenised and fits; prefill begins.  ``cached_tokens``: how much of it the
+    prefix cache holds now (what the prefill will most likely reuse)."""
 
     prompt_tokens: int
+    cached_tokens: int = 0
 
 
 @attrs.frozen

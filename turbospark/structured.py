@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
+import jsonschema
 
 from .errors import RequestInvalid
 
@@ -69,6 +70,8 @@ def function_tools(tools: Sequence[Any] | None, *, param: str = "tools") -> tupl
         parameters = function.get("parameters")
         if parameters is not None and not isinstance(parameters, Mapping):
             raise RequestInvalid(f"{where}.function.parameters must be a JSON Schema object", param=param)
+        if parameters is not None:
+            _check_schema(parameters, f"{where}.function.parameters", param)
         description = function.get("description")
         if description is not None and not isinstance(description, str):
             raise RequestInvalid(f"{where}.function.description must be a string", param=param)
@@ -77,6 +80,45 @@ def function_tools(tools: Sequence[Any] | None, *, param: str = "tools") -> tupl
     if len(set(names)) != len(names):
         raise RequestInvalid(f"{param} names a function more than once", param=param)
     return tuple(out)
+
+
+def _check_schema(schema: Mapping[str, Any], where: str, param: str) -> None:
+    """A JSON Schema the validator can apply: valid against the metaschema, local references
+    that resolve."""
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise RequestInvalid(f"{where} is not a valid JSON Schema: {exc.message}", param=param) from None
+    for ref in _refs(schema):
+        if not ref.startswith("#") or _pointer(schema, ref[1:]) is None:
+            raise RequestInvalid(f"{where}: the $ref {ref!r} does not resolve within the schema", param=param)
+
+
+def _refs(schema: Any) -> list[str]:
+    found, stack = [], [schema]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            if isinstance(item.get("$ref"), str):
+                found.append(item["$ref"])
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
+
+
+def _pointer(schema: Any, pointer: str) -> Any:
+    """The part of ``schema`` a JSON pointer (``/$defs/x``) names, or None."""
+    node = schema
+    for token in filter(None, pointer.split("/")):
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return None
+    return node
 
 
 def select_tools(

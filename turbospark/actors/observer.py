@@ -10,7 +10,9 @@ closed rather than slowing anybody down.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,8 @@ from ..messages import (
 from ._mailbox import answer
 
 __all__ = ["Observer", "RenderMetrics", "Subscribe", "event_to_json", "observer"]
+
+log = logging.getLogger("turbospark")
 
 Event = (
     BatchState
@@ -82,7 +86,8 @@ class _Metrics:
             "turbospark_requests", "HTTP requests answered", ["route", "status"], registry=reg
         )
         self.in_flight = Gauge(
-            "turbospark_generations_in_flight", "Generations a model is working on", registry=reg
+            "turbospark_generations_in_flight",
+            "Sequences the models are working on (each choice of a request counts)", registry=reg
         )
         self.queue_depth = Gauge(
             "turbospark_queue_depth", "Generations waiting in the queues", registry=reg
@@ -145,15 +150,12 @@ class _Metrics:
         for outcome in ("Done", "Cancelled", "Error", "Shutdown"):
             self.embedding_ends.labels(outcome)
         self._depths: dict[str, int] = {}
+        self._running: dict[str, int] = {}
 
     def record(self, event: Event) -> None:
         if isinstance(event, RequestFinished):
             self.requests.labels(event.route, str(event.status)).inc()
-        elif isinstance(event, GenerationBegan):
-            self.in_flight.inc()
         elif isinstance(event, Generated):
-            if event.began:
-                self.in_flight.dec()
             self.tokens.inc(event.new_tokens)
             self.prompt_tokens.inc(event.prompt_tokens)
             if event.stop_reason == "Cancelled" and event.phase:
@@ -163,8 +165,12 @@ class _Metrics:
         elif isinstance(event, QueueRejected):
             self.rejections.inc()
         elif isinstance(event, BatchState):
+            # Gauges are set from the state each event reports, never counted up and down, so
+            # an event dropped under load is corrected by the next one.
             self.batch_size.labels(event.model).set(event.running)
             self.kv_bytes.labels(event.model).set(event.kv_bytes)
+            self._running[event.model] = event.running
+            self.in_flight.set(sum(self._running.values()))
         elif isinstance(event, EmbeddingBatch):
             self.embedding_inputs.inc(event.inputs)
             self.embedding_tokens.inc(event.tokens)
@@ -207,8 +213,14 @@ async def observer(
 ) -> None:
     metrics = _Metrics()
     subscribers: list[trio.MemorySendChannel[Event]] = []
-    # File writes go through Trio's thread pool, never blocking the event loop.
-    sink = await trio.open_file(events_path, "a", encoding="utf-8") if events_path else None
+    # File writes go through Trio's thread pool, never blocking the event loop.  A file that
+    # cannot be opened or written is reported and turned off: events never cost a request.
+    sink = None
+    if events_path is not None:
+        try:
+            sink = await trio.open_file(events_path, "a", encoding="utf-8")
+        except OSError as exc:
+            log.error("events file %s cannot be opened (%s); events will not be written", events_path, exc)
     try:
         with inbox:
             task_status.started()
@@ -221,8 +233,16 @@ async def observer(
                     continue
                 metrics.record(msg)
                 if sink is not None:
-                    await sink.write(json.dumps(event_to_json(msg)) + "\n")
-                    await sink.flush()
+                    try:
+                        await sink.write(json.dumps(event_to_json(msg), default=str) + "\n")
+                        await sink.flush()
+                    except (OSError, ValueError) as exc:
+                        log.error("writing the events file %s failed (%s); events are no longer written",
+                                  events_path, exc)
+                        with trio.CancelScope(shield=True), trio.move_on_after(1):
+                            with contextlib.suppress(OSError, ValueError):
+                                await sink.aclose()
+                        sink = None
                 for sub in list(subscribers):
                     try:
                         sub.send_nowait(msg)
@@ -234,4 +254,5 @@ async def observer(
             sub.close()
         if sink is not None:
             with trio.CancelScope(shield=True), trio.move_on_after(1):
-                await sink.aclose()
+                with contextlib.suppress(OSError, ValueError):
+                    await sink.aclose()

@@ -326,7 +326,14 @@ class _Loop:
                 self.admission.admit(choice.sid, job.grow)
             job.admitted = True
             self.jobs.append(job)
-            job.outbox.append(Started(len(job.ids)))
+            job.outbox.append(Started(len(job.ids), self._cached_prefix(job.ids)))
+
+    def _cached_prefix(self, ids: list[int]) -> int:
+        try:
+            return int(self.backend.cached_prefix(ids))
+        except Exception:  # a report, never a reason to fail the job
+            log.exception("model %s: looking up the prefix cache failed", self.backend.model_id)
+            return 0
 
     def _start(self) -> None:
         """Admitted jobs whose routes have had ``Started`` (and stayed) enter the engine."""

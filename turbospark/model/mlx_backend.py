@@ -190,6 +190,18 @@ class PrefixCache:
             return None, 0
         return cache, reuse
 
+    def peek(self, prompt: list[int]) -> int:
+        """What ``take`` would reuse, without taking it."""
+        best, best_len = None, 0
+        for entry in self.entries:
+            n = _common_prefix(entry.tokens, prompt)
+            if n > best_len:
+                best, best_len = entry, n
+        reuse = min(best_len, len(prompt) - 1)
+        if best is None or reuse <= 0 or (len(best.tokens) > reuse and not _trimmable(best.cache)):
+            return 0
+        return reuse
+
     def put(self, tokens: list[int], cache: list[Any]) -> None:
         if not tokens or not cache:
             return
@@ -277,6 +289,9 @@ class MlxBackend:
         return int(self.engine.prompt_cache_nbytes)
 
     # --- sequences -------------------------------------------------------------------------
+
+    def cached_prefix(self, prompt: list[int]) -> int:
+        return self.prefix_cache.peek(prompt)
 
     def insert(self, seq: int, prompt: list[int], params: SamplingParams) -> int:
         cache, cached = self.prefix_cache.take(prompt)

@@ -245,7 +245,8 @@ class OutputParser:
         if self._mode == "hcall":
             return (H_CALL, H_END)
         if d.harmony:
-            return (H_CHANNEL, H_END, H_START, H_RETURN)
+            # a forced call (constrained decoding) is written as a <tool_call> block
+            return (H_CHANNEL, H_END, H_START, H_RETURN, *((TOOL_START,) if self.tools else ()))
         if self._mode == "reasoning":
             return (THINK_END,)
         found: list[str] = []

@@ -10,6 +10,11 @@ template (SmolLM2's, shipped in ``data/chatml``), so prompt and completion token
   or one token), and ``token_delay`` paces each step, so a test can land a disconnect in the
   queued, prefill or decode phase on purpose.
 - ``counters`` records what really ran, so tests can check that a cancelled generation stopped.
+- It keeps a prefix cache the way the real backend does (what recent sequences' KV held, prompt
+  and output): a prompt that repeats one prefills only the rest, and usage reports the cached
+  tokens, so client test suites see cache reads.
+- Under a grammar (constrained decoding) it follows its script where the grammar allows, and
+  otherwise takes the grammar's shortest way out.
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ class ScriptedBackend:
         self._endless = self.tokenizer.encode(ENDLESS_TEXT)
         self._closers = [ids[0] for text in ('"', "}", "]", "0") if len(ids := self.tokenizer.encode(text)) == 1]
         self._seqs: dict[int, _ScriptedSeq] = {}
+        self._seen: list[list[int]] = []  # what recent sequences' KV held, for the prefix cache
         self.fingerprint = fingerprint(
             "scripted", f"turbospark {__version__}", script if script is not None else ENDLESS_TEXT
         )
@@ -87,13 +93,20 @@ class ScriptedBackend:
     def kv_bytes(self) -> int:
         return sum(s.in_cache for s in self._seqs.values()) * KV_BYTES_PER_TOKEN
 
+    def cached_prefix(self, prompt: list[int]) -> int:
+        """Like a real prefix cache: the longest start of ``prompt`` that a recent sequence
+        (prompt and output) held, all but its last token."""
+        best = max((_common(prompt, seen) for seen in self._seen), default=0)
+        return min(best, len(prompt) - 1) if best > 0 else 0
+
     def insert(self, seq: int, prompt: list[int], params: SamplingParams) -> int:
         self.counters.generations += 1
+        cached = self.cached_prefix(prompt)
         self._seqs[seq] = _ScriptedSeq(
-            total=len(prompt), tokens=self._tokens(), logprobs=params.logprobs,
-            matcher=self._matcher(params),
+            total=len(prompt), tokens=self._tokens(params), logprobs=params.logprobs,
+            matcher=self._matcher(params), done=cached, cached=cached, prompt=list(prompt),
         )
-        return 0
+        return cached
 
     def _matcher(self, params: SamplingParams) -> Matcher | None:
         return None if params.grammar is None else self.tokenizer.grammars.matcher(params.grammar)
@@ -102,14 +115,16 @@ class ScriptedBackend:
         total = self._seqs[seq].total
         for sid, params in new.items():
             self._seqs[sid] = _ScriptedSeq(
-                total=total, tokens=self._tokens(), done=total, logprobs=params.logprobs,
+                total=total, tokens=self._tokens(params), done=total, logprobs=params.logprobs,
                 matcher=self._matcher(params),
             )
         return True
 
-    def _tokens(self) -> Iterator[int]:
+    def _tokens(self, params: SamplingParams) -> Iterator[int]:
         if self._script is None:
-            return itertools.cycle(self._endless)
+            # under a grammar the endless text would fill the first string forever: take the
+            # grammar's shortest way out instead
+            return iter(()) if params.grammar is not None else itertools.cycle(self._endless)
         tail = [] if self._end_of_turn is None else [self._end_of_turn]
         return iter([*self._script, *tail])
 
@@ -122,7 +137,7 @@ class ScriptedBackend:
             if seq.done < seq.total:
                 self.counters.prefill_chunks += 1
                 seq.done = min(seq.done + self.prefill_chunk, seq.total)
-                progress[sid] = PrefillProgress(seq.done, seq.total, 0)
+                progress[sid] = PrefillProgress(seq.done, seq.total, seq.cached)
                 continue
             token = next(seq.tokens, None)
             if seq.matcher is not None:
@@ -131,6 +146,7 @@ class ScriptedBackend:
                 token = self._endless[0]
             self.counters.decode_steps += 1
             seq.generated += 1
+            seq.emitted.append(token)
             out[sid] = token
             if seq.logprobs is not None:  # certain of its token; the next ids, far behind
                 top = [(token, 0.0), *((token + k, -20.0 - k) for k in range(1, seq.logprobs))]
@@ -154,10 +170,14 @@ class ScriptedBackend:
         return token
 
     def remove(self, seq: int, *, keep_cache: bool = True) -> None:
-        self._seqs.pop(seq, None)
+        gone = self._seqs.pop(seq, None)
+        if gone is not None and keep_cache and gone.prompt:
+            held = gone.prompt[: gone.done] if gone.done < gone.total else gone.prompt + gone.emitted
+            self._seen = [s for s in self._seen if s != held[: len(s)]][-3:] + [held]
 
     def reset(self) -> None:
         self._seqs.clear()
+        self._seen.clear()
 
     def _pace(self) -> None:
         if self.token_delay > 0:
@@ -172,7 +192,19 @@ class _ScriptedSeq:
     generated: int = 0
     logprobs: int | None = None
     matcher: Matcher | None = None
+    prompt: list[int] = attrs.field(factory=list)
+    cached: int = 0
+    emitted: list[int] = attrs.field(factory=list)
 
     @property
     def in_cache(self) -> int:
         return self.done + self.generated
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

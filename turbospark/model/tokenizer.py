@@ -71,7 +71,10 @@ class Tokenizer:
         self.bos_id = tokenizer.token_to_id(bos_token) if bos_token else None
         self.eos_id = tokenizer.token_to_id(eos_token) if eos_token else None
         stops = set(extra_stop_ids)
+        harmony = tokenizer.token_to_id("<|channel|>") is not None
         for name in (eos_token, *_END_OF_TURN):
+            if harmony and name == "<|end|>":
+                continue  # Harmony ends a channel with it, not the turn
             if name and (tid := tokenizer.token_to_id(name)) is not None:
                 stops.add(tid)
         self.vocab: dict[str, int] = tokenizer.get_vocab(with_added_tokens=True)

@@ -203,7 +203,8 @@ def _http_error(exc: HTTPException) -> Response:
 
 def _unexpected(exc: Exception) -> Response:
     error_id = secrets.token_hex(6)
-    log.exception("unhandled error while serving %s %s (error id %s)", request.method, request.path, error_id)
+    log.error("unhandled error while serving %s %s (error id %s)", request.method, request.path,
+              error_id, exc_info=exc)  # the handler runs after the except block: pass it on
     message = f"internal error (error id {error_id})"
     return error_response(
         500, error_body(family_of(request.path), 500, message, type="server_error"), message

@@ -11,7 +11,7 @@ import json
 import math
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import aclosing
+from contextlib import ExitStack, aclosing
 from typing import Any
 
 import attrs
@@ -34,6 +34,7 @@ from ..messages import (
 )
 from ..model.backend import SamplingParams
 from ..model.output import call_id
+from .._system import System
 from ._app import request_scope, system
 
 __all__ = ["Completion", "Replies", "collect", "events", "gather", "generate_turn", "start", "turn"]
@@ -43,6 +44,21 @@ __all__ = ["Completion", "Replies", "collect", "events", "gather", "generate_tur
 REPLY_SLACK = 8
 
 Replies = trio.MemoryReceiveChannel[Reply]
+
+
+@attrs.frozen
+class Context:
+    """What starting a generation needs from the request: the system and the request scope."""
+
+    system: System
+    scope: ExitStack
+
+    @classmethod
+    def here(cls) -> Context:
+        return cls(system(), request_scope())
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter((self.system, self.scope))
 
 
 @attrs.frozen
@@ -65,18 +81,21 @@ async def start(
     n: int = 1,
     clamp: bool = False,
     on_started: Callable[[Started], None] | None = None,
+    context: Context | None = None,
 ) -> Replies:
     """Queue a generation and wait until the model has started on it; return its replies.
     With ``clamp``, a budget past what the context window leaves is cut to it instead of
     refused; ``on_started`` sees the ``Started`` message (the prompt's length).
 
     Raises the error the queue or the model answered with (``QueueFull``, ``RequestInvalid``,
-    ``ContextOverflow`` ...) before any response byte is sent.
+    ``ContextOverflow`` ...) before any response byte is sent.  ``context`` is the request's
+    (``Context.here()``), for a generation started while a response body streams, outside the
+    app context.
     """
-    sys_ = system()
+    sys_, scope = context or Context.here()
     buffer = n * (params.max_tokens + 1) + REPLY_SLACK
     reply_send, reply_recv = trio.open_memory_channel[Reply](buffer)
-    request_scope().enter_context(reply_recv)
+    scope.enter_context(reply_recv)
     job = GenerationJob(request_id, model, prompt, params, reply_send, time.monotonic(), n, clamp)
     started = False
     try:
@@ -172,12 +191,13 @@ async def generate_turn(
     call_required: bool,
     guardrails: Guardrails,
     parallel: bool = True,
+    clamp: bool = False,
 ) -> Completion:
     """``turn`` drained, for a response sent whole."""
-    first = await start(request_id=request_id, model=model, prompt=prompt, params=params, n=n)
+    first = await start(request_id=request_id, model=model, prompt=prompt, params=params, n=n, clamp=clamp)
     async with aclosing(turn(
         first, request_id=request_id, model=model, prompt=prompt, params=params, n=n,
-        call_required=call_required, guardrails=guardrails, parallel=parallel,
+        call_required=call_required, guardrails=guardrails, parallel=parallel, clamp=clamp,
     )) as items:
         async for done in items:
             if done is not None:
@@ -185,7 +205,7 @@ async def generate_turn(
     raise ShuttingDown()
 
 
-async def turn(
+def turn(
     first: Replies,
     *,
     request_id: int,
@@ -197,6 +217,7 @@ async def turn(
     guardrails: Guardrails,
     parallel: bool = True,
     keepalive: float = math.inf,
+    clamp: bool = False,
 ) -> AsyncIterator[Completion | None]:
     """A whole turn that offered tools, under the guardrails, from its first generation
     (already started, so a refusal was an HTTP error): a call the parser missed is rescued from
@@ -204,7 +225,30 @@ async def turn(
     schema get a corrective turn and another try, at most ``guardrails.retries`` times; then the
     last answer stands.  With several choices each is rescued, none retried.  Without
     ``parallel``, a turn keeps its first call only.  Yields ``None`` every ``keepalive`` quiet
-    seconds, then the ``Completion``."""
+    seconds, then the ``Completion``.  It may run while a response body streams (a stream's
+    pings): the request's context, for the retries, is captured here, in the route."""
+    return _turn(
+        first, Context.here(), request_id=request_id, model=model, prompt=prompt, params=params,
+        n=n, call_required=call_required, guardrails=guardrails, parallel=parallel,
+        keepalive=keepalive, clamp=clamp,
+    )
+
+
+async def _turn(
+    first: Replies,
+    context: Context,
+    *,
+    request_id: int,
+    model: str,
+    prompt: ChatPrompt,
+    params: SamplingParams,
+    n: int,
+    call_required: bool,
+    guardrails: Guardrails,
+    parallel: bool = True,
+    keepalive: float = math.inf,
+    clamp: bool = False,
+) -> AsyncIterator[Completion | None]:
     attempts = 0
     replies = first
     while True:
@@ -243,7 +287,10 @@ async def turn(
             {"role": "user", "content": retry.nudge}
         ]
         prompt = attrs.evolve(prompt, messages=(*prompt.messages, *turns))
-        replies = await start(request_id=request_id, model=model, prompt=prompt, params=params, n=n)
+        replies = await start(
+            request_id=request_id, model=model, prompt=prompt, params=params, n=n, clamp=clamp,
+            context=context,
+        )
 
 
 def _arguments(text: str) -> Any:

@@ -117,6 +117,8 @@ def _tool_result(block: Mapping[str, Any], where: str, urls: list[str]) -> Templ
     if isinstance(content, list):
         texts = []
         for i, part in enumerate(content):
+            if not isinstance(part, Mapping):
+                raise RequestInvalid(f"{where}.content[{i}] must be a content block")
             if part.get("type") == "image":
                 urls.append(_image_url(part, f"{where}.content[{i}]"))
             elif part.get("type") == "text" and isinstance(part.get("text"), str):
@@ -235,7 +237,7 @@ def _effort(body: CountTokensRequest) -> dict[str, Any]:
         raise RequestInvalid('thinking.type must be "enabled", "adaptive" or "disabled"')
     wanted = (body.output_config or {}).get("effort")
     if wanted is not None:
-        if wanted not in _EFFORTS:
+        if not isinstance(wanted, str) or wanted not in _EFFORTS:
             raise RequestInvalid('output_config.effort must be "low", "medium", "high" or "max"')
         effort = _EFFORTS[wanted] if effort != "none" else effort
     if effort is None:
@@ -303,7 +305,9 @@ def _default_max_tokens(entry: ModelEntry) -> int:
 @blueprint.post("/v1/messages/count_tokens")
 async def count_tokens() -> Response:
     sys_ = system()
-    body = structure(normalise(parse_json(await request.get_data())), CountTokensRequest)
+    # the whole Messages body is accepted (clients send the request they will make); only what
+    # makes up the prompt counts
+    body = structure(normalise(parse_json(await request.get_data())), MessagesRequest)
     entry = await sys_.resolve(body.model, "chat")
     p = plan(body, sys_.settings.system_prompt)
     prompt = ChatPrompt(tuple(p.messages), p.tools, p.template_kwargs)
@@ -343,7 +347,7 @@ async def messages() -> Response:
     steps = (
         turn(replies, request_id=g.record.id, model=entry.id, prompt=prompt, params=params, n=1,
              call_required=p.call_required, guardrails=guardrails, parallel=p.parallel,
-             keepalive=keepalive)
+             keepalive=keepalive, clamp=True)
         if p.tools and guardrails.active else None
     )
     if body.stream:

@@ -60,7 +60,7 @@ def _messages(body: ChatCompletionRequest) -> tuple[list[TemplateMessage], int]:
             msg["name"] = m.name
         if m.tool_call_id is not None:
             msg["tool_call_id"] = m.tool_call_id
-        if text or calls:
+        if text or calls or role == "tool":  # an empty tool result is still the call's answer
             out.append(msg)
     return out, images
 

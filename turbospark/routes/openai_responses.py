@@ -384,6 +384,8 @@ async def create_response() -> Response:
             )
         history = stored.messages
     new, urls = _items(body.input)
+    if not new and not history:
+        raise RequestInvalid("input must hold at least one message or item", param="input")
     images = check_images(urls)
     conversation = [*history, *new]
     if body.instructions:

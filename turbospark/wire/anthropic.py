@@ -44,6 +44,24 @@ def _system(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
 
 # (content and system are typed Any and checked by validators: the converter's hooks for
 # ``str | list[dict]`` belong to the OpenAI shapes)
+def _at_most(limit: int):  # type: ignore[no-untyped-def]
+    def check(_: object, attribute: attrs.Attribute[Any], value: list[Any] | None) -> None:
+        if value is not None and len(value) > limit:
+            raise ValueError(f"{attribute.name} may hold at most {limit} entries, got {len(value)}")
+
+    return check
+
+
+def _stops(_: object, attribute: attrs.Attribute[Any], value: list[str] | None) -> None:
+    from .openai import MAX_STOP_CHARS, MAX_STOPS
+
+    for s in value or ():
+        if len(s) > MAX_STOP_CHARS:
+            raise ValueError(f"stop_sequences strings may be at most {MAX_STOP_CHARS} characters")
+    if value is not None and len(value) > MAX_STOPS:
+        raise ValueError(f"stop_sequences may hold at most {MAX_STOPS} strings, got {len(value)}")
+
+
 @attrs.frozen
 class AnthropicMessage:
     role: Literal["user", "assistant"]
@@ -55,9 +73,9 @@ class CountTokensRequest:
     """What a prompt is made of: the fields ``count_tokens`` takes."""
 
     model: str | None = None
-    messages: list[AnthropicMessage] = attrs.field(validator=attrs.validators.min_len(1))
+    messages: list[AnthropicMessage] = attrs.field(validator=[attrs.validators.min_len(1), _at_most(4096)])
     system: Any = attrs.field(default=None, validator=_system)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = attrs.field(default=None, validator=_at_most(128))
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None
@@ -72,7 +90,7 @@ class MessagesRequest(CountTokensRequest):
     temperature: float | None = attrs.field(default=None, validator=_in_range(0.0, 1.0))
     top_p: float | None = attrs.field(default=None, validator=_in_range(0.0, 1.0))
     top_k: int | None = attrs.field(default=None, validator=_in_range(0, 2**32 - 1))
-    stop_sequences: list[str] | None = None
+    stop_sequences: list[str] | None = attrs.field(default=None, validator=_stops)
     stream: bool = False
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None

@@ -68,6 +68,40 @@ def _tool_choice(_: object, attribute: attrs.Attribute[Any], value: str | dict[s
         raise ValueError(f"tool_choice must be one of 'none', 'auto', 'required' or an object, got {value!r}")
 
 
+# Limits on what a request can grow (beyond them, a 400 naming the field).  OpenAI allows 4
+# stop strings; agent frameworks written for Ollama and llama.cpp send more, so 16.
+MAX_STOPS, MAX_STOP_CHARS = 16, 1024
+MAX_MESSAGES = 4096
+MAX_TOOLS = 128  # OpenAI's limit
+MAX_BUDGET = 1_000_000  # tokens: past any context window here, refused before any work
+
+
+def _stops(_: object, attribute: attrs.Attribute[Any], value: str | list[str] | None) -> None:
+    stops = [value] if isinstance(value, str) else value or []
+    if len(stops) > MAX_STOPS:
+        raise ValueError(f"{attribute.name} may hold at most {MAX_STOPS} strings, got {len(stops)}")
+    for s in stops:
+        if len(s) > MAX_STOP_CHARS:
+            raise ValueError(f"{attribute.name} strings may be at most {MAX_STOP_CHARS} characters, got {len(s)}")
+
+
+def _at_most(limit: int):  # type: ignore[no-untyped-def]
+    def check(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value is None:
+            return
+        size = value if isinstance(value, int) else len(value)
+        if size > limit:
+            what = "" if isinstance(value, int) else " entries"
+            raise ValueError(f"{attribute.name} may be at most {limit}{what}, got {size}")
+
+    return check
+
+
+def _budget(_: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    _positive(_, attribute, value)
+    _at_most(MAX_BUDGET)(_, attribute, value)
+
+
 def _logit_bias(_: object, attribute: attrs.Attribute[Any], value: dict[str, float] | None) -> None:
     """OpenAI's shape: token ids (as strings) to a bias between -100 and 100."""
     if value is None:
@@ -106,13 +140,13 @@ class GenerationFields:
     and streaming."""
 
     model: str | None = None
-    max_tokens: int | None = attrs.field(default=None, validator=_positive)
+    max_tokens: int | None = attrs.field(default=None, validator=_budget)
     temperature: float | None = attrs.field(default=None, validator=_in_range(0.0, 2.0))
     top_p: float | None = attrs.field(default=None, validator=_in_range(0.0, 1.0))
     top_k: int | None = attrs.field(default=None, validator=_in_range(0, 2**32 - 1))
     min_p: float | None = attrs.field(default=None, validator=_in_range(0.0, 1.0))
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = attrs.field(default=None, validator=_stops)
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
@@ -125,12 +159,14 @@ class GenerationFields:
 
 @attrs.frozen(kw_only=True)
 class ChatCompletionRequest(GenerationFields):
-    messages: list[ChatMessage] = attrs.field(validator=attrs.validators.min_len(1))
-    max_completion_tokens: int | None = attrs.field(default=None, validator=_positive)
+    messages: list[ChatMessage] = attrs.field(
+        validator=[attrs.validators.min_len(1), _at_most(MAX_MESSAGES)]
+    )
+    max_completion_tokens: int | None = attrs.field(default=None, validator=_budget)
     logprobs: bool | None = None
     top_logprobs: int | None = attrs.field(default=None, validator=_in_range(0, 20))
     response_format: dict[str, Any] | None = attrs.field(default=None, validator=_response_format)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = attrs.field(default=None, validator=_at_most(MAX_TOOLS))
     tool_choice: str | dict[str, Any] | None = attrs.field(default=None, validator=_tool_choice)
     parallel_tool_calls: bool | None = None
     reasoning_effort: str | None = attrs.field(
@@ -171,16 +207,16 @@ class ResponsesRequest:
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     previous_response_id: str | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = attrs.field(default=None, validator=_at_most(MAX_TOOLS))
     tool_choice: str | dict[str, Any] | None = attrs.field(default=None, validator=_tool_choice)
     parallel_tool_calls: bool | None = None
-    max_output_tokens: int | None = attrs.field(default=None, validator=_positive)
+    max_output_tokens: int | None = attrs.field(default=None, validator=_budget)
     temperature: float | None = attrs.field(default=None, validator=_in_range(0.0, 2.0))
     top_p: float | None = attrs.field(default=None, validator=_in_range(0.0, 1.0))
     top_k: int | None = attrs.field(default=None, validator=_in_range(0, 2**32 - 1))
     min_p: float | None = attrs.field(default=None, validator=_in_range(0.0, 1.0))
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = attrs.field(default=None, validator=_stops)
     presence_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
     frequency_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
     repetition_penalty: float | None = attrs.field(default=None, validator=_in_range(0.01, 10.0))
