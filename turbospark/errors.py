@@ -4,6 +4,7 @@
     ├── RequestInvalid (400)         the caller sent something we will not run
     │   └── ContextOverflow (400)    prompt + budget exceed the model's context window
     ├── Unauthorized (401)           missing or wrong API key
+    ├── Forbidden (403)              a cross-origin WebSocket upgrade
     ├── ModelNotFound (404)          several models attached, none answers to the name
     ├── NotFound (404)               something else the request names is unknown
     ├── Rejected (503, retryable)    capacity refusals, answered before any expensive work
@@ -33,6 +34,7 @@ __all__ = [
     "ResolutionBusy",
     "ResolutionFailed",
     "ShuttingDown",
+    "Forbidden",
     "TurboSparkError",
     "Unauthorized",
 ]
@@ -73,6 +75,11 @@ class Unauthorized(TurboSparkError):
 
     def __init__(self) -> None:
         super().__init__("invalid or missing API key")
+
+
+class Forbidden(TurboSparkError):
+    status = 403
+    type = "permission_error"
 
 
 class ModelNotFound(TurboSparkError):

@@ -84,14 +84,15 @@ class AudioSpec:
     make: Callable[[], Engine]
 
 
-def check_voice(engine: TextToSpeech, voice: str | None) -> str:
-    """The voice ``voice`` names on ``engine`` (None, "default" or an OpenAI name: its default)."""
+def check_voice(voices: Sequence[str], voice: str | None) -> str:
+    """The voice ``voice`` names among a model's ``voices`` (None, "default" or an OpenAI voice
+    name: the model's default, its first)."""
     if voice is None or voice in ("", "default") or voice in OPENAI_VOICES:
-        return engine.voices[0]
-    if voice in engine.voices:
+        return voices[0]
+    if voice in voices:
         return voice
     raise RequestInvalid(
-        f'voice "{voice}" is not one of this model\'s voices: {", ".join(engine.voices)} '
+        f'voice "{voice}" is not one of this model\'s voices: {", ".join(voices)} '
         f"(or default, or an OpenAI voice name)",
         param="voice",
     )

@@ -16,18 +16,20 @@ import itertools
 import logging
 import time
 from contextlib import ExitStack
+from urllib.parse import urlsplit
 from typing import Any, Literal
 
 import attrs
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
-from quart import Response, g, request
+from quart import Response, g, request, websocket
 from quart_trio import QuartTrio
+from quart_trio.wrappers.request import TrioRequest
 from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
 from .._system import System
-from ..errors import TurboSparkError, Unauthorized
+from ..errors import Forbidden, TurboSparkError, Unauthorized
 from ..messages import RequestFinished, RequestStarted
 
 __all__ = [
@@ -83,9 +85,25 @@ class _ScopedConnection(TrioASGIHTTPConnection):
                 in_flight.exit()
 
 
+#: Audio uploads may be larger than every other body.
+AUDIO_BODY_LIMIT = 128 * 1024 * 1024
+
+
+class _Request(TrioRequest):
+    """The body limit is chosen when the request is made: 128 MiB under /v1/audio/."""
+
+    def __init__(self, method: str, scheme: str, path: str, *args: Any, max_content_length: int | None = None,
+                 **kwargs: Any) -> None:  # fmt: skip
+        if path.startswith("/v1/audio/"):
+            max_content_length = AUDIO_BODY_LIMIT
+        super().__init__(method, scheme, path, *args, max_content_length=max_content_length, **kwargs)
+
+
 class _App(QuartTrio):
     asgi_http_class = _ScopedConnection
+    request_class = _Request
     in_flight: InFlight
+    realtime_sessions: int  # open realtime transcription WebSockets
 
 
 def request_scope() -> ExitStack:
@@ -192,6 +210,8 @@ def _http_error(exc: HTTPException) -> Response:
         405: f"method {request.method} is not allowed on {request.path}",
         413: "the request body is larger than the 25 MiB limit",
     }
+    if status == 413 and request.path.startswith("/v1/audio/"):
+        messages[413] = "request body too large; audio uploads are limited to 128 MiB"
     message = messages.get(status) or exc.description or exc.name
     response = error_response(status, error_body(family_of(request.path), status, message), message)
     if status == 413:
@@ -207,13 +227,25 @@ def _unexpected(exc: Exception) -> Response:
     )
 
 
-def _authorized(key: str) -> bool:
-    given = request.headers.get("x-api-key") or ""
+def _authorized(key: str, headers: Any = None) -> bool:
+    headers = request.headers if headers is None else headers
+    given = headers.get("x-api-key") or ""
     if not given:
-        scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
+        scheme, _, token = (headers.get("authorization") or "").partition(" ")
         if scheme.lower() == "bearer":
             given = token.strip()
     return bool(given) and hmac.compare_digest(given.encode(), key.encode())
+
+
+def _same_origin(headers: Any) -> bool:
+    """A browser's ``Origin`` (absent for other clients) must be this server's host or a
+    loopback one: a page elsewhere must not drive a local WebSocket with the user's network."""
+    origin = headers.get("origin")
+    if not origin:
+        return True
+    host = urlsplit(origin).hostname or ""
+    own = urlsplit("//" + (headers.get("host") or "")).hostname or ""
+    return host in (own, "localhost", "127.0.0.1", "::1")
 
 
 def create_app(sys_: System) -> QuartTrio:
@@ -234,6 +266,14 @@ def create_app(sys_: System) -> QuartTrio:
         if sys_.settings.api_key and request.path != "/health":
             if not _authorized(sys_.settings.api_key):
                 raise Unauthorized()
+
+    @app.before_websocket
+    async def _begin_websocket() -> None:
+        g.system = sys_
+        if sys_.settings.api_key and not _authorized(sys_.settings.api_key, websocket.headers):
+            raise Unauthorized()
+        if not _same_origin(websocket.headers):
+            raise Forbidden("cross-origin WebSocket connections are refused")
 
     def _finish(record: _Record, status: int) -> None:
         if record.finished:
@@ -270,4 +310,10 @@ def create_app(sys_: System) -> QuartTrio:
         openai_embeddings, ollama_embed,
     ):
         app.register_blueprint(module.blueprint)
+    if sys_.audio is not None:  # the audio routes exist only with an audio model attached
+        from . import audio, audio_realtime
+
+        app.realtime_sessions = 0
+        app.register_blueprint(audio.blueprint)
+        app.register_blueprint(audio_realtime.blueprint)
     return app

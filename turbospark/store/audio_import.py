@@ -181,3 +181,40 @@ def copy_piper_voice(src: Path, out_dir: Path) -> dict[str, Any]:
         if extra.is_file() and extra.suffix not in (".onnx", ".json"):
             shutil.copy2(extra, out_dir / extra.name)
     return config
+
+
+def audio_sha256(directory: Path, *, progress: bool = False) -> str:
+    """A digest of every file in ``directory``: the sha256 of each name and content digest, in name order."""
+    import hashlib
+
+    from .store import copy_and_hash
+
+    digest = hashlib.sha256()
+    for f in sorted(p for p in directory.iterdir() if p.is_file()):
+        with f.open("rb") as stream:
+            file_digest = copy_and_hash([stream], total=f.stat().st_size, progress=progress, desc=f.name)
+        digest.update(f"{f.name}\0{file_digest}\n".encode())
+    return digest.hexdigest()
+
+
+def import_audio(
+    store: Any, source: Path, *, kind: str, name: str, label: str, sha256: str, extra_files: Any = ()
+) -> Any:
+    """Convert (Whisper) or copy (Piper) ``source`` into ``store`` as model ``name``."""
+    from .store import _manifest
+
+    with store.scratch() as work:
+        model_dir = work / "model"
+        if kind == STT_KIND:
+            config = convert_ct2_whisper(source, model_dir)
+            fmt, architecture, dtype, context = "ctranslate2", "whisper", "float32", config["n_text_ctx"]
+        elif kind == TTS_KIND:
+            config = copy_piper_voice(source, model_dir)
+            fmt, architecture, dtype, context = "onnx", "piper", "native", None
+        else:
+            raise ModelImportError(f"unknown audio model kind {kind!r}")
+        manifest = _manifest(
+            name=name, source=label, sha256=sha256, fmt=fmt, architecture=architecture, dtype=dtype,
+            context_length=context, kind=kind,
+        )  # fmt: skip
+        return store._finish(model_dir, manifest, extra_files)
