@@ -22,7 +22,7 @@ from typing import Any, Literal
 import attrs
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
-from quart import Response, g, request, websocket
+from quart import Response, g, has_request_context, request, websocket
 from quart_trio import QuartTrio
 from quart_trio.wrappers.request import TrioRequest
 from quart_trio.asgi import TrioASGIHTTPConnection
@@ -195,8 +195,13 @@ def json_response(body: Any, status: int = 200) -> Response:
     )
 
 
+def _path() -> str:
+    """The path of the request (or WebSocket upgrade) being answered."""
+    return request.path if has_request_context() else websocket.path
+
+
 def _turbospark_error(exc: TurboSparkError) -> Response:
-    response = error_response(exc.status, exception_body(exc, family_of(request.path)), exc.message)
+    response = error_response(exc.status, exception_body(exc, family_of(_path())), exc.message)
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
         response.headers["Retry-After"] = str(retry_after)
@@ -220,10 +225,10 @@ def _http_error(exc: HTTPException) -> Response:
 
 
 def _unexpected(exc: Exception) -> Response:
-    log.exception("unhandled error while serving %s %s", request.method, request.path)
+    log.exception("unhandled error while serving %s", _path())
     message = f"internal error: {type(exc).__name__}"
     return error_response(
-        500, error_body(family_of(request.path), 500, message, type="server_error"), message
+        500, error_body(family_of(_path()), 500, message, type="server_error"), message
     )
 
 
