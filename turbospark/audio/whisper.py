@@ -76,6 +76,11 @@ class WhisperSpeechToText:
                     fp16=False,
                     verbose=None,
                     condition_on_previous_text=False,
+                    # Greedy only, and at most ~8 tokens a second of audio (speech is 2-4): on CPU
+                    # a hallucinating window retried at five more temperatures, 224 tokens each,
+                    # costs tens of seconds, and a realtime hypothesis must not.
+                    temperature=0.0,
+                    sample_len=min(224, 16 + int(8 * min(len(audio) / 16000, 30.0))),
                 )
             finally:
                 self._check = lambda: None
