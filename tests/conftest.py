@@ -14,6 +14,7 @@ import httpx
 import pytest
 import trio
 
+from turbospark.audio.engines import AudioSpec
 from turbospark.config import Settings
 from turbospark.model.backend import BackendSpec
 from turbospark.model.encoder import Encoder, EncoderSpec
@@ -30,15 +31,19 @@ async def start_server(nursery: trio.Nursery) -> AsyncIterator[Callable[..., Any
     async def start(
         backends: Sequence[ScriptedBackend] | None = None,
         encoders: Sequence[Encoder] = (),
+        audio: Sequence[Any] = (),
         **settings: Any,
     ) -> Server:
         backends = backends if backends is not None else [ScriptedBackend()]
-        specs: list[BackendSpec | EncoderSpec] = [
+        specs: list[Any] = [
             BackendSpec(b.model_id, partial(lambda b: b, b)) for b in backends
         ]
         specs += [EncoderSpec(e.model_id, partial(lambda e: e, e)) for e in encoders]
+        specs += [AudioSpec(e.model_id, e.task, partial(lambda e: e, e)) for e in audio]
         resolve = settings.pop("resolve", None)
-        kwargs = {"resolve": resolve} if resolve else {}
+        kwargs: dict[str, Any] = {"resolve": resolve} if resolve else {}
+        if "audio_catalogue" in settings:
+            kwargs["audio_catalogue"] = settings.pop("audio_catalogue")
         config = Settings(host="127.0.0.1", port=0, graceful_timeout=1.0, **settings)
         server = await nursery.start(partial(serve, config, specs, **kwargs))
         servers.append(server)

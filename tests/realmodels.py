@@ -17,7 +17,15 @@ import pytest
 from turbospark.store.catalogue import RegistryUnreachableError, pull
 from turbospark.store.store import ModelStore, StoredModel
 
-__all__ = ["cached_store", "gemma_store", "minilm_source", "minilm_store", "smollm2_store"]
+__all__ = [
+    "cached_store",
+    "gemma_store",
+    "minilm_source",
+    "minilm_store",
+    "piper_store",
+    "smollm2_store",
+    "whisper_store",
+]
 
 
 def cached_store() -> ModelStore:
@@ -29,7 +37,10 @@ def cached_store() -> ModelStore:
 @functools.cache
 def _pulled(name: str) -> StoredModel:
     try:
-        return pull(name, cached_store(), progress=False, dtype="float32")
+        from turbospark.store.catalogue import CATALOGUE
+
+        dtype = "float32" if CATALOGUE[name].kind in ("generation", "embedding") else None
+        return pull(name, cached_store(), progress=False, dtype=dtype)
     except RegistryUnreachableError as exc:
         pytest.skip(f"{name} is not cached and cannot be pulled: {exc}")
 
@@ -47,6 +58,16 @@ def gemma_store() -> StoredModel:
 def minilm_store() -> StoredModel:
     """all-MiniLM-L6-v2 (BERT sentence embeddings, 384 dimensions), float32."""
     return _pulled("all-minilm-l6-v2")
+
+
+def whisper_store() -> StoredModel:
+    """Whisper tiny.en (speech-to-text), converted from CTranslate2 to mlx-whisper."""
+    return _pulled("whisper-tiny.en")
+
+
+def piper_store() -> StoredModel:
+    """The Piper en_US joe (medium) voice (text-to-speech, onnxruntime)."""
+    return _pulled("piper-joe-medium")
 
 
 @functools.cache

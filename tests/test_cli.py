@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -73,8 +74,10 @@ def test_openai_sdk_streaming_and_not(scripted_server) -> None:
     assert chunks[-1].usage.prompt_tokens == prompt_tokens
 
     models = client.models.list()
-    # with every --model scripted, the scripted encoder is the embedding model
-    assert [m.id for m in models.data] == ["scripted", "claude-turbospark-scripted", "scripted-embedding"]
+    # with every --model scripted, the scripted encoder and audio engines are attached
+    assert [m.id for m in models.data] == [
+        "scripted", "claude-turbospark-scripted", "scripted-embedding", "scripted-stt", "scripted-tts"
+    ]
     events_file = Path(proc.args[proc.args.index("--events") + 1])
     deadline = time.monotonic() + 10  # the observer writes the file a moment later
     while True:
@@ -114,10 +117,11 @@ def test_openai_and_ollama_clients_embed_with_the_scripted_encoder(scripted_serv
 
 
 def test_embedding_model_none_attaches_none() -> None:
-    proc, url = _start("--model", "scripted", "--embedding-model", "none")
+    proc, url = _start("--model", "scripted", "--embedding-model", "none", "--stt-model", "none", "--tts-model", "none")
     try:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         assert [m.id for m in client.models.list().data] == ["scripted", "claude-turbospark-scripted"]
+        assert httpx.get(f"{url}/v1/audio/models").status_code == 404  # no audio, no audio routes
         with pytest.raises(openai.InternalServerError, match="no model capable"):
             client.embeddings.create(model="any", input="x")
     finally:

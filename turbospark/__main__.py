@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -16,6 +17,7 @@ from .blas import describe as describe_blas
 from .blas import reexec_with_openblas
 from .model.backend import BackendSpec
 from .model.encoder import EncoderSpec
+from .audio.engines import AudioSpec
 from .config import Settings
 from .guardrails import Guardrails
 from .origins import parse_origins
@@ -72,6 +74,24 @@ def _parser() -> argparse.ArgumentParser:
         help="attach an embedding model: a stored model id, a catalogue name, a BERT "
         "sentence-encoder directory to import, 'scripted' (4-dimensional test vectors) or 'none' "
         "(repeatable; default: all-minilm-l6-v2, or 'scripted' when every --model is scripted)",
+    )
+    s.add_argument(
+        "--stt-model",
+        action="append",
+        default=[],
+        metavar="ID|PATH",
+        help="attach a speech-to-text model: a stored id, a catalogue name, a faster-whisper "
+        "directory to import, 'scripted' or 'none' (repeatable; default: whisper-tiny.en, or "
+        "'scripted' when every --model is scripted)",
+    )
+    s.add_argument(
+        "--tts-model",
+        action="append",
+        default=[],
+        metavar="ID|PATH",
+        help="attach a text-to-speech voice: a stored id, a catalogue name, a Piper voice "
+        "directory to import, 'espeak-ng', 'scripted' or 'none' (repeatable; default: "
+        "piper-joe-medium, or 'scripted' when every --model is scripted)",
     )
     s.add_argument(
         "--api-key",
@@ -189,6 +209,8 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sett
         port=args.port,
         models=tuple(args.model),
         embedding_models=tuple(args.embedding_model),
+        stt_models=tuple(args.stt_model),
+        tts_models=tuple(args.tts_model),
         api_key=api_key,
         system_prompt=system_prompt,
         max_queue=args.max_queue,
@@ -203,16 +225,19 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sett
     )
 
 
-async def _run(settings: Settings, specs: Sequence[BackendSpec | EncoderSpec]) -> None:
+async def _run(settings: Settings, specs: Sequence[BackendSpec | EncoderSpec | AudioSpec]) -> None:
+    from .attach import audio_catalogue
     from .server import serve
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            server = await nursery.start(serve, settings, specs)
+            server = await nursery.start(partial(serve, settings, specs, audio_catalogue=audio_catalogue()))
             print(f"turbospark listening on {server.url}", file=sys.stderr, flush=True)
             auth = "on (x-api-key or Authorization: Bearer, except /health)" if settings.api_key else "off"
             print(f"  auth: {auth}", file=sys.stderr)
             print(f"  models: {', '.join(server.system.registry.public_names()) or 'none'}", file=sys.stderr)
+            audio = [spec.id for spec in specs if isinstance(spec, AudioSpec)]
+            print(f"  audio: {', '.join(audio) or 'none'}", file=sys.stderr)
             if "mlx.core" in sys.modules:
                 print(f"  blas: {describe_blas()}", file=sys.stderr)
             sys.stderr.flush()
@@ -234,12 +259,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         return 2
     settings = _settings(args, parser)
-    from .attach import ModelSetupError, backend_specs, needs_mlx
+    from .attach import ModelSetupError, audio_specs, backend_specs, needs_mlx
 
     try:
         if needs_mlx(settings):
             reexec_with_openblas([sys.executable, "-m", "turbospark", *argv])
-        specs = backend_specs(settings)
+        specs = [*backend_specs(settings), *audio_specs(settings)]
         trio.run(_run, settings, specs)
     except ModelSetupError as exc:
         print(f"turbospark: {exc}", file=sys.stderr)

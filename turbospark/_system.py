@@ -6,6 +6,8 @@
     ├── generation_queue    inbox: Submit, Withdraw, Take
     ├── model_actor × N     each owns one pinned model thread; Take goes to the queue
     ├── embedding_actor × M inbox: EmbeddingJob; each owns one pinned encoder thread
+    ├── audio_actor         inbox: ResolveAudio, SubmitAudio, jobs, attach/detach; owns the audio
+    │                       models' worker threads and queues, and the async jobs
     └── resolver            inbox: Resolve; owns the resolution slots
 
 Shutdown begins with ``System.stop_models``: each model actor's own cancel scope is cancelled,
@@ -27,6 +29,7 @@ import attrs
 import trio
 
 from .actors._mailbox import call
+from .actors.audio import AudioMessage, audio_actor
 from .actors.embedding import embedding_actor
 from .actors.generation import QueueMessage, generation_queue
 from .actors.models import model_actor
@@ -41,6 +44,7 @@ from .model._embed_worker import EmbeddingLimits
 from .model._worker import Limits
 from .model.backend import BackendSpec
 from .model.encoder import EncoderSpec
+from .audio.engines import AudioSpec
 from .routing import Capability, ModelEntry, Registry, alias_for
 
 __all__ = ["BackendSpec", "EncoderSpec", "System", "run_system"]
@@ -57,6 +61,8 @@ class System:
     responses: ResponseStore = attrs.field(factory=ResponseStore)  # for previous_response_id
     #: each embedding model's inbox, by id
     embedders: Mapping[str, trio.MemorySendChannel[EmbeddingJob]] = attrs.field(factory=dict)
+    #: the audio jobs actor's inbox (None: no audio model was attached at start, no audio routes)
+    audio: trio.MemorySendChannel[AudioMessage] | None = None
 
     def stop_models(self) -> None:
         """Shutdown's first step: every model thread stops within a step and answers what it
@@ -108,9 +114,10 @@ class System:
 
 async def run_system(
     settings: Settings,
-    backends: Sequence[BackendSpec | EncoderSpec],
+    backends: Sequence[BackendSpec | EncoderSpec | AudioSpec],
     *,
     resolve: ResolveFn = resolve_in_registry,
+    audio_catalogue: Mapping[str, Any] | None = None,
     task_status: trio.TaskStatus[System] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     async with trio.open_nursery() as nursery:
@@ -125,9 +132,20 @@ async def run_system(
         )
 
         entries = []
-        scopes = []
+        scopes: list[trio.CancelScope] = []
         embedders: dict[str, trio.MemorySendChannel[EmbeddingJob]] = {}
+        audio_specs = [spec for spec in backends if isinstance(spec, AudioSpec)]
+        audio_send = None
+        if audio_specs:
+            audio_send, audio_recv = trio.open_memory_channel[AudioMessage](256)
+            scopes.append(scope := trio.CancelScope())
+            await nursery.start(
+                _in_scope, scope,
+                partial(audio_actor, audio_specs, audio_recv, obs.emit, catalogue=audio_catalogue or {}),
+            )  # fmt: skip
         for spec in backends:
+            if isinstance(spec, AudioSpec):
+                continue
             if isinstance(spec, EncoderSpec):
                 entries.append(await _start_encoder(nursery, spec, settings, obs, scopes, embedders))
                 continue
@@ -166,6 +184,7 @@ async def run_system(
                 resolver=resolve_send,
                 model_scopes=tuple(scopes),
                 embedders=embedders,
+                audio=audio_send,
             )
         )
 

@@ -4,6 +4,10 @@ A name is, in order: ``scripted``; a model in the store; a model of the catalogu
 its package and imported on first use); a GGUF file or model directory on disk (imported into
 the store first).  With no ``--model``, the catalogue's default chat model.
 
+Audio models (``--stt-model``, ``--tts-model``) are named the same way, plus ``espeak-ng`` for
+speech and ``none``; with no flag, the scripted engines when every ``--model`` is ``scripted``,
+otherwise Whisper tiny.en and the Piper voice (espeak-ng when piper-tts is not installed).
+
 Embedding models are named the same way (a BERT sentence-encoder directory is imported as one),
 plus ``none``.  With no ``--embedding-model``: the scripted encoder (4-dimensional test vectors)
 when every ``--model`` is ``scripted``, so scripted runs stay fast and offline; otherwise the
@@ -12,15 +16,25 @@ catalogue's default embedding model, pulled on first use.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+from .audio.engines import AudioSpec
 from .config import Settings
 from .model.backend import BackendSpec
 from .model.encoder import EncoderSpec, ScriptedEncoder
 from .model.scripted import SCRIPTED_ID, ScriptedBackend
 
-__all__ = ["ModelSetupError", "backend_specs", "embedding_names", "needs_mlx"]
+__all__ = [
+    "ModelSetupError",
+    "audio_catalogue",
+    "audio_specs",
+    "backend_specs",
+    "embedding_names",
+    "needs_mlx",
+]
 
 NO_EMBEDDINGS = "none"
 
@@ -30,7 +44,7 @@ class ModelSetupError(Exception):
 
 
 def needs_mlx(settings: Settings) -> bool:
-    names = [*(settings.models or (None,)), *embedding_names(settings)]
+    names = [*(settings.models or (None,)), *embedding_names(settings), *audio_names(settings, "speech-to-text")]
     return any(name != SCRIPTED_ID for name in names)
 
 
@@ -117,3 +131,137 @@ def _load_encoder(path: Path, model_id: str):  # type: ignore[no-untyped-def]
         return BertEncoder(path, model_id=model_id)
     except Exception as exc:
         raise ModelSetupError(f"cannot load embedding model '{model_id}' from {path}: {exc}") from exc
+
+
+# --- audio ---------------------------------------------------------------------------------------
+
+NO_AUDIO = "none"
+_FLAGS = {"speech-to-text": "--stt-model", "text-to-speech": "--tts-model"}
+
+
+def audio_names(settings: Settings, kind: str) -> list[str | None]:
+    """The audio models of ``kind`` to attach (None: the catalogue's default).  With no flag:
+    the scripted engine when every --model is scripted, else the default model."""
+    flag = _FLAGS[kind]
+    names = list(settings.stt_models if kind == "speech-to-text" else settings.tts_models)
+    if NO_AUDIO in names:
+        if len(names) > 1:
+            raise ModelSetupError(f"{flag} {NO_AUDIO} cannot be combined with other models")
+        return []
+    if names:
+        return list(names)
+    if settings.models and all(name == SCRIPTED_ID for name in settings.models):
+        return [SCRIPTED_ID]
+    return [None]
+
+
+def audio_specs(settings: Settings) -> list[AudioSpec]:
+    """The audio models ``serve`` attaches (built on their own threads, not here)."""
+    specs = [audio_spec(name, "speech-to-text") for name in audio_names(settings, "speech-to-text")]
+    specs += [audio_spec(name, "text-to-speech") for name in audio_names(settings, "text-to-speech")]
+    return specs
+
+
+def audio_spec(name: str | None, kind: str) -> AudioSpec:
+    """The spec for one audio model: ``scripted``, ``espeak-ng`` (text-to-speech), a stored model
+    or catalogue name (pulled and converted on first use), or a directory to import."""
+    from .audio.engines import ScriptedSpeechToText, ScriptedTextToSpeech
+    from .audio.speech import ESPEAK_ID, espeak_available
+    from .store import catalogue
+
+    stt = kind == "speech-to-text"
+    if name in (SCRIPTED_ID, "scripted-stt" if stt else "scripted-tts"):
+        engine = ScriptedSpeechToText() if stt else ScriptedTextToSpeech()
+        return AudioSpec(engine.model_id, engine.task, lambda: engine)
+    if name == ESPEAK_ID and not stt:
+        if not espeak_available():
+            raise ModelSetupError("espeak-ng is not installed (Debian: apt-get install espeak-ng)")
+        return AudioSpec(ESPEAK_ID, "text_to_speech", _load_espeak)
+    if name is None and not stt and not _piper_installed():
+        if espeak_available():  # the fallback engine
+            return AudioSpec(ESPEAK_ID, "text_to_speech", _load_espeak)
+        raise ModelSetupError("no text-to-speech engine: install piper-tts or espeak-ng, or pass --tts-model none")
+    default = catalogue.DEFAULT_STT_MODEL if stt else catalogue.DEFAULT_TTS_MODEL
+    path, model_id = stored_audio(name or default, kind)
+    if stt:
+        return AudioSpec(model_id, "speech_to_text", partial(_load_whisper, path, model_id))
+    return AudioSpec(model_id, "text_to_speech", partial(_load_piper, path, model_id))
+
+
+def stored_audio(name: str, kind: str) -> tuple[Path, str]:
+    """The store directory and id of audio model ``name``, pulled from the catalogue first if
+    needed, or imported from a directory (a faster-whisper model or a Piper voice)."""
+    from .store import catalogue
+    from .store.audio_import import STT_KIND, audio_sha256, import_audio
+    from .store.store import ModelImportError, ModelStore, store_root
+
+    store = ModelStore(store_root())
+    try:
+        if (found := store.get(name)) is not None:
+            stored = found
+        elif name in catalogue.CATALOGUE:
+            stored = catalogue.pull(name, store)
+        elif Path(name).is_dir():
+            source = Path(name)
+            guessed = STT_KIND if (source / "model.bin").is_file() else "text-to-speech"
+            model_name = re.sub(r"[^a-z0-9._-]+", "-", source.name.lower()).strip("-") or "audio-model"
+            stored = import_audio(store, source, kind=guessed, name=model_name, label=str(source.resolve()),
+                                  sha256=audio_sha256(source))  # fmt: skip
+        else:
+            known = sorted({m.name for m in store.list() if m.kind == kind}
+                           | {n for n, e in catalogue.CATALOGUE.items() if e.kind == kind})  # fmt: skip
+            extra = ", espeak-ng" if kind == "text-to-speech" else ""
+            raise ModelSetupError(
+                f"unknown {kind} model '{name}': not in the store, not in the catalogue and not a "
+                f"directory (known: {', '.join(known)}{extra}; or 'scripted', or 'none')"
+            )
+    except ModelImportError as exc:
+        raise ModelSetupError(str(exc)) from exc
+    if stored.kind != kind:
+        flag = _FLAGS.get(stored.kind, "--embedding-model" if stored.kind == "embedding" else "--model")
+        raise ModelSetupError(f"'{stored.name}' is a {stored.kind} model: attach it with {flag}")
+    return stored.path, stored.name
+
+
+def audio_catalogue() -> dict[str, Callable[[], AudioSpec]]:
+    """The aliases ``POST /v1/audio/models`` may attach (each pulled on first use)."""
+    from .audio.speech import ESPEAK_ID
+    from .store import catalogue
+
+    out: dict[str, Callable[[], AudioSpec]] = {
+        n: partial(audio_spec, n, e.kind) for n, e in catalogue.CATALOGUE.items() if e.kind in _FLAGS
+    }
+    out[ESPEAK_ID] = partial(audio_spec, ESPEAK_ID, "text-to-speech")
+    out["scripted-stt"] = partial(audio_spec, "scripted-stt", "speech-to-text")
+    out["scripted-tts"] = partial(audio_spec, "scripted-tts", "text-to-speech")
+    return out
+
+
+def _piper_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("piper") is not None
+
+
+def _load_whisper(path: Path, model_id: str):  # type: ignore[no-untyped-def]
+    from .audio.whisper import WhisperSpeechToText
+
+    try:
+        return WhisperSpeechToText(path, model_id=model_id)
+    except Exception as exc:
+        raise ModelSetupError(f"cannot load speech-to-text model '{model_id}' from {path}: {exc}") from exc
+
+
+def _load_piper(path: Path, model_id: str):  # type: ignore[no-untyped-def]
+    from .audio.speech import PiperTextToSpeech
+
+    try:
+        return PiperTextToSpeech(path, model_id=model_id)
+    except Exception as exc:
+        raise ModelSetupError(f"cannot load voice '{model_id}' from {path}: {exc}") from exc
+
+
+def _load_espeak():  # type: ignore[no-untyped-def]
+    from .audio.speech import EspeakTextToSpeech
+
+    return EspeakTextToSpeech()

@@ -34,6 +34,14 @@ class Settings:
     # Inputs an encoder runs in one forward pass, from any number of requests: what
     # benchmarks/bench_embed.py shows is best on CPU (see the README).
     embedding_batch: int = 64
+    # Audio models to attach (catalogue names, store ids, "scripted", "espeak-ng", "none"): empty
+    # means the defaults (see attach.py).
+    stt_models: tuple[str, ...] = ()
+    tts_models: tuple[str, ...] = ()
+    # Realtime transcription: the largest WebSocket frame, and the idle and session limits.
+    max_audio_frame_bytes: int = 1 << 20
+    realtime_idle_seconds: float = 60.0
+    realtime_max_seconds: float = 3600.0
     events_path: Path | None = None
     script: str | None = None
     token_delay: float = 0.0

@@ -37,6 +37,7 @@ __all__ = [
     "ResolutionBusy",
     "ResolutionFailed",
     "ShuttingDown",
+    "Forbidden",
     "TurboSparkError",
     "Unauthorized",
 ]

@@ -12,7 +12,7 @@ closes what is left.  The other actors live until the root nursery ends, after H
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from functools import partial
 
@@ -24,6 +24,7 @@ from hypercorn.config import Config as HypercornConfig
 from ._system import System, run_system
 from .model.backend import BackendSpec
 from .model.encoder import EncoderSpec
+from .audio.engines import AudioSpec
 from .actors.resolver import ResolveFn, resolve_in_registry
 from .config import Settings
 from .routes import create_app
@@ -49,14 +50,17 @@ def _hypercorn_config(settings: Settings) -> HypercornConfig:
     config.graceful_timeout = settings.graceful_timeout + SHUTDOWN_MARGIN
     config.accesslog = None
     config.errorlog = "-"
+    # Realtime transcription: larger WebSocket frames are refused by the protocol layer (1009).
+    config.websocket_max_message_size = settings.max_audio_frame_bytes
     return config
 
 
 async def serve(
     settings: Settings,
-    backends: Sequence[BackendSpec | EncoderSpec],
+    backends: Sequence[BackendSpec | EncoderSpec | AudioSpec],
     *,
     resolve: ResolveFn = resolve_in_registry,
+    audio_catalogue: Mapping[str, Any] | None = None,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     stop = trio.Event()
@@ -74,7 +78,9 @@ async def serve(
         http_scope.cancel()
 
     async with trio.open_nursery() as root:
-        system = await root.start(partial(run_system, settings, backends, resolve=resolve))
+        system = await root.start(
+            partial(run_system, settings, backends, resolve=resolve, audio_catalogue=audio_catalogue)
+        )
         app = create_app(system)
         root.start_soon(shut_down)
         async with trio.open_nursery() as http:

@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 import trio
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 from prometheus_client.exposition import generate_latest
 
 from ..messages import (
@@ -32,6 +32,14 @@ from ..messages import (
     RequestFinished,
     RequestRouted,
     RequestStarted,
+)
+from ..audio.messages import (
+    AudioBusyEvent,
+    AudioModelsChanged,
+    AudioRequest,
+    AudioWorkBegan,
+    AudioWorkEnded,
+    JobsChanged,
 )
 from ._mailbox import answer
 
@@ -50,6 +58,12 @@ Event = (
     | RequestFinished
     | EmbeddingBatch
     | Embedded
+    | AudioRequest
+    | AudioBusyEvent
+    | AudioWorkBegan
+    | AudioWorkEnded
+    | AudioModelsChanged
+    | JobsChanged
 )
 
 
@@ -149,6 +163,36 @@ class _Metrics:
         )
         for outcome in ("Done", "Cancelled", "Error", "Shutdown"):
             self.embedding_ends.labels(outcome)
+        # audio (the original server's series, plus work by outcome and the audio processed)
+        self.audio_requests = Counter(
+            "turbospark_audio_requests", "Audio requests answered, by endpoint and status",
+            ["endpoint", "status"], registry=reg,
+        )  # fmt: skip
+        self.audio_duration = Summary(
+            "turbospark_audio_request_duration_seconds", "Time to answer audio requests (headers, for streams)",
+            ["endpoint", "status"], registry=reg,
+        )  # fmt: skip
+        self.audio_in_flight = Gauge(
+            "turbospark_audio_in_flight", "Audio work an audio model's thread is running", registry=reg
+        )
+        self.audio_busy = Counter("turbospark_audio_busy", "Audio requests refused with 429", registry=reg)
+        self.audio_models = Gauge("turbospark_audio_models_loaded", "Audio models attached", registry=reg)
+        self.audio_jobs = Gauge("turbospark_audio_jobs", "Async audio jobs by status", ["status"], registry=reg)
+        for status in ("running", "succeeded", "failed", "cancelled"):
+            self.audio_jobs.labels(status)
+        self.audio_work = Counter(
+            "turbospark_audio_work", "Audio work ended, by endpoint and outcome (done, failed, cancelled, shutdown)",
+            ["endpoint", "outcome"], registry=reg,
+        )  # fmt: skip
+        self.audio_cancellations = Counter(
+            "turbospark_audio_cancellations", "Audio work stopped because its client left, by phase",
+            ["phase"], registry=reg,
+        )  # fmt: skip
+        for phase in ("queued", "running"):
+            self.audio_cancellations.labels(phase)
+        self.audio_seconds = Counter(
+            "turbospark_audio_processed_seconds", "Seconds of audio transcribed or spoken", ["endpoint"], registry=reg
+        )
         self._depths: dict[str, int] = {}
         self._running: dict[str, int] = {}
 
@@ -177,6 +221,25 @@ class _Metrics:
             self.embedding_batch.observe(event.inputs)
         elif isinstance(event, Embedded):
             self.embedding_ends.labels(event.outcome).inc()
+        elif isinstance(event, AudioRequest):
+            self.audio_requests.labels(event.endpoint, str(event.status)).inc()
+            self.audio_duration.labels(event.endpoint, str(event.status)).observe(event.seconds)
+        elif isinstance(event, AudioBusyEvent):
+            self.audio_busy.inc()
+        elif isinstance(event, AudioWorkBegan):
+            self.audio_in_flight.inc()
+        elif isinstance(event, AudioWorkEnded):
+            if event.phase == "running":
+                self.audio_in_flight.dec()
+            self.audio_work.labels(event.endpoint, event.outcome).inc()
+            if event.outcome == "cancelled":
+                self.audio_cancellations.labels(event.phase).inc()
+            self.audio_seconds.labels(event.endpoint).inc(event.audio_seconds)
+        elif isinstance(event, AudioModelsChanged):
+            self.audio_models.set(event.loaded)
+        elif isinstance(event, JobsChanged):
+            for status, count in event.counts.items():
+                self.audio_jobs.labels(status).set(count)
         elif isinstance(event, QueueDepth):
             self._depths[event.model] = event.depth
             self.queue_depth.set(sum(self._depths.values()))

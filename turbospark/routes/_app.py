@@ -22,8 +22,9 @@ from typing import Any, Literal
 import attrs
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
-from quart import Response, g, request
+from quart import Response, g, has_request_context, request, websocket
 from quart_trio import QuartTrio
+from quart_trio.wrappers.request import TrioRequest
 from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
@@ -85,9 +86,25 @@ class _ScopedConnection(TrioASGIHTTPConnection):
                 in_flight.exit()
 
 
+#: Audio uploads may be larger than every other body.
+AUDIO_BODY_LIMIT = 128 * 1024 * 1024
+
+
+class _Request(TrioRequest):
+    """The body limit is chosen when the request is made: 128 MiB under /v1/audio/."""
+
+    def __init__(self, method: str, scheme: str, path: str, *args: Any, max_content_length: int | None = None,
+                 **kwargs: Any) -> None:  # fmt: skip
+        if path.startswith("/v1/audio/"):
+            max_content_length = AUDIO_BODY_LIMIT
+        super().__init__(method, scheme, path, *args, max_content_length=max_content_length, **kwargs)
+
+
 class _App(QuartTrio):
     asgi_http_class = _ScopedConnection
+    request_class = _Request
     in_flight: InFlight
+    realtime_sessions: int  # open realtime transcription WebSockets
 
 
 def request_scope() -> ExitStack:
@@ -179,8 +196,13 @@ def json_response(body: Any, status: int = 200) -> Response:
     )
 
 
+def _path() -> str:
+    """The path of the request (or WebSocket upgrade) being answered."""
+    return request.path if has_request_context() else websocket.path
+
+
 def _turbospark_error(exc: TurboSparkError) -> Response:
-    response = error_response(exc.status, exception_body(exc, family_of(request.path)), exc.message)
+    response = error_response(exc.status, exception_body(exc, family_of(_path())), exc.message)
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
         response.headers["Retry-After"] = str(retry_after)
@@ -194,6 +216,8 @@ def _http_error(exc: HTTPException) -> Response:
         405: f"method {request.method} is not allowed on {request.path}",
         413: "the request body is larger than the 25 MiB limit",
     }
+    if status == 413 and request.path.startswith("/v1/audio/"):
+        messages[413] = "request body too large; audio uploads are limited to 128 MiB"
     message = messages.get(status) or exc.description or exc.name
     response = error_response(status, error_body(family_of(request.path), status, message), message)
     if status == 413:
@@ -203,11 +227,11 @@ def _http_error(exc: HTTPException) -> Response:
 
 def _unexpected(exc: Exception) -> Response:
     error_id = secrets.token_hex(6)
-    log.error("unhandled error while serving %s %s (error id %s)", request.method, request.path,
-              error_id, exc_info=exc)  # the handler runs after the except block: pass it on
+    log.error("unhandled error while serving %s (error id %s)", _path(), error_id,
+              exc_info=exc)  # the handler runs after the except block: pass it on
     message = f"internal error (error id {error_id})"
     return error_response(
-        500, error_body(family_of(request.path), 500, message, type="server_error"), message
+        500, error_body(family_of(_path()), 500, message, type="server_error"), message
     )
 
 
@@ -225,13 +249,26 @@ def _preflight(origin: str) -> Response:
     return response
 
 
-def _authorized(key: str) -> bool:
-    given = request.headers.get("x-api-key") or ""
+def _authorized(key: str, headers: Any = None) -> bool:
+    headers = request.headers if headers is None else headers
+    given = headers.get("x-api-key") or ""
     if not given:
-        scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
+        scheme, _, token = (headers.get("authorization") or "").partition(" ")
         if scheme.lower() == "bearer":
             given = token.strip()
     return bool(given) and hmac.compare_digest(given.encode(), key.encode())
+
+
+def _check_origin_and_host(headers: Any, settings: Any) -> None:
+    """Other websites (``Origin``) and rebound DNS names (``Host``) are refused; see origins.py."""
+    if not host_allowed(headers.get("host"), settings.host):
+        raise Forbidden(
+            f"the Host {headers.get('host')!r} is not a loopback name; a server bound to "
+            "loopback answers loopback names only"
+        )
+    origin = headers.get("origin")
+    if origin is not None and not origin_allowed(origin, settings.allowed_origins):
+        raise Forbidden(f"requests from the origin {origin!r} are not allowed (--allowed-origins)")
 
 
 def create_app(sys_: System) -> QuartTrio:
@@ -250,19 +287,22 @@ def create_app(sys_: System) -> QuartTrio:
         # A request that never gets a response (its client left) is still recorded, as 499.
         request_scope().callback(_finish, record, 499)
         settings = sys_.settings
-        if not host_allowed(request.headers.get("host"), settings.host):
-            raise Forbidden(
-                f"the Host {request.headers.get('host')!r} is not a loopback name; a server bound to "
-                "loopback answers loopback names only"
-            )
+        _check_origin_and_host(request.headers, settings)
         origin = request.headers.get("origin")
-        if origin is not None and not origin_allowed(origin, settings.allowed_origins):
-            raise Forbidden(f"requests from the origin {origin!r} are not allowed (--allowed-origins)")
         if request.method == "OPTIONS" and origin is not None:
             return _preflight(origin)
         if settings.api_key and request.path != "/health" and not _authorized(settings.api_key):
             raise Unauthorized()
         return None
+
+    @app.before_websocket
+    async def _begin_websocket() -> None:
+        g.system = sys_
+        settings = sys_.settings
+        headers = websocket.headers
+        if sys_.settings.api_key and not _authorized(sys_.settings.api_key, headers):
+            raise Unauthorized()
+        _check_origin_and_host(headers, settings)
 
     def _finish(record: _Record, status: int) -> None:
         if record.finished:
@@ -308,4 +348,10 @@ def create_app(sys_: System) -> QuartTrio:
         openai_embeddings, ollama_embed, anthropic,
     ):
         app.register_blueprint(module.blueprint)
+    if sys_.audio is not None:  # the audio routes exist only with an audio model attached
+        from . import audio, audio_realtime
+
+        app.realtime_sessions = 0
+        app.register_blueprint(audio.blueprint)
+        app.register_blueprint(audio_realtime.blueprint)
     return app

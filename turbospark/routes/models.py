@@ -29,6 +29,12 @@ def _row(entry: ModelEntry, name: str) -> dict[str, Any]:
 @blueprint.get("/models")
 async def list_models() -> Response:
     rows = [_row(e, name) for e in system().registry.entries for name in e.names]
+    if system().audio is not None:  # audio models follow, with their capabilities
+        from ..audio.messages import ListAudio
+        from .audio import audio_row
+        from ._audio import ask
+
+        rows += [audio_row(info) for info in await ask(ListAudio)]
     return json_response({"object": "list", "data": rows})
 
 

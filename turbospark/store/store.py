@@ -673,6 +673,8 @@ class ModelStore:
             shutil.copy2(extra, model_dir / extra.name)
         if manifest.get("kind") == "embedding":
             _check_encoder_loads(model_dir)
+        elif manifest.get("kind") in ("speech-to-text", "text-to-speech"):
+            pass  # checked by store/audio_import.py, which built it
         else:
             _add_generation_config(model_dir, manifest["source_sha256"])  # unless the source had one
             _check_loads(model_dir)

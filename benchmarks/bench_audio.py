@@ -1,0 +1,143 @@
+"""Audio side by side, in one run: each measurement through turbospark beside the same engine
+called directly in this process.
+
+- synthesis: real-time factor (compute seconds / seconds of audio) of the Piper voice speaking a
+  few sentences, ``PiperTextToSpeech.synthesize`` directly against ``POST /v1/audio/speech``;
+- transcription: real-time factor of Whisper tiny.en on that speech (16 kHz),
+  ``WhisperSpeechToText.transcribe`` directly against ``POST /v1/audio/transcriptions``;
+- realtime: the delay from the last audio frame to the final transcript over the WebSocket
+  (100 ms frames sent in real time, then ``{"type":"commit"}``), against the direct transcription
+  of the same audio (what the delay would be if the whole clip were transcribed at once).
+
+Medians over ``--runs``; the direct and server measurements alternate run by run.  Both sides
+use OpenBLAS where installed (this process re-executes itself with it preloaded, as
+``python -m turbospark serve`` does).
+
+    python benchmarks/bench_audio.py [--runs 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+TEXT = (
+    "The quick brown fox jumps over the lazy dog. A local server answers speech in real time. "
+    "Every request is its own scope, and a client that leaves stops its work."
+)
+
+
+class Server:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "turbospark", "serve", "--model", "scripted", "--embedding-model", "none",
+             "--stt-model", "whisper-tiny.en", "--tts-model", "piper-joe-medium", "--port", "0"],
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            if m := re.match(r"turbospark listening on (\S+)", line):
+                self.url = m.group(1)
+                break
+        else:
+            raise SystemExit("the server did not start")
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+async def realtime_delay(url: str, audio: np.ndarray) -> float:
+    import trio
+    from trio_websocket import open_websocket_url
+
+    from turbospark.audio.wav import to_s16
+
+    ws_url = url.replace("http://", "ws://") + "/v1/audio/transcriptions/realtime?model=whisper-tiny.en"
+    async with open_websocket_url(ws_url) as ws:
+        start = trio.current_time()
+        for i in range(0, len(audio), 1600):
+            await ws.send_message(to_s16(audio[i : i + 1600]))
+            await trio.sleep_until(start + (i // 1600 + 1) * 0.1)
+        last = trio.current_time()
+        await ws.send_message(json.dumps({"type": "commit"}))
+        while json.loads(await ws.get_message())["type"] != "complete":
+            pass
+        return trio.current_time() - last
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    import httpx
+    import trio
+
+    from turbospark.attach import stored_audio
+    from turbospark.audio import wav
+    from turbospark.audio.speech import PiperTextToSpeech
+    from turbospark.audio.whisper import WhisperSpeechToText
+
+    stt_path, stt_id = stored_audio("whisper-tiny.en", "speech-to-text")
+    tts_path, tts_id = stored_audio("piper-joe-medium", "text-to-speech")
+    stt = WhisperSpeechToText(stt_path, model_id=stt_id)
+    tts = PiperTextToSpeech(tts_path, model_id=tts_id)
+    server = Server()
+    out: dict[str, Any] = {}
+    try:
+        http = httpx.Client(timeout=300)
+        rows: dict[str, list[float]] = {k: [] for k in (
+            "tts_direct", "tts_server", "stt_direct", "stt_server", "rt_direct", "rt_server")}  # fmt: skip
+        speech = b""
+        for _ in range(args.runs):
+            t = time.perf_counter()
+            pcm = b"".join(tts.synthesize(TEXT, tts.voices[0], 1.0, lambda: None))
+            spoken = len(pcm) / 2 / tts.sample_rate
+            rows["tts_direct"].append((time.perf_counter() - t) / spoken)
+            t = time.perf_counter()
+            speech = http.post(f"{server.url}/v1/audio/speech", json={"model": "tts-1", "input": TEXT}).content
+            rows["tts_server"].append((time.perf_counter() - t) / spoken)
+            audio = wav.decode(speech)
+            heard = len(audio) / 16000
+            t = time.perf_counter()
+            direct = stt.transcribe(audio, None, lambda: None)
+            took = time.perf_counter() - t
+            rows["stt_direct"].append(took / heard)
+            rows["rt_direct"].append(took)
+            t = time.perf_counter()
+            r = http.post(f"{server.url}/v1/audio/transcriptions", data={"model": "whisper-1"},
+                          files={"file": ("s.wav", speech, "audio/wav")})  # fmt: skip
+            rows["stt_server"].append((time.perf_counter() - t) / heard)
+            assert r.json()["text"] == direct.text, (r.json()["text"], direct.text)
+            rows["rt_server"].append(trio.run(realtime_delay, server.url, audio))
+        out = {k: round(statistics.median(v), 3) for k, v in rows.items()}
+        out["audio_seconds"] = round(heard, 2)
+    finally:
+        server.close()
+    if args.json:
+        print(json.dumps(out))
+        return
+    print(f"{out['audio_seconds']} s of speech, medians of {args.runs} runs")
+    print("| measurement | direct | turbospark | server/direct |")
+    print("| --- | --- | --- | --- |")
+    for name, key in (("synthesis RTF (Piper)", "tts"), ("transcription RTF (Whisper tiny.en)", "stt"),
+                      ("last frame to final transcript, s", "rt")):  # fmt: skip
+        d, s = out[f"{key}_direct"], out[f"{key}_server"]
+        print(f"| {name} | {d} | {s} | {s / d:.2f} |")
+
+
+if __name__ == "__main__":
+    from turbospark.blas import reexec_with_openblas
+
+    reexec_with_openblas([sys.executable, __file__, *sys.argv[1:]])
+    main()

@@ -1,0 +1,317 @@
+"""The audio jobs actor: owns the audio models, their worker threads and queues, and the jobs.
+
+Inbox: ``ResolveAudio``, ``SubmitAudio``, ``ListAudio``, ``AttachAudio``, ``DetachAudio``,
+``StartJob``, ``GetJob``, ``DeleteJob`` (``turbospark/audio/messages.py``).
+
+    audio_actor (its own nursery)
+    ├── worker × models   each starts one pinned thread (trio.to_thread.run_sync, never
+    │                     abandoned) that loads the engine, then takes work from the model's
+    │                     bounded queue (``queue_size``; full: 429 with Retry-After at once)
+    └── job × running     an async job: submits its work like a route would, keeps the result
+
+A route's work goes straight on to the model's queue; the worker answers the route on the work's
+reply channel.  An async job's reply channel belongs to its job task: ``DELETE`` cancels that
+task, which closes the channel, so the worker drops the work before it starts or stops it at its
+next step (the original server let running work finish and threw the result away).
+Attaching a model (``POST /v1/audio/models``) loads it on a new worker without blocking the
+inbox; detaching one with running jobs is refused (409).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any
+
+import attrs
+import trio
+
+from ..errors import ModelNotFound, NotFound, RequestInvalid, ShuttingDown, TurboSparkError
+from ..audio.engines import AudioSpec, Engine, Task
+from ..audio.jobs import JobStore
+from ..audio.messages import (
+    AttachAudio,
+    AudioBusyEvent,
+    AudioInfo,
+    AudioModelsChanged,
+    AudioWork,
+    DeleteJob,
+    DetachAudio,
+    GetJob,
+    JobsChanged,
+    ListAudio,
+    ResolveAudio,
+    StartJob,
+    SubmitAudio,
+    WorkDone,
+    WorkFailed,
+    WorkReply,
+)
+from ..audio.wire import OPENAI_STT_NAMES, OPENAI_TTS_NAMES
+from ..audio.worker import serve_audio
+from ._mailbox import answer
+
+__all__ = ["AudioBusy", "AudioMessage", "Conflict", "Gone", "audio_actor"]
+
+log = logging.getLogger("turbospark.audio")
+
+AudioMessage = ResolveAudio | SubmitAudio | ListAudio | AttachAudio | DetachAudio | StartJob | GetJob | DeleteJob
+
+_TASK_WORDS = {"speech_to_text": "speech-to-text", "text_to_speech": "text-to-speech", "music_generation": "music"}
+
+
+class AudioBusy(TurboSparkError):
+    status = 429
+    type = "invalid_request_error"
+    retry_after = 2
+
+    def __init__(self) -> None:
+        super().__init__("the audio queue is full; retry shortly")
+
+
+class Conflict(TurboSparkError):
+    status = 409
+    type = "invalid_request_error"
+
+
+class Gone(TurboSparkError):
+    status = 410
+    type = "invalid_request_error"
+
+
+def _not_found(name: str) -> ModelNotFound:
+    return ModelNotFound(name, [])
+
+
+@attrs.define(eq=False)
+class _Model:
+    info: AudioInfo
+    queue: trio.MemorySendChannel[AudioWork]
+    scope: trio.CancelScope
+
+
+async def audio_actor(
+    specs: Sequence[AudioSpec],
+    inbox: trio.MemoryReceiveChannel[Any],
+    emit: Callable[[object], None],
+    *,
+    catalogue: Mapping[str, Callable[[], AudioSpec]] = {},
+    queue_size: int = 4,
+    jobs: JobStore | None = None,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve audio until cancelled.  ``catalogue``: the aliases ``POST /v1/audio/models`` may
+    attach, each with how to build its spec (pulling it into the store, on a worker thread)."""
+    models: dict[str, _Model] = {}
+    store = jobs or JobStore()
+    job_scopes: dict[str, trio.CancelScope] = {}
+
+    def changed() -> None:
+        emit(AudioModelsChanged(len(models)))
+
+    def jobs_changed() -> None:
+        emit(JobsChanged(store.counts()))
+
+    async def run_worker(spec: AudioSpec, *, task_status: trio.TaskStatus[AudioInfo]) -> None:
+        queue_send, queue_recv = trio.open_memory_channel[AudioWork](queue_size)
+        ready_send, ready_recv = trio.open_memory_channel[Engine](1)
+        scope = trio.CancelScope()
+
+        async def take() -> AudioWork | None:
+            try:
+                return await queue_recv.receive()
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                return None
+
+        with scope, queue_recv, ready_recv:
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(
+                        partial(
+                            trio.to_thread.run_sync, serve_audio, spec.make, take, emit, ready_send.send_nowait,
+                            thread_name=f"audio:{spec.id}", abandon_on_cancel=False,
+                        )
+                    )  # fmt: skip
+                    engine = await ready_recv.receive()
+                    info = AudioInfo(
+                        id=engine.model_id, task=engine.task, created=int(time.time()),
+                        voices=tuple(getattr(engine, "voices", ())), sample_rate=int(getattr(engine, "sample_rate", 0)),
+                    )  # fmt: skip
+                    if info.id in models:
+                        raise RuntimeError(f"two audio models answer to the name '{info.id}'")
+                    models[info.id] = _Model(info, queue_send, scope)
+                    changed()
+                    task_status.started(info)
+            finally:
+                entry = models.get(spec.id)
+                if entry is not None and entry.scope is scope:
+                    del models[spec.id]
+                    changed()
+                queue_send.close()
+                while True:  # nobody will run these any more
+                    try:
+                        work = queue_recv.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                        break
+                    answer(work.reply, WorkFailed(ShuttingDown()))
+
+    def resolve(name: str, task: Task) -> AudioInfo:
+        entry = models.get(name)
+        if entry is None:
+            defaults = OPENAI_STT_NAMES if task == "speech_to_text" else OPENAI_TTS_NAMES if task == "text_to_speech" else ()
+            if name in defaults:
+                entry = next((m for m in models.values() if m.info.task == task), None)
+        if entry is None:
+            raise _not_found(name)
+        if entry.info.task != task:
+            raise RequestInvalid(
+                f"model '{entry.info.id}' is a {_TASK_WORDS[entry.info.task]} model, not a {_TASK_WORDS[task]} one",
+                param="model",
+            )
+        return entry.info
+
+    def submit(work: AudioWork) -> None:
+        entry = models.get(work.model)
+        try:
+            if entry is None:
+                raise _not_found(work.model)
+            entry.queue.send_nowait(work)
+        except trio.WouldBlock:
+            emit(AudioBusyEvent(work.model))
+            answer(work.reply, WorkFailed(AudioBusy()))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            answer(work.reply, WorkFailed(ShuttingDown()))
+        except TurboSparkError as exc:
+            answer(work.reply, WorkFailed(exc))
+
+    async def run_job(msg: StartJob, job: Any, recv: trio.MemoryReceiveChannel[WorkReply], *,
+                      task_status: trio.TaskStatus[None]) -> None:  # fmt: skip
+        scope = job_scopes[job.id] = trio.CancelScope()
+        pcm: list[bytes] = []
+        with scope, recv:
+            task_status.started()
+            # A job waits for room in its model's queue (the job store bounds how many wait)
+            entry = models.get(msg.work.model)
+            try:
+                if entry is None:
+                    raise _not_found(msg.work.model)
+                await entry.queue.send(msg.work)
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                answer(msg.work.reply, WorkFailed(ShuttingDown()))
+            except TurboSparkError as exc:
+                answer(msg.work.reply, WorkFailed(exc))
+            try:
+                async for reply in recv:
+                    if isinstance(reply, WorkFailed):
+                        store.fail(job, reply.error.status, reply.error.message, trio.current_time())
+                        break
+                    if isinstance(reply, WorkDone):
+                        body, content_type = msg.render(reply.transcript if reply.transcript else b"".join(pcm))
+                        store.succeed(job, body, content_type, trio.current_time())
+                        break
+                    pcm.append(reply.pcm)
+                else:
+                    store.fail(job, 503, ShuttingDown().message, trio.current_time())
+            except Exception as exc:  # a result that cannot be rendered fails its job alone
+                log.exception("audio job %s failed", job.id)
+                store.fail(job, 500, f"internal error: {type(exc).__name__}", trio.current_time())
+        job_scopes.pop(job.id, None)
+        jobs_changed()
+
+    async def attach(msg: AttachAudio, nursery: trio.Nursery) -> None:
+        try:
+            make_spec = catalogue.get(msg.alias)
+            if make_spec is None:
+                raise NotFound(
+                    f"no audio model called '{msg.alias}': attach one of {', '.join(sorted(catalogue)) or 'none'}",
+                    param="model", code="model_not_found",
+                )  # fmt: skip
+            spec = await trio.to_thread.run_sync(make_spec)
+            if spec.id in models:
+                result: AudioInfo | TurboSparkError = models[spec.id].info
+            else:
+                result = await nursery.start(run_worker, spec)
+        except TurboSparkError as exc:
+            result = exc
+        except Exception as exc:
+            log.exception("attaching audio model %s failed", msg.alias)
+            result = TurboSparkError(f"cannot attach '{msg.alias}': {exc}")
+        answer(msg.reply, result)
+
+    async with trio.open_nursery() as nursery:
+        for spec in specs:
+            await nursery.start(run_worker, spec)
+        changed()
+        jobs_changed()
+        task_status.started()
+        with inbox:
+            async for msg in inbox:
+                now = trio.current_time()
+                if isinstance(msg, SubmitAudio):
+                    submit(msg.work)
+                elif isinstance(msg, ResolveAudio):
+                    try:
+                        answer(msg.reply, resolve(msg.name, msg.task))
+                    except TurboSparkError as exc:
+                        answer(msg.reply, exc)
+                elif isinstance(msg, ListAudio):
+                    answer(msg.reply, [m.info for m in models.values()])
+                elif isinstance(msg, AttachAudio):
+                    nursery.start_soon(attach, msg, nursery)
+                elif isinstance(msg, DetachAudio):
+                    entry = models.get(msg.model)
+                    if entry is None:
+                        answer(msg.reply, _not_found(msg.model))
+                    elif store.running_for(msg.model):
+                        answer(msg.reply, Conflict(f"model '{msg.model}' has running jobs; cancel them first"))
+                    else:
+                        entry.scope.cancel()
+                        del models[msg.model]
+                        changed()
+                        answer(msg.reply, None)
+                elif isinstance(msg, StartJob):
+                    if msg.work.model not in models:
+                        answer(msg.reply, _not_found(msg.work.model))
+                    elif not store.has_room():
+                        emit(AudioBusyEvent(msg.work.model))
+                        answer(msg.reply, AudioBusy())
+                    else:
+                        job = store.add(msg.kind, msg.work.model, created=int(time.time()), now=now)
+                        send, recv = trio.open_memory_channel[WorkReply](64)
+                        work = attrs.evolve(msg.work, reply=send)
+                        await nursery.start(run_job, attrs.evolve(msg, work=work), job, recv)
+                        jobs_changed()
+                        answer(msg.reply, job.describe())
+                elif isinstance(msg, GetJob):
+                    found = store.get(msg.job_id, now)
+                    if found is None:
+                        answer(msg.reply, NotFound("no such job", param="id"))
+                    elif msg.want == "describe":
+                        answer(msg.reply, found.describe())
+                    elif found.status == "running":
+                        answer(msg.reply, Conflict(f"job is still running; poll /v1/audio/jobs/{found.id}"))
+                    elif found.status == "cancelled":
+                        answer(msg.reply, Gone("job was cancelled"))
+                    elif found.status == "failed":
+                        error = TurboSparkError(found.error_message)
+                        error.status = found.error_status
+                        answer(msg.reply, error)
+                    else:
+                        answer(msg.reply, (found.result, found.content_type))
+                elif isinstance(msg, DeleteJob):
+                    found = store.get(msg.job_id, now)
+                    if found is None:
+                        answer(msg.reply, NotFound("no such job", param="id"))
+                    elif found.status == "running":
+                        store.cancel(found, now)
+                        if (scope := job_scopes.get(found.id)) is not None:
+                            scope.cancel()
+                        jobs_changed()
+                        answer(msg.reply, {"id": found.id, "status": "cancelled"})
+                    else:
+                        store.remove(found)
+                        jobs_changed()
+                        answer(msg.reply, {"id": found.id, "deleted": True})
+        nursery.cancel_scope.cancel()
