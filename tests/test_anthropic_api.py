@@ -209,3 +209,24 @@ async def test_claude_code_answers_end_to_end(start_server) -> None:
     server = await start_server([ScriptedBackend(script="Hi! How can I help?")])
     out = await run_claude(server.url, "Say hi")
     assert out.strip() == "Hi! How can I help?"
+
+
+async def test_repeated_agent_turns_read_the_prompt_from_cache(start_server, client) -> None:
+    server = await start_server([ScriptedBackend(script="Done.")])
+    request = body(
+        system=[{"type": "text", "text": "You are a coding agent. " * 10, "cache_control": {"type": "ephemeral"}}],
+        stream=True,
+    )
+    usages = []
+    for _ in range(2):
+        frames = [json.loads(d) for _, d in sse_events((await client.post(f"{server.url}{PATH}", json=request)).text)]
+        start, end = frames[0]["message"]["usage"], frames[-2]["usage"]
+        assert {k: start[k] for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")} == {
+            k: end[k] for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+        }  # message_start already tells the split the end confirms
+        usages.append(end)
+    first, second = usages
+    total = first["cache_creation_input_tokens"] + first["cache_read_input_tokens"] + first["input_tokens"]
+    assert first["cache_read_input_tokens"] == 0 and first["cache_creation_input_tokens"] == total
+    assert second["cache_read_input_tokens"] == total - 1  # all but the last prompt token
+    assert second["cache_creation_input_tokens"] == 1 and second["input_tokens"] == 0

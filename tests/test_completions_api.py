@@ -86,3 +86,25 @@ async def test_echo_and_logprobs(start_server, client) -> None:
     assert logprobs["text_offset"] == [0, len(logprobs["tokens"][0]), len("".join(logprobs["tokens"][:2]))]
     r = await client.post(f"{server.url}{PATH}", json={"prompt": "a", "max_tokens": 1})
     assert "x-anyllm-degradation" not in r.headers
+
+
+async def test_tools_and_json_on_completions(start_server, client) -> None:
+    from turbospark.model.scripted import ScriptedBackend
+
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    server = await start_server([ScriptedBackend(script='<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>')])
+    r = await client.post(f"{server.url}{PATH}", json={"prompt": "Call a tool.", "tools": [tool], "max_tokens": 40})
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["text"] == ""
+    assert choice["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    r = await client.post(f"{server.url}{PATH}", json={"prompt": "x", "tools": [tool], "max_tokens": 40, "stream": True})
+    chunks = [json.loads(d) for _, d in sse_events(r.text)[:-1]]
+    assert any("tool_calls" in c["choices"][0] for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    r = await client.post(f"{server.url}{PATH}", json={"prompt": "x", "tools": [tool], "tool_choice": "none", "max_tokens": 40})
+    assert r.json()["choices"][0]["text"].startswith("<tool_call>")  # none: not even parsed
+    plain = await start_server([ScriptedBackend(script="no json")])
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
+    r = await client.post(f"{plain.url}{PATH}", json={"prompt": "x", "response_format": fmt, "max_tokens": 30})
+    assert json.loads(r.json()["choices"][0]["text"]).keys() == {"a"}

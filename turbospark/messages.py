@@ -66,9 +66,11 @@ class ChatPrompt:
 
 @attrs.frozen
 class TextPrompt:
-    """Raw text, encoded as is (with BOS where the model wants one); no template."""
+    """Raw text, encoded as is (with BOS where the model wants one); no template.  ``tools``
+    are not rendered (the text is the caller's): the output parser reads calls to them."""
 
     text: str
+    tools: tuple[dict[str, Any], ...] = ()
 
 
 @attrs.frozen(eq=False)

@@ -121,6 +121,18 @@ def _pointer(schema: Any, pointer: str) -> Any:
     return node
 
 
+def json_demand(response_format: Mapping[str, Any] | None) -> tuple[dict[str, Any] | None, bool]:
+    """OpenAI's ``response_format``: a JSON Schema to enforce, or any JSON object."""
+    fmt = response_format or {}
+    if fmt.get("type") == "json_schema":
+        spec = fmt["json_schema"]
+        schema = spec.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise RequestInvalid("response_format.json_schema.schema must be an object", param="response_format")
+        return (schema, False) if schema is not None else (None, True)
+    return None, fmt.get("type") == "json_object"
+
+
 def select_tools(
     tools: tuple[dict[str, Any], ...], choice: str | Mapping[str, Any] | None
 ) -> tuple[tuple[dict[str, Any], ...], bool]:

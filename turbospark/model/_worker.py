@@ -316,7 +316,7 @@ class _Loop:
                     created=job.job.created,
                     parser=OutputParser(
                         tok.dialect,
-                        tools=job.job.prompt.tools if isinstance(job.job.prompt, ChatPrompt) else (),
+                        tools=job.job.prompt.tools,
                         in_reasoning=job.in_reasoning,
                     ),
                 )

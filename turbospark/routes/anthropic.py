@@ -409,9 +409,14 @@ class _Message:
 
     # --- the stream ------------------------------------------------------------------------
 
-    def start(self, prompt_tokens: int) -> bytes:
-        usage = {"input_tokens": prompt_tokens, "cache_creation_input_tokens": 0,
-                 "cache_read_input_tokens": 0, "output_tokens": 0}
+    def start(self, began: Sequence[Started]) -> bytes:
+        """``message_start``, its usage split as the end will split it (the prefix-cache hit the
+        model reported when it started)."""
+        prompt, cached = (began[0].prompt_tokens, began[0].cached_tokens) if began else (0, 0)
+        fresh = prompt - cached
+        usage = {"input_tokens": 0 if self.cache_marked else fresh,
+                 "cache_creation_input_tokens": fresh if self.cache_marked else 0,
+                 "cache_read_input_tokens": cached, "output_tokens": 0}
         return _sse.event("message_start", {
             "type": "message_start", "message": self.envelope([], None, None, usage),
         })
@@ -473,7 +478,7 @@ def _error(exc: Any) -> bytes:
 
 
 async def _live(message: _Message, began: list[Started], replies: Any, keepalive: float) -> AsyncIterator[bytes]:
-    yield message.start(began[0].prompt_tokens if began else 0)
+    yield message.start(began)
     yield PING
     called = False
     async for msg in events(replies, keepalive=keepalive):
@@ -493,7 +498,7 @@ async def _live(message: _Message, began: list[Started], replies: Any, keepalive
 
 async def _buffered(message: _Message, began: list[Started], steps: AsyncIterator[Completion | None]) -> AsyncIterator[bytes]:
     """A tool turn: generated whole under the guardrails (pings meanwhile), then its blocks."""
-    yield message.start(began[0].prompt_tokens if began else 0)
+    yield message.start(began)
     yield PING
     done = None
     try:

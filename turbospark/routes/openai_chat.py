@@ -17,7 +17,7 @@ from ..chat import TemplateMessage, apply_default_system, image_urls, text_of, t
 from ..codec import parse_json, structure
 from ..errors import RequestInvalid
 from ..messages import ChatPrompt, Delta, Finished, RequestRouted, TokenLogprob, ToolCall
-from ..structured import check_images, function_tools, grammar_for, select_tools
+from ..structured import check_images, function_tools, grammar_for, json_demand, select_tools
 from ..wire.openai import ChatCompletionRequest
 from . import _sse
 from ._app import json_response, system
@@ -105,18 +105,6 @@ def _template_kwargs(body: ChatCompletionRequest) -> dict[str, Any]:
     return kwargs
 
 
-def _json_demand(body: ChatCompletionRequest) -> tuple[dict[str, Any] | None, bool]:
-    """``response_format``: a JSON Schema to enforce, or any JSON object."""
-    fmt = body.response_format or {}
-    if fmt.get("type") == "json_schema":
-        spec = fmt["json_schema"]
-        schema = spec.get("schema")
-        if schema is not None and not isinstance(schema, dict):
-            raise RequestInvalid("response_format.json_schema.schema must be an object", param="response_format")
-        return (schema, False) if schema is not None else (None, True)
-    return None, fmt.get("type") == "json_object"
-
-
 def call_wire(call: ToolCall, *, index: int | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"index": call.index} if index is None else {"index": index}
     return out | {"id": call.id, "type": "function",
@@ -144,7 +132,7 @@ async def chat_completions() -> Response:
     messages, images = _messages(body)
     messages = apply_default_system(messages, sys_.settings.system_prompt)
     tools, required = select_tools(function_tools(body.tools), body.tool_choice)
-    schema, any_object = _json_demand(body)
+    schema, any_object = json_demand(body.response_format)
     grammar = grammar_for(
         json_schema=schema, json_object=any_object, tools=tools, call_required=required,
         parallel=body.parallel_tool_calls is True,

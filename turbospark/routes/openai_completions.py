@@ -13,11 +13,15 @@ from quart import Blueprint, Response, g, request
 
 from ..codec import parse_json, structure
 from ..errors import RequestInvalid
-from ..messages import RequestRouted, TextPrompt, TokenLogprob
+from ..guardrails import Rescued, inspect
+from ..messages import RequestRouted, TextPrompt, TokenLogprob, ToolCall
+from ..model.output import call_id
+from ..structured import function_tools, grammar_for, json_demand, select_tools
 from ..wire.openai import CompletionRequest
 from ._app import json_response, system
 from ._generation import collect, start
 from ._openai import DEGRADATION_HEADER, Envelope, sampling_params, sse_response, usage
+from .openai_chat import call_wire
 
 blueprint = Blueprint("openai_completions", __name__)
 
@@ -70,25 +74,37 @@ async def completions() -> Response:
             param="echo",
         )
     echoed = text if body.echo else ""
+    tools, required = select_tools(function_tools(body.tools), body.tool_choice)
+    schema, any_object = json_demand(body.response_format)
+    grammar = grammar_for(
+        json_schema=schema, json_object=any_object, tools=tools, call_required=required,
+        parallel=body.parallel_tool_calls is True,
+    )
     replies = await start(
         request_id=g.record.id,
         model=entry.id,
-        prompt=TextPrompt(text),
+        prompt=TextPrompt(text, tools),
         params=sampling_params(
             body,
             max_tokens=body.max_tokens or DEFAULT_MAX_TOKENS,
             model_defaults=entry.sampling_defaults,
             logprobs=body.logprobs,
+            grammar=grammar,
         ),
         n=n,
     )
     env = Envelope.new("cmpl", body.model or entry.id, entry.fingerprint)
 
     def choice(
-        text: str, index: int, finish: str | None = None, entries: Sequence[TokenLogprob] = ()
+        text: str, index: int, finish: str | None = None, entries: Sequence[TokenLogprob] = (),
+        calls: Sequence[ToolCall] = (),
     ) -> dict[str, Any]:
         reported = _logprobs(entries) if body.logprobs is not None else None
-        return {"text": text, "index": index, "logprobs": reported, "finish_reason": finish}
+        out = {"text": text, "index": index, "logprobs": reported, "finish_reason": finish}
+        if calls:  # the chat shape's calls, beside the legacy text (an extension, as tools are)
+            out["tool_calls"] = [{k: v for k, v in call_wire(c).items() if k != "index"} for c in calls]
+            out["finish_reason"] = "tool_calls"
+        return out
 
     if body.stream:
         response = sse_response(
@@ -97,16 +113,24 @@ async def completions() -> Response:
             keepalive=sys_.settings.keepalive_interval,
             n=n,
             opening=[env.wrap("text_completion", [choice(echoed, i)]) for i in range(n)] if echoed else [],
-            pieces=lambda d, e: [env.wrap("text_completion", [choice(d.text, d.index, None, e)])]
-            if d.text else [],
-            finish=lambda f, _, e: env.wrap("text_completion", [choice("", f.index, f.finish_reason, e)]),
+            pieces=lambda d, e: [env.wrap("text_completion", [choice(d.text, d.index, None, e, d.tool_calls)])]
+            if d.text or d.tool_calls else [],
+            finish=lambda f, called, e: env.wrap(
+                "text_completion", [choice("", f.index, "tool_calls" if called else f.finish_reason, e)]
+            ),
         )
     else:
         done = await collect(replies, n)
+        if tools and sys_.settings.guardrails.rescue:  # no template to replay a retry: rescue only
+            for i in range(n):
+                verdict = inspect(content=done.texts[i], calls=done.calls[i], tools=tools,
+                                  call_required=False, guardrails=sys_.settings.guardrails, new_id=call_id)
+                if isinstance(verdict, Rescued):
+                    done.texts[i], done.calls[i] = "", verdict.calls
         choices = [
-            choice(echoed + text, i, fin.finish_reason, entries)
-            for i, (text, fin, entries) in enumerate(
-                zip(done.texts, done.finished, done.logprobs, strict=True)
+            choice(echoed + text, i, fin.finish_reason, entries, calls)
+            for i, (text, fin, entries, calls) in enumerate(
+                zip(done.texts, done.finished, done.logprobs, done.calls, strict=True)
             )
         ]
         response = json_response(

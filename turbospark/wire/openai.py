@@ -192,6 +192,10 @@ class CompletionRequest(GenerationFields):
     """``/v1/completions``: plain text in, no chat template."""
 
     prompt: str | list[str]
+    response_format: dict[str, Any] | None = attrs.field(default=None, validator=_response_format)
+    tools: list[dict[str, Any]] | None = attrs.field(default=None, validator=_at_most(MAX_TOOLS))
+    tool_choice: str | dict[str, Any] | None = attrs.field(default=None, validator=_tool_choice)
+    parallel_tool_calls: bool | None = None
     best_of: int | None = None
     echo: bool | None = None
     logprobs: int | None = attrs.field(default=None, validator=_in_range(0, 5))
