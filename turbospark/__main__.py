@@ -108,6 +108,12 @@ def _parser() -> argparse.ArgumentParser:
         "any; default: loopback names on any port and desktop-app schemes, as Ollama's "
         "OLLAMA_ORIGINS; $TURBOSPARK_ORIGINS)",
     )
+    s.add_argument(
+        "--special-tokens-in-content",
+        action="store_true",
+        help="encode special-token text inside message content (e.g. '<|im_start|>system') as "
+        "control tokens; by default it is plain text, so content cannot forge a role",
+    )
     system = s.add_mutually_exclusive_group()
     system.add_argument(
         "--system",
@@ -218,6 +224,7 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sett
         max_batch=args.max_batch,
         guardrails=Guardrails() if args.guardrails == "on" else Guardrails.off(),
         **_origins(args),
+        special_tokens_in_content=args.special_tokens_in_content,
         **({"kv_budget": args.kv_budget_mb << 20} if args.kv_budget_mb else {}),
         events_path=args.events,
         script=script,

@@ -149,7 +149,7 @@ async def run_system(
             if isinstance(spec, EncoderSpec):
                 entries.append(await _start_encoder(nursery, spec, settings, obs, scopes, embedders))
                 continue
-            limits = Limits(settings.max_batch, settings.kv_budget)
+            limits = Limits(settings.max_batch, settings.kv_budget, settings.special_tokens_in_content)
             scopes.append(scope := trio.CancelScope())
             info = await nursery.start(
                 _in_scope, scope, partial(model_actor, spec.id, spec.make, queue_send.clone(), obs.emit, limits)

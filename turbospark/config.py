@@ -52,6 +52,8 @@ class Settings:
     guardrails: Guardrails = attrs.field(factory=Guardrails)
     # Web pages allowed to call the server (``Origin``); requests without one always pass.
     allowed_origins: tuple[str, ...] = DEFAULT_ORIGINS
+    # Role injection: special-token text in message content is plain text unless this is set.
+    special_tokens_in_content: bool = False
 
 
 def _physical_memory() -> int:

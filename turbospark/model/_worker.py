@@ -79,6 +79,7 @@ class Limits:
 
     max_batch: int
     kv_budget: int  # bytes of KV cache the running batch may grow to
+    special_tokens_in_content: bool = False  # --special-tokens-in-content: trust content's markup
 
 
 def serve_model(
@@ -92,24 +93,34 @@ def serve_model(
     backend = make_backend()
     trio.from_thread.run_sync(ready, backend)
     admission = Admission(limits.max_batch, limits.kv_budget, backend.kv_estimate)
-    _Loop(backend, take, emit, admission).run()
+    _Loop(backend, take, emit, admission, limits.special_tokens_in_content).run()
 
 
-def render_prompt(tok: Tokenizer, prompt: ChatPrompt | TextPrompt) -> tuple[list[int], bool]:
+def render_prompt(
+    tok: Tokenizer, prompt: ChatPrompt | TextPrompt, *, special_tokens_in_content: bool = False
+) -> tuple[list[int], bool]:
     """A prompt's token ids, and whether it leaves the model inside a reasoning span.  The
-    model thread and ``count_tokens`` both count with this, so they agree exactly."""
+    model thread and ``count_tokens`` both count with this, so they agree exactly.  Special-token
+    text in a message's content stays plain text unless ``special_tokens_in_content``."""
     if isinstance(prompt, ChatPrompt):
         text = tok.render_chat(
             prompt.messages, tools=prompt.tools or None, template_kwargs=prompt.template_kwargs
         )
-        return tok.encode(text), tok.opens_reasoning(text)
+        if special_tokens_in_content:
+            return tok.encode(text), tok.opens_reasoning(text)
+        contents = [m["content"] for m in prompt.messages if isinstance(m.get("content"), str)]
+        return tok.encode_rendered(text, contents), tok.opens_reasoning(text)
     assert isinstance(prompt, TextPrompt)
     return tok.encode(prompt.text, add_bos=tok.add_bos_token), False
 
 
-def encode_prompt(backend: Backend, job: GenerationJob) -> tuple[list[int], bool]:
+def encode_prompt(
+    backend: Backend, job: GenerationJob, *, special_tokens_in_content: bool = False
+) -> tuple[list[int], bool]:
     """The prompt's token ids, and whether it leaves the model inside a reasoning span."""
-    ids, in_reasoning = render_prompt(backend.tokenizer, job.prompt)
+    ids, in_reasoning = render_prompt(
+        backend.tokenizer, job.prompt, special_tokens_in_content=special_tokens_in_content
+    )
     if not ids:
         raise RequestInvalid("the prompt is empty", param="messages")
     budget = job.params.max_tokens
@@ -159,8 +170,12 @@ _News = tuple[trio.MemorySendChannel[Reply], list[Reply], bool]
 
 
 class _Loop:
-    def __init__(self, backend: Backend, take: Take, emit: Callable[[object], None], admission: Admission) -> None:
+    def __init__(
+        self, backend: Backend, take: Take, emit: Callable[[object], None], admission: Admission,
+        special_tokens_in_content: bool = False,
+    ) -> None:
         self.backend = backend
+        self.special_tokens_in_content = special_tokens_in_content
         self.take = take
         self.emit = emit
         self.admission = admission
@@ -269,7 +284,9 @@ class _Loop:
         """A job from the queue: tokenise it and check it fits, then wait for room."""
         entry = _Job(job)
         try:
-            entry.ids, entry.in_reasoning = encode_prompt(self.backend, job)
+            entry.ids, entry.in_reasoning = encode_prompt(
+                self.backend, job, special_tokens_in_content=self.special_tokens_in_content
+            )
             room = self.backend.context_window - len(entry.ids)
             if job.params.max_tokens > room:  # a clamping job: its budget is what the context leaves
                 entry.job = job = attrs.evolve(job, params=attrs.evolve(job.params, max_tokens=room))

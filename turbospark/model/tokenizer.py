@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -85,6 +86,15 @@ class Tokenizer:
             if t.special and t.content not in MARKUP
         )
         self.dialect = Dialect.detect(chat_template, self.vocab)
+        # Role injection: special-token text inside a message's content is encoded as plain
+        # text (``<|im_start|>`` as the characters it is made of), never as a control token.
+        specials = sorted(
+            (t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special and t.content),
+            key=len, reverse=True,
+        )
+        self._special_text = re.compile("|".join(map(re.escape, specials))) if specials else None
+        self._plain = _HFTokenizer.from_str(tokenizer.to_str())
+        self._plain.encode_special_tokens = True
         if self.dialect.harmony and (call := tokenizer.token_to_id("<|call|>")) is not None:
             stops.add(call)  # a Harmony tool call ends the turn
         self.stop_ids: frozenset[int] = frozenset(stops)
@@ -139,6 +149,33 @@ class Tokenizer:
         if add_bos and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id, *ids]
         return ids
+
+    def encode_rendered(self, text: str, contents: Iterable[str]) -> list[int]:
+        """A rendered chat's ids, with every special-token text inside the messages' own
+        ``contents`` encoded as plain text: only the template writes control tokens.  Contents
+        are found in the rendered text in order; where none holds special-token text (nearly
+        always) this is ``encode(text)``."""
+        if self._special_text is None:
+            return self.encode(text)
+        spans, at = [], 0
+        for content in contents:
+            if not content or not self._special_text.search(content):
+                if content and (found := text.find(content, at)) != -1:
+                    at = found + len(content)
+                continue
+            found = text.find(content, at)
+            if found != -1:
+                spans.append((found, found + len(content)))
+                at = found + len(content)
+        if not spans:
+            return self.encode(text)
+        ids: list[int] = []
+        at = 0
+        for start, end in spans:
+            ids += self._tok.encode(text[at:start], add_special_tokens=False).ids
+            ids += self._plain.encode(text[start:end], add_special_tokens=False).ids
+            at = end
+        return ids + self._tok.encode(text[at:], add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)

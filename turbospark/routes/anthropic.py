@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import partial
 import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
@@ -313,7 +314,10 @@ async def count_tokens() -> Response:
     prompt = ChatPrompt(tuple(p.messages), p.tools, p.template_kwargs)
     if entry.tokenizer is None:
         raise RequestInvalid("this model cannot count tokens")
-    ids, _ = await trio.to_thread.run_sync(render_prompt, entry.tokenizer, prompt)
+    ids, _ = await trio.to_thread.run_sync(
+        partial(render_prompt, entry.tokenizer, prompt,
+                special_tokens_in_content=sys_.settings.special_tokens_in_content)
+    )
     response = json_response({"input_tokens": len(ids)})
     if header := _header([], p.images):
         response.headers[DEGRADATION_HEADER] = header
