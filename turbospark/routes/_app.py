@@ -340,12 +340,12 @@ def create_app(sys_: System) -> QuartTrio:
 
     from . import (
         health, metrics, models, ollama_embed, openai_chat, openai_completions, openai_embeddings,
-        openai_responses, anthropic,
+        openai_responses, anthropic, openapi_doc,
     )
 
     for module in (
         health, models, metrics, openai_chat, openai_completions, openai_responses,
-        openai_embeddings, ollama_embed, anthropic,
+        openai_embeddings, ollama_embed, anthropic, openapi_doc,
     ):
         app.register_blueprint(module.blueprint)
     if sys_.audio is not None:  # the audio routes exist only with an audio model attached

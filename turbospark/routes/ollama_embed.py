@@ -15,6 +15,8 @@ none attached).  Models are always loaded, so ``keep_alive`` has nothing to chan
 
 from __future__ import annotations
 
+import re
+
 import time
 from typing import Any
 
@@ -34,7 +36,10 @@ DEGRADATION_HEADER = "x-anyllm-degradation"
 
 def _degradation(response: Response, options: dict[str, Any] | None) -> Response:
     if options:
-        response.headers[DEGRADATION_HEADER] = ", ".join(f"options.{k}" for k in sorted(options))
+        # option names come from the caller: only plain names go into a header
+        named = sorted(k for k in options if re.fullmatch(r"[A-Za-z0-9_]{1,64}", k))
+        labels = [f"options.{k}" for k in named] + (["options"] if len(named) < len(options) else [])
+        response.headers[DEGRADATION_HEADER] = ", ".join(labels)
     return response
 
 
