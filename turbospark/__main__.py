@@ -20,6 +20,7 @@ from .model.encoder import EncoderSpec
 from .audio.engines import AudioSpec
 from .config import Settings
 from .guardrails import Guardrails
+from .interrupt import interruptible
 from .origins import parse_origins
 
 __all__ = ["main"]
@@ -238,7 +239,20 @@ async def _run(settings: Settings, specs: Sequence[BackendSpec | EncoderSpec | A
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
+            loading = trio.CancelScope()
+
+            async def interrupt_loading() -> None:
+                with loading:
+                    async for signum in signals:
+                        # Loading reads the store and writes nothing; the model threads cannot be
+                        # interrupted mid-load, so the process leaves without waiting for them.
+                        print(f"turbospark: {signal.Signals(signum).name} while loading models, exiting",
+                              file=sys.stderr, flush=True)
+                        os._exit(130)
+
+            nursery.start_soon(interrupt_loading)
             server = await nursery.start(partial(serve, settings, specs, audio_catalogue=audio_catalogue()))
+            loading.cancel()
             print(f"turbospark listening on {server.url}", file=sys.stderr, flush=True)
             auth = "on (x-api-key or Authorization: Bearer, except /health)" if settings.api_key else "off"
             print(f"  auth: {auth}", file=sys.stderr)
@@ -271,8 +285,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if needs_mlx(settings):
             reexec_with_openblas([sys.executable, "-m", "turbospark", *argv])
-        specs = [*backend_specs(settings), *audio_specs(settings)]
+        with interruptible():  # a pull or import stops at once, leaving nothing half-written
+            specs = [*backend_specs(settings), *audio_specs(settings)]
         trio.run(_run, settings, specs)
+    except KeyboardInterrupt:
+        print("turbospark: interrupted while preparing models; nothing half-written was left in "
+              "the model store", file=sys.stderr)
+        return 130
     except ModelSetupError as exc:
         print(f"turbospark: {exc}", file=sys.stderr)
         return 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .interrupt import interruptible
 from .store.catalogue import CATALOGUE, pull
 from .store.store import DTYPES, ModelImportError, ModelStore, StoredModel, store_root
 
@@ -29,9 +30,9 @@ def _size(n_bytes: float) -> str:
     return f"{n_bytes:.1f} GB"
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, *, status: int = 1) -> int:
     print(f"turbospark models: error: {message}", file=sys.stderr)
-    return 1
+    return status
 
 
 def _describe(model: StoredModel) -> str:
@@ -92,18 +93,21 @@ def main(argv: list[str]) -> int:
     store = ModelStore(store_root())
     progress = sys.stderr.isatty()
     try:
-        if args.command == "import":
-            model = store.import_source(args.source, name=args.name, dtype=args.dtype, progress=progress)
-            print(f"imported {_describe(model)}")
-        elif args.command == "list":
-            _list(store)
-        elif args.command == "rm":
-            if not store.remove(args.name):
-                return _fail(f"no model named {args.name!r} in {store.root}")
-            print(f"removed {args.name}")
-        elif args.command == "pull":
-            model = pull(args.name, store, progress=progress, dtype=args.dtype)
-            print(f"pulled {_describe(model)}")
+        with interruptible():
+            if args.command == "import":
+                model = store.import_source(args.source, name=args.name, dtype=args.dtype, progress=progress)
+                print(f"imported {_describe(model)}")
+            elif args.command == "list":
+                _list(store)
+            elif args.command == "rm":
+                if not store.remove(args.name):
+                    return _fail(f"no model named {args.name!r} in {store.root}")
+                print(f"removed {args.name}")
+            elif args.command == "pull":
+                model = pull(args.name, store, progress=progress, dtype=args.dtype)
+                print(f"pulled {_describe(model)}")
+    except KeyboardInterrupt:
+        return _fail("interrupted; nothing half-written was left in the model store", status=130)
     except ModelImportError as exc:
         return _fail(str(exc))
     return 0

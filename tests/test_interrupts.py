@@ -1,0 +1,65 @@
+"""SIGINT and SIGTERM while models are pulled, imported or loaded: the process exits promptly
+and the model store holds no partial model."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .realmodels import cached_store, smollm2_store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"the process did not exit within {timeout} s of the signal") from None
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_pull_interrupted_leaves_nothing_behind(tmp_path: Path, signum: int) -> None:
+    home = tmp_path / "home"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turbospark", "models", "pull", "smollm2-135m-instruct"],
+        cwd=ROOT, env={**os.environ, "TURBOSPARK_HOME": str(home)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    models = home / "models"
+    deadline = time.monotonic() + 60
+    while not list(models.glob(".tmp-*")):  # the download has begun in a scratch directory
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            pytest.skip(f"the pull ended before it could be interrupted: {err.strip()[-300:]}")
+        assert time.monotonic() < deadline, "the pull never started"
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signum)
+    assert _wait(proc, 30) == 130
+    assert b"nothing half-written" in proc.stderr.read()
+    assert [p.name for p in models.iterdir()] == []  # no model, no scratch directory
+
+
+def test_serve_interrupted_while_loading_exits_promptly() -> None:
+    smollm2_store()  # in the test cache
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turbospark", "serve", "--port", "0", "--embedding-model", "none",
+         "--stt-model", "none", "--tts-model", "none"],
+        cwd=ROOT, env={**os.environ, "TURBOSPARK_HOME": str(cached_store().root.parent)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    time.sleep(1.0)  # imports done, the model loading (or, on a fast machine, already serving)
+    proc.send_signal(signal.SIGTERM)
+    code = _wait(proc, 30)
+    err = proc.stderr.read().decode()
+    assert code in (0, 130), err
+    assert ("while loading models, exiting" in err) == (code == 130)
+    assert not list(cached_store().root.glob(".tmp-*"))

@@ -1,0 +1,34 @@
+"""SIGTERM like SIGINT while the process prepares models (before it serves).
+
+Pulls, imports and conversions are plain synchronous code: SIGINT already raises
+``KeyboardInterrupt`` there, so their ``finally`` blocks remove the scratch directory they built
+in (the store renames a finished model into place atomically, so no partial model is ever under
+its name). SIGTERM's default action would kill the process before any of that runs;
+``interruptible`` makes it raise ``KeyboardInterrupt`` too, for the block's duration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+from types import FrameType
+
+__all__ = ["interruptible"]
+
+
+def _raise(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
