@@ -230,3 +230,14 @@ async def test_repeated_agent_turns_read_the_prompt_from_cache(start_server, cli
     assert first["cache_read_input_tokens"] == 0 and first["cache_creation_input_tokens"] == total
     assert second["cache_read_input_tokens"] == total - 1  # all but the last prompt token
     assert second["cache_creation_input_tokens"] == 1 and second["input_tokens"] == 0
+
+
+async def test_a_streamed_tool_turn_retries_inside_the_stream(start_server, client) -> None:
+    wrong = '<tool_call>{"name": "get_weather", "arguments": {"town": "Oslo"}}</tool_call>'
+    backend = ScriptedBackend(script=wrong, context_window=4096)
+    server = await start_server([backend])
+    r = await client.post(f"{server.url}{PATH}", json=body(tools=[WEATHER], stream=True, max_tokens=32000))
+    names = [n for n, _ in sse_events(r.text)]
+    assert "error" not in names and names[-1] == "message_stop", r.text
+    assert backend.counters.generations == 2  # the answer and one corrective retry, both clamped
+    assert r.headers["x-anyllm-degradation"] == "max_tokens_clamped"
