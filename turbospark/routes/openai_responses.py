@@ -49,6 +49,9 @@ def _text(content: Any, where: str) -> tuple[str, list[str]]:
         return content, []
     if not isinstance(content, list) or not all(isinstance(p, Mapping) for p in content):
         raise RequestInvalid(f"{where}.content must be a string or an array of parts", param="input")
+    for i, p in enumerate(content):
+        if p.get("type") in ("input_text", "output_text", "text") and not isinstance(p.get("text"), str):
+            raise RequestInvalid(f"{where}.content[{i}].text must be a string", param="input")
     text, _ = text_of(
         {"type": "text", "text": p["text"]} for p in content
         if p.get("type") in ("input_text", "output_text", "text") and isinstance(p.get("text"), str)
