@@ -51,6 +51,17 @@ _port = _int_in(0, 65535, "a port number")
 _delay_ms = _int_in(0, None, "milliseconds")
 
 
+def _seconds(text: str) -> float:
+    """An argparse type: a positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got '{text}'") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"a timeout must be a positive number of seconds, got {text}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="turbospark", description="A local generation server on Trio and MLX.")
     parser.add_argument("--version", action="version", version=f"turbospark {__version__}")
@@ -154,6 +165,22 @@ def _parser() -> argparse.ArgumentParser:
         help="tool calls: rescue calls written in other markups, validate arguments against the "
         "tool's schema and retry once with a correction (default on)",
     )
+    s.add_argument(
+        "--header-timeout",
+        type=_seconds,
+        default=Settings().header_timeout,
+        metavar="S",
+        help="a connection that has not sent a whole request head S seconds after opening, or "
+        f"after its previous response (idle keep-alive), is closed (default {Settings().header_timeout:g})",
+    )
+    s.add_argument(
+        "--body-timeout",
+        type=_seconds,
+        default=Settings().body_timeout,
+        metavar="S",
+        help=f"a request body must arrive in full within S seconds, or the answer is a 408 "
+        f"(default {Settings().body_timeout:g})",
+    )
     s.add_argument("--events", type=Path, metavar="FILE", help="append observer events to FILE as JSON lines")
     s.add_argument("--script", type=Path, metavar="FILE", help="scripted backend: emit this UTF-8 text, then end the turn")
     s.add_argument(
@@ -219,6 +246,8 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sett
         guardrails=Guardrails() if args.guardrails == "on" else Guardrails.off(),
         **_origins(args),
         **({"kv_budget": args.kv_budget_mb << 20} if args.kv_budget_mb else {}),
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
         events_path=args.events,
         script=script,
         token_delay=args.token_delay_ms / 1000,

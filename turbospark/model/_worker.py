@@ -95,21 +95,37 @@ def serve_model(
     _Loop(backend, take, emit, admission).run()
 
 
-def render_prompt(tok: Tokenizer, prompt: ChatPrompt | TextPrompt) -> tuple[list[int], bool]:
+def render_prompt(
+    tok: Tokenizer, prompt: ChatPrompt | TextPrompt, limit: int | None = None
+) -> tuple[list[int], bool]:
     """A prompt's token ids, and whether it leaves the model inside a reasoning span.  The
-    model thread and ``count_tokens`` both count with this, so they agree exactly."""
+    model thread and ``count_tokens`` both count with this, so they agree exactly.
+
+    With ``limit``, a prompt of surely more tokens is refused (``ContextOverflow``) without
+    being encoded in full (see ``Tokenizer.surely_longer``): a 25 MiB prompt would otherwise
+    hold the model thread, and every stream it runs, for seconds."""
     if isinstance(prompt, ChatPrompt):
         text = tok.render_chat(
             prompt.messages, tools=prompt.tools or None, template_kwargs=prompt.template_kwargs
         )
+        _within(tok, text, limit)
         return tok.encode(text), tok.opens_reasoning(text)
     assert isinstance(prompt, TextPrompt)
+    _within(tok, prompt.text, limit)
     return tok.encode(prompt.text, add_bos=tok.add_bos_token), False
+
+
+def _within(tok: Tokenizer, text: str, limit: int | None) -> None:
+    if limit is not None and tok.surely_longer(text, limit):
+        raise ContextOverflow(
+            f"The prompt has more than {limit} tokens, more than this model can read. Shorten the prompt.",
+            param="messages",
+        )
 
 
 def encode_prompt(backend: Backend, job: GenerationJob) -> tuple[list[int], bool]:
     """The prompt's token ids, and whether it leaves the model inside a reasoning span."""
-    ids, in_reasoning = render_prompt(backend.tokenizer, job.prompt)
+    ids, in_reasoning = render_prompt(backend.tokenizer, job.prompt, backend.context_window)
     if not ids:
         raise RequestInvalid("the prompt is empty", param="messages")
     budget = job.params.max_tokens

@@ -313,7 +313,8 @@ async def count_tokens() -> Response:
     prompt = ChatPrompt(tuple(p.messages), p.tools, p.template_kwargs)
     if entry.tokenizer is None:
         raise RequestInvalid("this model cannot count tokens")
-    ids, _ = await trio.to_thread.run_sync(render_prompt, entry.tokenizer, prompt)
+    # exact up to 4 context windows; a prompt surely longer is refused before it is all encoded
+    ids, _ = await trio.to_thread.run_sync(render_prompt, entry.tokenizer, prompt, 4 * entry.context_window)
     response = json_response({"input_tokens": len(ids)})
     if header := _header([], p.images):
         response.headers[DEGRADATION_HEADER] = header
