@@ -80,10 +80,24 @@ class _ScopedConnection(TrioASGIHTTPConnection):
         with ExitStack() as stack:
             token = _scope.set(stack)
             try:
-                await super().__call__(receive, send)
+                await super().__call__(receive, _shielded(send))
             finally:
                 _scope.reset(token)
                 in_flight.exit()
+
+
+def _shielded(send: ASGISendCallable) -> ASGISendCallable:
+    """The app's ``send``, shielded.  When a response ends a connection whose request body is
+    still arriving (a 408 or 413), Hypercorn closes the socket from inside that ``send``, after
+    telling the app of the disconnect, on which Quart-Trio cancels the request's nursery: the
+    close would be cancelled half-way and the socket kept open for as long as the client
+    trickles.  (Hypercorn shields the socket write itself already.)"""
+
+    async def send_shielded(message: Any) -> None:
+        with trio.CancelScope(shield=True):
+            await send(message)
+
+    return send_shielded
 
 
 #: Audio uploads may be larger than every other body.
