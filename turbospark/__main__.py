@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 from functools import partial
 from pathlib import Path
 
@@ -50,6 +51,17 @@ def _int_in(low: int, high: int | None, what: str) -> Callable[[str], int]:
 _positive_int = _int_in(1, None, "a whole number")
 _port = _int_in(0, 65535, "a port number")
 _delay_ms = _int_in(0, None, "milliseconds")
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got '{text}'") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"a timeout must be a positive number of seconds, got {text}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -161,6 +173,22 @@ def _parser() -> argparse.ArgumentParser:
         help="tool calls: rescue calls written in other markups, validate arguments against the "
         "tool's schema and retry once with a correction (default on)",
     )
+    s.add_argument(
+        "--header-timeout",
+        type=_seconds,
+        default=Settings().header_timeout,
+        metavar="S",
+        help="a connection that has not sent a whole request head S seconds after opening, or "
+        f"after its previous response (idle keep-alive), is closed (default {Settings().header_timeout:g})",
+    )
+    s.add_argument(
+        "--body-timeout",
+        type=_seconds,
+        default=Settings().body_timeout,
+        metavar="S",
+        help=f"a request body must arrive in full within S seconds, or the answer is a 408 "
+        f"(default {Settings().body_timeout:g})",
+    )
     s.add_argument("--events", type=Path, metavar="FILE", help="append observer events to FILE as JSON lines")
     s.add_argument("--script", type=Path, metavar="FILE", help="scripted backend: emit this UTF-8 text, then end the turn")
     s.add_argument(
@@ -227,6 +255,8 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sett
         **_origins(args),
         special_tokens_in_content=args.special_tokens_in_content,
         **({"kv_budget": args.kv_budget_mb << 20} if args.kv_budget_mb else {}),
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
         events_path=args.events,
         script=script,
         token_delay=args.token_delay_ms / 1000,
@@ -239,20 +269,23 @@ async def _run(settings: Settings, specs: Sequence[BackendSpec | EncoderSpec | A
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            loading = trio.CancelScope()
+            running: list[Any] = []  # the Server, once it listens
 
-            async def interrupt_loading() -> None:
-                with loading:
-                    async for signum in signals:
+            async def on_signal() -> None:
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if not running:
                         # Loading reads the store and writes nothing; the model threads cannot be
                         # interrupted mid-load, so the process leaves without waiting for them.
-                        print(f"turbospark: {signal.Signals(signum).name} while loading models, exiting",
-                              file=sys.stderr, flush=True)
+                        print(f"turbospark: {name} while loading models, exiting", file=sys.stderr, flush=True)
                         os._exit(130)
+                    print(f"turbospark: {name}, shutting down", file=sys.stderr, flush=True)
+                    running[0].stop.set()
+                    return
 
-            nursery.start_soon(interrupt_loading)
+            nursery.start_soon(on_signal)
             server = await nursery.start(partial(serve, settings, specs, audio_catalogue=audio_catalogue()))
-            loading.cancel()
+            running.append(server)
             print(f"turbospark listening on {server.url}", file=sys.stderr, flush=True)
             auth = "on (x-api-key or Authorization: Bearer, except /health)" if settings.api_key else "off"
             print(f"  auth: {auth}", file=sys.stderr)
@@ -262,10 +295,6 @@ async def _run(settings: Settings, specs: Sequence[BackendSpec | EncoderSpec | A
             if "mlx.core" in sys.modules:
                 print(f"  blas: {describe_blas()}", file=sys.stderr)
             sys.stderr.flush()
-            async for signum in signals:
-                print(f"turbospark: {signal.Signals(signum).name}, shutting down", file=sys.stderr, flush=True)
-                server.stop.set()
-                break
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -46,6 +46,12 @@ class Settings:
     script: str | None = None
     token_delay: float = 0.0
     graceful_timeout: float = 5.0
+    # Slow and idle clients.  A connection must complete its request line and headers within
+    # header_timeout seconds of opening, or of its previous response (so this is also how long
+    # an idle keep-alive connection is kept); then it is closed.  A request body must arrive in
+    # full within body_timeout seconds of the route asking for it, or the answer is a 408.
+    header_timeout: float = 5.0
+    body_timeout: float = 60.0
     keepalive_interval: float = 15.0
     max_body_bytes: int = 25 * 1024 * 1024
     # Tool calls: rescue what the parser missed, validate arguments, one corrective retry.

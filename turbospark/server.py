@@ -49,6 +49,15 @@ def _hypercorn_config(settings: Settings) -> HypercornConfig:
     config.bind = [f"{host}:{settings.port}"]
     config.graceful_timeout = settings.graceful_timeout + SHUTDOWN_MARGIN
     config.accesslog = None
+    # Slow and idle clients (see Settings): Hypercorn's keep-alive timer runs from a connection's
+    # start, and from each response's end, until a request's headers are complete, so it is the
+    # header timeout and the idle keep-alive timeout at once; the body timeout is the app's
+    # (BODY_TIMEOUT).  Hypercorn's read_timeout stays off: it limits the silence between two reads
+    # for the whole life of a connection, so it would also cut a client that waits quietly for a
+    # long generation.  The backlog absorbs a burst of connections opened at once.
+    config.keep_alive_timeout = settings.header_timeout
+    config.read_timeout = None
+    config.backlog = 1024
     config.errorlog = "-"
     # Realtime transcription: larger WebSocket frames are refused by the protocol layer (1009).
     config.websocket_max_message_size = settings.max_audio_frame_bytes

@@ -97,21 +97,39 @@ def serve_model(
 
 
 def render_prompt(
-    tok: Tokenizer, prompt: ChatPrompt | TextPrompt, *, special_tokens_in_content: bool = False
+    tok: Tokenizer,
+    prompt: ChatPrompt | TextPrompt,
+    limit: int | None = None,
+    *,
+    special_tokens_in_content: bool = False,
 ) -> tuple[list[int], bool]:
     """A prompt's token ids, and whether it leaves the model inside a reasoning span.  The
     model thread and ``count_tokens`` both count with this, so they agree exactly.  Special-token
-    text in a message's content stays plain text unless ``special_tokens_in_content``."""
+    text in a message's content stays plain text unless ``special_tokens_in_content``.
+
+    With ``limit``, a prompt of surely more tokens is refused (``ContextOverflow``) without
+    being encoded in full (see ``Tokenizer.surely_longer``): a 25 MiB prompt would otherwise
+    hold the model thread, and every stream it runs, for seconds."""
     if isinstance(prompt, ChatPrompt):
         text = tok.render_chat(
             prompt.messages, tools=prompt.tools or None, template_kwargs=prompt.template_kwargs
         )
+        _within(tok, text, limit)
         if special_tokens_in_content:
             return tok.encode(text), tok.opens_reasoning(text)
         contents = [m["content"] for m in prompt.messages if isinstance(m.get("content"), str)]
         return tok.encode_rendered(text, contents), tok.opens_reasoning(text)
     assert isinstance(prompt, TextPrompt)
+    _within(tok, prompt.text, limit)
     return tok.encode(prompt.text, add_bos=tok.add_bos_token), False
+
+
+def _within(tok: Tokenizer, text: str, limit: int | None) -> None:
+    if limit is not None and tok.surely_longer(text, limit):
+        raise ContextOverflow(
+            f"The prompt has more than {limit} tokens, more than this model can read. Shorten the prompt.",
+            param="messages",
+        )
 
 
 def encode_prompt(
@@ -119,7 +137,8 @@ def encode_prompt(
 ) -> tuple[list[int], bool]:
     """The prompt's token ids, and whether it leaves the model inside a reasoning span."""
     ids, in_reasoning = render_prompt(
-        backend.tokenizer, job.prompt, special_tokens_in_content=special_tokens_in_content
+        backend.tokenizer, job.prompt, backend.context_window,
+        special_tokens_in_content=special_tokens_in_content,
     )
     if not ids:
         raise RequestInvalid("the prompt is empty", param="messages")

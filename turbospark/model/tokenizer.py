@@ -31,6 +31,12 @@ __all__ = ["StreamDecoder", "Tokenizer"]
 _END_OF_TURN = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|endoftext|>", "<|end|>", "<|return|>")
 
 
+# Characters encoded at a time when a long text is measured against a limit, and the tokens one
+# cut can add or remove (merges are local: only tokens overlapping the cut change).
+_SLICE = 1 << 14
+_CUT_SLACK = 16
+
+
 def _token_text(value: object) -> str | None:
     if isinstance(value, str):
         return value
@@ -176,6 +182,26 @@ class Tokenizer:
             ids += self._plain.encode(text[start:end], add_special_tokens=False).ids
             at = end
         return ids + self._tok.encode(text[at:], add_special_tokens=False).ids
+
+    def surely_longer(self, text: str, limit: int) -> bool:
+        """Whether ``text`` surely encodes to more than ``limit`` tokens, found without encoding
+        all of a long text.  Encoding holds the model thread and the GIL (a 25 MiB text takes
+        seconds, and every other stream would wait), so a long text is encoded a slice at a
+        time, cut before whitespace where it can be, until the count passes the limit by more
+        than the cuts can account for.  False means: encode it and see."""
+        if len(text) <= _SLICE:
+            return False
+        count, start, cuts = 0, 0, 0
+        while start < len(text):
+            end = min(start + _SLICE, len(text))
+            if end < len(text):
+                cut = max(text.rfind(" ", start + 1, end), text.rfind("\n", start + 1, end))
+                end, cuts = (cut if cut > start else end), cuts + 1
+            count += len(self._tok.encode(text[start:end], add_special_tokens=False).ids)
+            if count > limit + _CUT_SLACK * cuts:
+                return True
+            start = end
+        return False
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)

@@ -80,10 +80,24 @@ class _ScopedConnection(TrioASGIHTTPConnection):
         with ExitStack() as stack:
             token = _scope.set(stack)
             try:
-                await super().__call__(receive, send)
+                await super().__call__(receive, _shielded(send))
             finally:
                 _scope.reset(token)
                 in_flight.exit()
+
+
+def _shielded(send: ASGISendCallable) -> ASGISendCallable:
+    """The app's ``send``, shielded.  When a response ends a connection whose request body is
+    still arriving (a 408 or 413), Hypercorn closes the socket from inside that ``send``, after
+    telling the app of the disconnect, on which Quart-Trio cancels the request's nursery: the
+    close would be cancelled half-way and the socket kept open for as long as the client
+    trickles.  (Hypercorn shields the socket write itself already.)"""
+
+    async def send_shielded(message: Any) -> None:
+        with trio.CancelScope(shield=True):
+            await send(message)
+
+    return send_shielded
 
 
 #: Audio uploads may be larger than every other body.
@@ -215,12 +229,13 @@ def _http_error(exc: HTTPException) -> Response:
         404: f"no route {request.method} {request.path}",
         405: f"method {request.method} is not allowed on {request.path}",
         413: "the request body is larger than the 25 MiB limit",
+        408: f"the request body did not arrive within {request.body_timeout:g} seconds",
     }
     if status == 413 and request.path.startswith("/v1/audio/"):
         messages[413] = "request body too large; audio uploads are limited to 128 MiB"
     message = messages.get(status) or exc.description or exc.name
     response = error_response(status, error_body(family_of(request.path), status, message), message)
-    if status == 413:
+    if status in (408, 413):
         response.headers["Connection"] = "close"  # the unread body must not be parsed as a request
     return response
 
@@ -275,6 +290,7 @@ def create_app(sys_: System) -> QuartTrio:
     app = _App("turbospark")
     app.in_flight = InFlight()
     app.config["MAX_CONTENT_LENGTH"] = sys_.settings.max_body_bytes
+    app.config["BODY_TIMEOUT"] = sys_.settings.body_timeout  # a body must arrive in this time
     app.config["PROVIDE_AUTOMATIC_OPTIONS"] = True
     ids = itertools.count()
 

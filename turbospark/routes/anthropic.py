@@ -314,8 +314,9 @@ async def count_tokens() -> Response:
     prompt = ChatPrompt(tuple(p.messages), p.tools, p.template_kwargs)
     if entry.tokenizer is None:
         raise RequestInvalid("this model cannot count tokens")
+    # exact up to 4 context windows; a prompt surely longer is refused before it is all encoded
     ids, _ = await trio.to_thread.run_sync(
-        partial(render_prompt, entry.tokenizer, prompt,
+        partial(render_prompt, entry.tokenizer, prompt, 4 * entry.context_window,
                 special_tokens_in_content=sys_.settings.special_tokens_in_content)
     )
     response = json_response({"input_tokens": len(ids)})

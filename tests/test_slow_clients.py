@@ -1,0 +1,188 @@
+"""Slow and idle clients: hundreds of idle or trickling connections hold nothing up, a head or a
+body that trickles is cut at its timeout, and a 25 MiB body is answered beside running streams."""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import urlsplit
+
+import httpx
+import trio
+
+from tests._support import chat_body, read_until, sse_events, wait_for
+from turbospark.model.scripted import ScriptedBackend, shipped_tokenizer
+
+PATH = "/v1/chat/completions"
+IDLE = 150
+
+
+async def _connect(url: str) -> trio.SocketStream:
+    parts = urlsplit(url)
+    return await trio.open_tcp_stream(parts.hostname, parts.port)
+
+
+def _head(url: str, path: str, length: int) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: {urlsplit(url).netloc}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
+async def _trickle(stream: trio.SocketStream, data: bytes, pause: float) -> None:
+    """Send ``data`` a byte at a time until it is all sent or the server closes the socket."""
+    for i in range(len(data)):
+        try:
+            await stream.send_all(data[i : i + 1])
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+        await trio.sleep(pause)
+
+
+async def _read_to_close(stream: trio.SocketStream, timeout: float = 20) -> bytes:
+    """Everything the server sends until it closes the connection (a reset counts as closed)."""
+    buf = b""
+    with trio.fail_after(timeout):
+        while True:
+            try:
+                chunk = await stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                return buf
+            if not chunk:
+                return buf
+            buf += chunk
+
+
+async def _still_open(stream: trio.SocketStream) -> bool:
+    """Nothing to read and not closed: the server has neither answered nor dropped it."""
+    with trio.move_on_after(0.05):
+        await stream.receive_some(1)
+        return False
+    return True
+
+
+async def test_idle_and_trickling_connections_do_not_hold_up_a_normal_request(start_server, client) -> None:
+    server = await start_server([ScriptedBackend(token_delay=0.002)], header_timeout=60.0, body_timeout=60.0)
+    idle = [await _connect(server.url) for _ in range(IDLE)]
+    heads = [await _connect(server.url) for _ in range(10)]
+    bodies = [await _connect(server.url) for _ in range(10)]
+    body = json.dumps(chat_body(max_tokens=3)).encode()
+    async with trio.open_nursery() as nursery:
+        for s in heads:
+            nursery.start_soon(_trickle, s, _head(server.url, PATH, len(body)) + body, 0.05)
+        for s in bodies:
+            await s.send_all(_head(server.url, PATH, len(body)))
+            nursery.start_soon(_trickle, s, body, 0.05)
+        # with all of them open, a plain request, a stream and /health are answered in full
+        plain = await client.post(f"{server.url}{PATH}", json=chat_body(max_tokens=20))
+        assert plain.status_code == 200 and plain.json()["usage"]["completion_tokens"] == 20
+        streamed = await client.post(f"{server.url}{PATH}", json=chat_body(max_tokens=20, stream=True))
+        frames = sse_events(streamed.text)
+        assert frames[-1][1] == "[DONE]" and len(frames) >= 20
+        assert (await client.get(f"{server.url}/health")).json()["status"] == "ok"
+        # the idle ones were neither answered nor dropped, and each can still make a request
+        assert all([await _still_open(s) for s in idle])
+        await idle[0].send_all(f"GET /health HTTP/1.1\r\nHost: {urlsplit(server.url).netloc}\r\n\r\n".encode())
+        assert b'"status": "ok"' in await read_until(idle[0], b"}")
+        nursery.cancel_scope.cancel()
+    for s in idle + heads + bodies:
+        await s.aclose()
+
+
+async def test_a_head_or_body_that_trickles_is_cut_at_its_timeout(start_server, client) -> None:
+    server = await start_server(header_timeout=0.5, body_timeout=1.0)
+    body = json.dumps(chat_body(max_tokens=3)).encode()
+    idle = await _connect(server.url)
+    head = await _connect(server.url)
+    results: dict[str, bytes] = {}
+
+    async def body_trickle(name: str, path: str) -> None:
+        stream = await _connect(server.url)
+        await stream.send_all(_head(server.url, path, len(body)))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_trickle, stream, body, 0.05)
+            results[name] = await _read_to_close(stream)
+            nursery.cancel_scope.cancel()
+        await stream.aclose()
+
+    async def head_trickle() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_trickle, head, _head(server.url, PATH, len(body)), 0.05)
+            results["head"] = await _read_to_close(head)
+            nursery.cancel_scope.cancel()
+
+    async def idle_wait() -> None:
+        results["idle"] = await _read_to_close(idle)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(idle_wait)
+        nursery.start_soon(head_trickle)
+        for name, path in (("openai", PATH), ("anthropic", "/v1/messages"), ("ollama", "/api/embed")):
+            nursery.start_soon(body_trickle, name, path)
+    # an idle connection and a head that never completes are closed without an answer
+    assert results["idle"] == b"" and results["head"] == b""
+    # a body that never completes gets a 408 in its family's shape, and the connection closes
+    for name in ("openai", "anthropic", "ollama"):
+        head_part, _, payload = results[name].partition(b"\r\n\r\n")
+        assert head_part.startswith(b"HTTP/1.1 408"), results[name]
+        assert b"connection: close" in head_part.lower()
+        error = json.loads(payload)
+        message = error["error"] if name == "ollama" else error["error"]["message"]
+        assert message == "the request body did not arrive within 1 seconds"
+        if name == "anthropic":
+            assert error["type"] == "error"
+    # and the server keeps serving
+    r = await client.post(f"{server.url}{PATH}", json=chat_body(max_tokens=4))
+    assert r.json()["usage"]["completion_tokens"] == 4
+
+
+async def test_a_25_mib_body_is_answered_beside_a_running_stream(start_server, client) -> None:
+    backend = ScriptedBackend(token_delay=0.01)
+    server = await start_server([backend])
+    done: dict[str, httpx.Response] = {}
+
+    async def stream() -> None:
+        done["stream"] = await client.post(f"{server.url}{PATH}", json=chat_body(max_tokens=200, stream=True))
+
+    big = json.dumps(chat_body("word " * (25 * 1024 * 1024 // 5 - 40), max_tokens=5)).encode()
+    assert 25 * 1024 * 1024 - 1024 < len(big) <= 25 * 1024 * 1024
+    image = chat_body(max_tokens=5)
+    image["messages"][0]["content"] = [
+        {"type": "text", "text": "what is this"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * (25 * 1024 * 1024 - 400)}},
+    ]
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stream)
+        await wait_for(lambda: backend.counters.decode_steps >= 5)
+        headers = {"content-type": "application/json"}
+        # a prompt far past the context window: refused without encoding it all
+        r = await client.post(f"{server.url}{PATH}", content=big, headers=headers)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+        assert "more than 8192 tokens" in r.json()["error"]["message"]
+        # the same on count_tokens (exact up to four context windows)
+        r = await client.post(f"{server.url}/v1/messages/count_tokens", content=big, headers=headers)
+        assert r.status_code == 400 and "more than 32768 tokens" in r.json()["error"]["message"]
+        # a 25 MiB image: parsed, dropped with the degradation note, answered
+        r = await client.post(f"{server.url}{PATH}", json=image)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+        # one byte over the limit: 413
+        r = await client.post(f"{server.url}{PATH}", content=b" " * (25 * 1024 * 1024 + 1), headers=headers)
+        assert r.status_code == 413
+        assert not done  # the stream was still running through all of that
+    frames = sse_events(done["stream"].text)
+    assert frames[-1][1] == "[DONE]"
+    chunks = [json.loads(d) for _, d in frames[:-1]]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_long_text_is_measured_against_a_limit_without_encoding_it_all() -> None:
+    tok = shipped_tokenizer()
+    text = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(3000))
+    exact = len(tok.encode(text))
+    assert len(text) > 4 * 16384  # several slices
+    assert not tok.surely_longer(text, exact)  # a text of exactly the limit is encoded in full
+    assert not tok.surely_longer(text, exact - 10)  # within the slack: "encode it and see"
+    assert tok.surely_longer(text, exact // 2)
+    assert not tok.surely_longer("short text", 1)  # short texts are always encoded
+    blob = "A" * 200_000  # no whitespace to cut at
+    assert tok.surely_longer(blob, len(tok.encode(blob)) // 2)
+    assert not tok.surely_longer(blob, len(tok.encode(blob)))
