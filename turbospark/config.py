@@ -33,6 +33,12 @@ class Settings:
     # Inputs an encoder runs in one forward pass, from any number of requests: what
     # benchmarks/bench_embed.py shows is best on CPU (see the README).
     embedding_batch: int = 64
+    # Model lifecycle: how long an idle model stays loaded (seconds; inf: forever), how many
+    # models may be loaded at once, and the memory their weights may take together (half of
+    # physical memory by default); least recently used idle models make room.
+    keep_alive: float = 300.0
+    max_loaded_models: int = 3
+    max_loaded_memory: int = attrs.field(factory=lambda: _physical_memory() // 2)
     events_path: Path | None = None
     script: str | None = None
     token_delay: float = 0.0

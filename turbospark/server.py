@@ -24,7 +24,8 @@ from hypercorn.config import Config as HypercornConfig
 from ._system import System, run_system
 from .model.backend import BackendSpec
 from .model.encoder import EncoderSpec
-from .actors.resolver import ResolveFn, resolve_in_registry
+from .actors.resolver import Library, ResolveFn, resolve_in_registry
+from .lifecycle import Loadable
 from .config import Settings
 from .routes import create_app
 
@@ -54,9 +55,11 @@ def _hypercorn_config(settings: Settings) -> HypercornConfig:
 
 async def serve(
     settings: Settings,
-    backends: Sequence[BackendSpec | EncoderSpec],
+    backends: Sequence[BackendSpec | EncoderSpec | Loadable],
     *,
     resolve: ResolveFn = resolve_in_registry,
+    library: Library = tuple,
+    shelf: Any = None,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     stop = trio.Event()
@@ -74,7 +77,7 @@ async def serve(
         http_scope.cancel()
 
     async with trio.open_nursery() as root:
-        system = await root.start(partial(run_system, settings, backends, resolve=resolve))
+        system = await root.start(partial(run_system, settings, backends, resolve=resolve, library=library, shelf=shelf))
         app = create_app(system)
         root.start_soon(shut_down)
         async with trio.open_nursery() as http:

@@ -25,6 +25,8 @@ from ..messages import (
     EmbeddingBatch,
     Generated,
     GenerationBegan,
+    ModelLoaded,
+    ModelUnloaded,
     QueueDepth,
     QueueRejected,
     RequestFinished,
@@ -46,6 +48,8 @@ Event = (
     | RequestFinished
     | EmbeddingBatch
     | Embedded
+    | ModelLoaded
+    | ModelUnloaded
 )
 
 
@@ -144,6 +148,28 @@ class _Metrics:
         )
         for outcome in ("Done", "Cancelled", "Error", "Shutdown"):
             self.embedding_ends.labels(outcome)
+        self.loaded = Gauge(
+            "turbospark_loaded_models", "Models loaded now (weights in memory)", registry=reg
+        )
+        self.loaded_bytes = Gauge(
+            "turbospark_loaded_model_bytes", "Memory held by the loaded models' weights", registry=reg
+        )
+        self.loads = Counter("turbospark_model_loads", "Models loaded", ["model"], registry=reg)
+        self.load_seconds = Histogram(
+            "turbospark_model_load_seconds",
+            "How long a model took to load",
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=reg,
+        )
+        self.unloads = Counter(
+            "turbospark_model_unloads",
+            "Models unloaded, by reason (expired, evicted, requested, failed, cancelled, shutdown)",
+            ["reason"],
+            registry=reg,
+        )
+        for reason in ("expired", "evicted", "requested"):
+            self.unloads.labels(reason)
+        self._sizes: dict[str, int] = {}
         self._depths: dict[str, int] = {}
 
     def record(self, event: Event) -> None:
@@ -171,6 +197,17 @@ class _Metrics:
             self.embedding_batch.observe(event.inputs)
         elif isinstance(event, Embedded):
             self.embedding_ends.labels(event.outcome).inc()
+        elif isinstance(event, ModelLoaded):
+            self.loads.labels(event.model).inc()
+            self.load_seconds.observe(event.seconds)
+            self._sizes[event.model] = event.size
+            self.loaded.set(len(self._sizes))
+            self.loaded_bytes.set(sum(self._sizes.values()))
+        elif isinstance(event, ModelUnloaded):
+            self.unloads.labels(event.reason).inc()
+            self._sizes.pop(event.model, None)
+            self.loaded.set(len(self._sizes))
+            self.loaded_bytes.set(sum(self._sizes.values()))
         elif isinstance(event, QueueDepth):
             self._depths[event.model] = event.depth
             self.queue_depth.set(sum(self._depths.values()))

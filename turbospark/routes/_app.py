@@ -9,7 +9,6 @@ between the route returning and the body starting.
 
 from __future__ import annotations
 
-import contextvars
 import hmac
 import json
 import itertools
@@ -29,6 +28,7 @@ from werkzeug.exceptions import HTTPException
 from .._system import System
 from ..errors import TurboSparkError, Unauthorized
 from ..messages import RequestFinished, RequestStarted
+from ..scope import _scope, request_scope
 
 __all__ = [
     "Family",
@@ -43,9 +43,6 @@ __all__ = [
 log = logging.getLogger("turbospark")
 
 Family = Literal["openai", "anthropic", "ollama"]
-
-_scope: contextvars.ContextVar[ExitStack] = contextvars.ContextVar("turbospark_request_scope")
-
 
 class InFlight:
     """How many HTTP requests are being answered (body included), for a shutdown that waits
@@ -86,11 +83,6 @@ class _ScopedConnection(TrioASGIHTTPConnection):
 class _App(QuartTrio):
     asgi_http_class = _ScopedConnection
     in_flight: InFlight
-
-
-def request_scope() -> ExitStack:
-    """The exit stack of the current HTTP request (closed when its connection scope ends)."""
-    return _scope.get()
 
 
 def system() -> System:
