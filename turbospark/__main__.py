@@ -7,15 +7,15 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from . import __version__
 from .blas import describe as describe_blas
 from .blas import reexec_with_openblas
-from .model.backend import BackendSpec
-from .model.encoder import EncoderSpec
 from .config import Settings
 from .guardrails import Guardrails
 
@@ -46,6 +46,30 @@ def _int_in(low: int, high: int | None, what: str) -> Callable[[str], int]:
 _positive_int = _int_in(1, None, "a whole number")
 _port = _int_in(0, 65535, "a port number")
 _delay_ms = _int_in(0, None, "milliseconds")
+
+
+def _duration(text: str) -> float:
+    from .errors import RequestInvalid
+    from .lifecycle import parse_keep_alive
+
+    try:
+        value = parse_keep_alive(text)
+    except RequestInvalid:
+        raise argparse.ArgumentTypeError(f"expected seconds or a duration such as 5m, got '{text}'") from None
+    assert value is not None
+    return value
+
+
+def _size(text: str) -> int:
+    from .lifecycle import parse_size
+
+    try:
+        value = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"the size must be positive, got '{text}'")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -118,6 +142,32 @@ def _parser() -> argparse.ArgumentParser:
         "fit waits for room (default: a quarter of physical memory)",
     )
     s.add_argument(
+        "--keep-alive",
+        type=_duration,
+        default=300.0,
+        metavar="DURATION",
+        help="how long a model stays loaded after its last request: seconds or a duration such "
+        "as 30s, 5m, 1h; negative keeps it forever (default 5m; a request's keep_alive overrides "
+        "it; models named with --model stay until a request says otherwise)",
+    )
+    s.add_argument(
+        "--max-loaded-models",
+        type=_positive_int,
+        default=Settings().max_loaded_models,
+        metavar="N",
+        help="models loaded at once; the least recently used idle one is unloaded to load "
+        f"another (default {Settings().max_loaded_models})",
+    )
+    s.add_argument(
+        "--max-loaded-memory",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="memory the loaded models' weights may take together, e.g. 8G or 512M (a bare "
+        "number is MiB); least recently used idle models are unloaded to stay under it "
+        "(default: half of physical memory)",
+    )
+    s.add_argument(
         "--guardrails",
         choices=("on", "off"),
         default="on",
@@ -178,6 +228,9 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sett
         max_resolutions=args.max_resolutions,
         max_batch=args.max_batch,
         guardrails=Guardrails() if args.guardrails == "on" else Guardrails.off(),
+        keep_alive=args.keep_alive,
+        max_loaded_models=args.max_loaded_models,
+        **({"max_loaded_memory": args.max_loaded_memory} if args.max_loaded_memory else {}),
         **({"kv_budget": args.kv_budget_mb << 20} if args.kv_budget_mb else {}),
         events_path=args.events,
         script=script,
@@ -185,12 +238,13 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sett
     )
 
 
-async def _run(settings: Settings, specs: Sequence[BackendSpec | EncoderSpec]) -> None:
+async def _run(settings: Settings, specs: Sequence[Any], shelf: Any) -> None:
     from .server import serve
 
+    library = shelf.loadables if shelf is not None else tuple
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            server = await nursery.start(serve, settings, specs)
+            server = await nursery.start(partial(serve, settings, specs, library=library, shelf=shelf))
             print(f"turbospark listening on {server.url}", file=sys.stderr, flush=True)
             auth = "on (x-api-key or Authorization: Bearer, except /health)" if settings.api_key else "off"
             print(f"  auth: {auth}", file=sys.stderr)
@@ -216,13 +270,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         return 2
     settings = _settings(args, parser)
-    from .attach import ModelSetupError, backend_specs, needs_mlx
+    from .attach import ModelSetupError, backend_specs, needs_mlx, shelf_for
 
     try:
         if needs_mlx(settings):
             reexec_with_openblas([sys.executable, "-m", "turbospark", *argv])
         specs = backend_specs(settings)
-        trio.run(_run, settings, specs)
+        trio.run(_run, settings, specs, shelf_for(settings))
     except ModelSetupError as exc:
         print(f"turbospark: {exc}", file=sys.stderr)
         return 1
