@@ -43,6 +43,12 @@ class StoreShelf:
 
         return name in catalogue.CATALOGUE
 
+    def digest(self, name: str) -> str:
+        from .store import catalogue
+
+        entry = catalogue.CATALOGUE[name]
+        return entry.gguf_sha256 or entry.directory_sha256
+
     def catalogue(self) -> list[str]:
         from .store import catalogue
 

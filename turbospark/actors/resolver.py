@@ -52,7 +52,7 @@ from ..errors import (
     ShuttingDown,
     TurboSparkError,
 )
-from ..lifecycle import FOREVER, Loadable, Resident, evictions
+from ..lifecycle import FOREVER, Loadable, ModelCard, Resident, evictions
 from ..messages import ModelLoaded, ModelUnloaded, Open
 from ..routing import Capability, ModelEntry, Registry, alias_for
 from ._mailbox import answer
@@ -271,6 +271,7 @@ class _Resolver:
         ids = {e.id for e in entries}
         entries += [e for e in self.fixed if e.id not in ids]
         self.published.registry = Registry(tuple(entries))
+        self.published.loadables = dict(self.known)
         return self.published.registry
 
     def _loaded_ids(self) -> set[str]:
@@ -616,6 +617,7 @@ class Published:
     which never resolve (``/v1/models``, ``/health``) read."""
 
     registry: Registry = attrs.field(factory=Registry)
+    loadables: Mapping[str, Loadable] = attrs.field(factory=dict)  # what the library says of each
 
 
 async def resolver(
@@ -674,5 +676,5 @@ def loadable_for(spec: Any, info: Mapping[str, Any] | None = None) -> Loadable:
     """A backend handed to ``serve`` directly (tests, scripted runs): loaded at start, kept."""
     return Loadable(
         id=spec.id, make=spec.make, capabilities=frozenset({"chat", "completion"}),
-        context_window=0, size=0, pinned=True,
+        context_window=0, size=0, pinned=True, card=ModelCard(format="scripted", family="scripted"),
     )

@@ -253,13 +253,13 @@ def create_app(sys_: System) -> QuartTrio:
     app.register_error_handler(Exception, _unexpected)
 
     from . import (
-        health, metrics, models, ollama_embed, openai_chat, openai_completions, openai_embeddings,
-        openai_responses,
+        health, metrics, models, ollama, ollama_embed, openai_chat, openai_completions,
+        openai_embeddings, openai_responses,
     )
 
     for module in (
         health, models, metrics, openai_chat, openai_completions, openai_responses,
-        openai_embeddings, ollama_embed,
+        openai_embeddings, ollama_embed, ollama,
     ):
         app.register_blueprint(module.blueprint)
     return app

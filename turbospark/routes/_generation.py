@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import attrs
@@ -61,11 +61,14 @@ async def start(
     prompt: ChatPrompt | TextPrompt,
     params: SamplingParams,
     n: int = 1,
+    admit: Callable[[Started], None] | None = None,
 ) -> Replies:
     """Queue a generation and wait until the model has started on it; return its replies.
 
     Raises the error the queue or the model answered with (``QueueFull``, ``RequestInvalid``,
-    ``ContextOverflow`` ...) before any response byte is sent.
+    ``ContextOverflow`` ...) before any response byte is sent.  ``admit`` may refuse the started
+    generation by raising (a limit the route checks on the prompt's token count); the request
+    scope then closes its replies, which stops it within a step.
     """
     sys_ = system()
     buffer = n * (params.max_tokens + 1) + REPLY_SLACK
@@ -77,6 +80,8 @@ async def start(
         await sys_.submit(job)
         async for msg in reply_recv:
             if isinstance(msg, Started):
+                if admit is not None:
+                    admit(msg)
                 started = True
                 return reply_recv
             if isinstance(msg, Failed):
