@@ -65,6 +65,8 @@ class _Queue:
             self.retired.discard(msg.model)
         elif isinstance(msg, Retire):
             self.retired.add(msg.model)
+            for taker in self.policy.drop_takers(msg.model):  # that thread is gone
+                taker.close()
             for job in self.policy.take_now(msg.model, self.policy.depth(msg.model)):
                 answer(job.reply, Failed(ShuttingDown()))
             self._depth(msg.model)
@@ -108,13 +110,17 @@ class _Queue:
         self._depth(job.model)
 
     def _dispatch(self) -> None:
+        again = False
         for model, taker, jobs in list(self.policy.dispatch()):
             try:
                 taker.send_nowait(jobs)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self.policy.requeue(model, jobs)  # that model thread is gone (shutdown)
+                self.policy.requeue(model, jobs)  # that model thread is gone: the next taker
+                again = True
             taker.close()
             self._depth(model)
+        if again:
+            self._dispatch()
 
     def _depth(self, model: str) -> None:
         self.emit(QueueDepth(model, self.policy.depth(model)))
