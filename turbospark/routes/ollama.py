@@ -567,15 +567,19 @@ async def pull() -> Response:
     outcome: list[BaseException] = []
 
     def work() -> None:
-        with send:
-            report = _Progress(send, token, shelf.digest(name))
+        report = _Progress(send, token, shelf.digest(name))
+        try:
+            report("pulling manifest", None, None)
+            shelf.pull(name, report)
+            report("verifying sha256 digest", None, None)
+            report("writing manifest", None, None)
+        except BaseException as exc:  # told to the stream, never raised into a bare thread
+            outcome.append(exc)
+        finally:  # channels are closed on the Trio side, never from this thread
             try:
-                report("pulling manifest", None, None)
-                shelf.pull(name, report)
-                report("verifying sha256 digest", None, None)
-                report("writing manifest", None, None)
-            except BaseException as exc:  # told to the stream, never raised into a bare thread
-                outcome.append(exc)
+                trio.from_thread.run_sync(send.close, trio_token=token)
+            except trio.RunFinishedError:
+                pass
 
     async def frames() -> AsyncIterator[bytes]:
         with recv:
