@@ -24,7 +24,7 @@ from turbospark.messages import (
     Withdraw,
 )
 from turbospark.model.backend import SamplingParams
-from turbospark.routing import ModelEntry, Registry
+from turbospark.routing import ModelEntry
 
 
 def make_job(i: int, model: str = "m"):

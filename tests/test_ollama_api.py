@@ -17,7 +17,7 @@ from turbospark.messages import Generated
 from turbospark.model.scripted import ScriptedBackend
 from turbospark.wire.ollama import options_params
 
-from ._support import raw_post, read_until, wait_for
+from ._support import raw_post, read_until
 
 HELLO = [{"role": "user", "content": "Hello there"}]
 WEATHER = {
