@@ -293,16 +293,22 @@ class _Resolver:
         await self.post.send(_Looked(msg, result, token, asked))
 
     async def _find(self, msg: Resolve) -> ModelEntry:
+        if msg.exact or self.resolve_fn is resolve_in_registry:
+            return self._find_now(msg)
+        registry = self.published.registry
+        try:
+            return await self.resolve_fn(registry, msg.name, msg.want)
+        except ModelNotFound:
+            return self._only_loaded(registry, msg)
+
+    def _find_now(self, msg: Resolve) -> ModelEntry:
+        """The lookup itself, synchronous: the registry's policy, or an exact name."""
         registry = self.published.registry
         if not msg.exact:
             try:
-                return await self.resolve_fn(registry, msg.name, msg.want)
+                return registry.resolve(msg.name, msg.want)
             except ModelNotFound:
-                # several capable models, none named: the one loaded, if only one is
-                loaded = [e for e in registry.entries if msg.want in e.capabilities and e.id in self._loaded_ids()]
-                if len(loaded) == 1:
-                    return loaded[0]
-                raise
+                return self._only_loaded(registry, msg)
         name = msg.name or ""
         entry = registry.lookup(name) or (registry.lookup(name[: -len(":latest")]) if name.endswith(":latest") else None)
         if entry is None:
@@ -311,6 +317,13 @@ class _Resolver:
             what = {"chat": "chat", "completion": "generate", "embedding": "embeddings"}[msg.want]
             raise RequestInvalid(f"model '{entry.id}' does not support {what}", param="model")
         return entry
+
+    def _only_loaded(self, registry: Registry, msg: Resolve) -> ModelEntry:
+        """Several capable models, none named: the one loaded, if only one is."""
+        loaded = [e for e in registry.entries if msg.want in e.capabilities and e.id in self._loaded_ids()]
+        if len(loaded) == 1:
+            return loaded[0]
+        raise ModelNotFound(msg.name or "", [e.id for e in registry.entries if msg.want in e.capabilities])
 
     async def _refresh(self) -> Registry:
         loadables = await trio.to_thread.run_sync(self.library)
@@ -375,6 +388,18 @@ class _Resolver:
         except trio.WouldBlock:
             answer(msg.reply, ResolutionBusy())
             return
+        if self.resolve_fn is resolve_in_registry or msg.exact:
+            # the common case answers in this turn of the loop: no task, the slot back at once
+            # unless a load takes it; a name not known yet is looked for in the library
+            try:
+                found: ModelEntry | TurboSparkError = self._find_now(msg)
+            except (ModelNotFound, NoModel):
+                found = None  # type: ignore[assignment]
+            except TurboSparkError as exc:
+                found = exc
+            if found is not None:
+                self._looked(_Looked(msg, found, token, trio.current_time()))
+                return
         self.tasks.start_soon(self._look_up, msg, token)
 
     def _looked(self, msg: _Looked) -> None:
