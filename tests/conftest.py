@@ -25,7 +25,8 @@ from turbospark.server import Server, serve
 
 @pytest.fixture
 async def start_server(nursery: trio.Nursery) -> AsyncIterator[Callable[..., Any]]:
-    """``await start_server(backends=[...], encoders=[...], **settings)`` -> a running ``Server``."""
+    """``await start_server(backends=[...], encoders=[...], **settings)`` -> a running ``Server``.
+    ``library=[Loadable, ...]`` adds models that load on demand (``backends`` load at start)."""
     servers: list[Server] = []
 
     async def start(
@@ -44,6 +45,12 @@ async def start_server(nursery: trio.Nursery) -> AsyncIterator[Callable[..., Any
         kwargs: dict[str, Any] = {"resolve": resolve} if resolve else {}
         if "audio_catalogue" in settings:
             kwargs["audio_catalogue"] = settings.pop("audio_catalogue")
+        # models loaded on demand: a sequence of Loadables (or a callable returning them)
+        library = settings.pop("library", None)
+        if library is not None:
+            kwargs["library"] = library if callable(library) else partial(tuple, library)
+        if (shelf := settings.pop("shelf", None)) is not None:
+            kwargs["shelf"] = shelf
         config = Settings(host="127.0.0.1", port=0, graceful_timeout=1.0, **settings)
         server = await nursery.start(partial(serve, config, specs, **kwargs))
         servers.append(server)

@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from turbospark.actors.generation import generation_queue
-from turbospark.actors.resolver import Resolve, resolver
+from turbospark.actors.resolver import Grant, Lifecycle, Published, Resolve, resolver
 from turbospark.errors import QueueFull, ResolutionBusy
 from turbospark.messages import (
     ChatPrompt,
@@ -24,7 +24,7 @@ from turbospark.messages import (
     Withdraw,
 )
 from turbospark.model.backend import SamplingParams
-from turbospark.routing import ModelEntry, Registry
+from turbospark.routing import ModelEntry
 
 
 def make_job(i: int, model: str = "m"):
@@ -131,7 +131,11 @@ async def test_resolver_refuses_at_once_when_every_slot_is_held(
         return registry.resolve(name, want)
 
     ask, inbox = trio.open_memory_channel(8)
-    await nursery.start(partial(resolver, inbox, Registry((entry,)), slots=1, resolve=slow))
+    life = Lifecycle(start_model=None, queue=None, emit=lambda e: None)  # nothing to load here
+    await nursery.start(partial(
+        resolver, inbox, ask.clone(), lifecycle=life, published=Published(),
+        models_scope=trio.CancelScope(), fixed=[entry], slots=1, resolve=slow,
+    ))
 
     first_send, first = trio.open_memory_channel(1)
     await ask.send(Resolve("m", "chat", first_send))
@@ -142,8 +146,8 @@ async def test_resolver_refuses_at_once_when_every_slot_is_held(
     assert isinstance(await busy.receive(), ResolutionBusy)
     assert trio.current_time() == before  # refused, never queued
     gate.set()
-    assert await first.receive() is entry
+    assert await first.receive() == Grant(entry, None)
 
     again_send, again = trio.open_memory_channel(1)
     await ask.send(Resolve("x", "chat", again_send))
-    assert await again.receive() is entry  # the slot came back
+    assert await again.receive() == Grant(entry, None)  # the slot came back

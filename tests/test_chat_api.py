@@ -337,7 +337,9 @@ async def test_events_file_and_metrics(start_server, client: httpx.AsyncClient, 
 
     await wait_for(lambda: path.exists() and path.read_text().count("\n") >= 8)
     events = [json.loads(line) for line in path.read_text().splitlines()]
-    chat = [e for e in events if e.get("id") == events[0]["id"] and e["kind"] != "queueDepth"]
+    assert events[0] == {"kind": "modelLoaded", "model": "scripted", "seconds": events[0]["seconds"], "size": 0}
+    first = next(e for e in events if "id" in e)
+    chat = [e for e in events if e.get("id") == first["id"] and e["kind"] != "queueDepth"]
     assert [e["kind"] for e in chat] == [
         "requestStarted",
         "requestRouted",

@@ -7,9 +7,9 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -61,6 +61,30 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected seconds, got '{text}'") from None
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"a timeout must be a positive number of seconds, got {text}")
+    return value
+
+
+def _duration(text: str) -> float:
+    from .errors import RequestInvalid
+    from .lifecycle import parse_keep_alive
+
+    try:
+        value = parse_keep_alive(text)
+    except RequestInvalid:
+        raise argparse.ArgumentTypeError(f"expected seconds or a duration such as 5m, got '{text}'") from None
+    assert value is not None
+    return value
+
+
+def _size(text: str) -> int:
+    from .lifecycle import parse_size
+
+    try:
+        value = parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"the size must be positive, got '{text}'")
     return value
 
 
@@ -167,6 +191,32 @@ def _parser() -> argparse.ArgumentParser:
         "fit waits for room (default: a quarter of physical memory)",
     )
     s.add_argument(
+        "--keep-alive",
+        type=_duration,
+        default=300.0,
+        metavar="DURATION",
+        help="how long a model stays loaded after its last request: seconds or a duration such "
+        "as 30s, 5m, 1h; negative keeps it forever (default 5m; a request's keep_alive overrides "
+        "it; models named with --model stay until a request says otherwise)",
+    )
+    s.add_argument(
+        "--max-loaded-models",
+        type=_positive_int,
+        default=Settings().max_loaded_models,
+        metavar="N",
+        help="models loaded at once; the least recently used idle one is unloaded to load "
+        f"another (default {Settings().max_loaded_models})",
+    )
+    s.add_argument(
+        "--max-loaded-memory",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="memory the loaded models' weights may take together, e.g. 8G or 512M (a bare "
+        "number is MiB); least recently used idle models are unloaded to stay under it "
+        "(default: half of physical memory)",
+    )
+    s.add_argument(
         "--guardrails",
         choices=("on", "off"),
         default="on",
@@ -254,6 +304,9 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sett
         guardrails=Guardrails() if args.guardrails == "on" else Guardrails.off(),
         **_origins(args),
         special_tokens_in_content=args.special_tokens_in_content,
+        keep_alive=args.keep_alive,
+        max_loaded_models=args.max_loaded_models,
+        **({"max_loaded_memory": args.max_loaded_memory} if args.max_loaded_memory else {}),
         **({"kv_budget": args.kv_budget_mb << 20} if args.kv_budget_mb else {}),
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
@@ -263,10 +316,11 @@ def _settings(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sett
     )
 
 
-async def _run(settings: Settings, specs: Sequence[BackendSpec | EncoderSpec | AudioSpec]) -> None:
+async def _run(settings: Settings, specs: Sequence[BackendSpec | EncoderSpec | AudioSpec], shelf: Any) -> None:
     from .attach import audio_catalogue
     from .server import serve
 
+    library = shelf.loadables if shelf is not None else tuple
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
             running: list[Any] = []  # the Server, once it listens
@@ -284,7 +338,9 @@ async def _run(settings: Settings, specs: Sequence[BackendSpec | EncoderSpec | A
                     return
 
             nursery.start_soon(on_signal)
-            server = await nursery.start(partial(serve, settings, specs, audio_catalogue=audio_catalogue()))
+            server = await nursery.start(partial(
+                serve, settings, specs, audio_catalogue=audio_catalogue(), library=library, shelf=shelf
+            ))
             running.append(server)
             print(f"turbospark listening on {server.url}", file=sys.stderr, flush=True)
             auth = "on (x-api-key or Authorization: Bearer, except /health)" if settings.api_key else "off"
@@ -309,14 +365,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         return 2
     settings = _settings(args, parser)
-    from .attach import ModelSetupError, audio_specs, backend_specs, needs_mlx
+    from .attach import ModelSetupError, audio_specs, backend_specs, needs_mlx, shelf_for
 
     try:
         if needs_mlx(settings):
             reexec_with_openblas([sys.executable, "-m", "turbospark", *argv])
         with interruptible():  # a pull or import stops at once, leaving nothing half-written
             specs = [*backend_specs(settings), *audio_specs(settings)]
-        trio.run(_run, settings, specs)
+        trio.run(_run, settings, specs, shelf_for(settings))
     except KeyboardInterrupt:
         print("turbospark: interrupted while preparing models; nothing half-written was left in "
               "the model store", file=sys.stderr)

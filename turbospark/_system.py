@@ -3,14 +3,17 @@
 
     run_system (one nursery)
     ├── observer            inbox: events, RenderMetrics, Subscribe
-    ├── generation_queue    inbox: Submit, Withdraw, Take
-    ├── model_actor × N     each owns one pinned model thread; Take goes to the queue
+    ├── generation_queue    inbox: Submit, Withdraw, Take, Retire, Open
     ├── embedding_actor × M inbox: EmbeddingJob; each owns one pinned encoder thread
     ├── audio_actor         inbox: ResolveAudio, SubmitAudio, jobs, attach/detach; owns the audio
     │                       models' worker threads and queues, and the async jobs
-    └── resolver            inbox: Resolve; owns the resolution slots
+    └── resolver            inbox: Resolve, Abandon, Release, Unload, Running, Refresh; owns
+        │                   the resolution slots, the keep-alive timers and:
+        └── models nursery (``System.models_scope``)
+            └── model_actor × loaded, each in its own cancel scope (loaded on demand,
+                                    unloaded when idle); Take goes to the queue
 
-Shutdown begins with ``System.stop_models``: each model actor's own cancel scope is cancelled,
+Shutdown begins with ``System.stop_models``: the models' scope is cancelled (each model actor's,
 its thread notices at its next ``check_cancelled`` (one step) and answers every sequence it holds
 ``ShuttingDown``; the queue, told by ``Retire``, answers the jobs still waiting.  Embedding actors
 are cancelled the same way: the encoder thread answers what it holds, the actor what waits in its
@@ -34,7 +37,23 @@ from .actors.embedding import embedding_actor
 from .actors.generation import QueueMessage, generation_queue
 from .actors.models import model_actor
 from .actors.observer import Observer, ObserverMessage, RenderMetrics, Subscribe, observer
-from .actors.resolver import Resolve, ResolveFn, resolve_in_registry, resolver
+from .actors.resolver import (
+    Abandon,
+    Grant,
+    Library,
+    Lifecycle,
+    LoadedModel,
+    Published,
+    Refresh,
+    Release,
+    Resolve,
+    ResolveFn,
+    Running,
+    Unload,
+    loadable_for,
+    resolve_in_registry,
+    resolver,
+)
 from .config import Settings
 from .conversations import ResponseStore
 from .errors import QueueFull, ShuttingDown, TurboSparkError
@@ -45,7 +64,9 @@ from .model._worker import Limits
 from .model.backend import BackendSpec
 from .model.encoder import EncoderSpec
 from .audio.engines import AudioSpec
-from .routing import Capability, ModelEntry, Registry, alias_for
+from .lifecycle import Loadable
+from .routing import Capability, ModelEntry, Registry
+from .scope import current_scope
 
 __all__ = ["BackendSpec", "EncoderSpec", "System", "run_system"]
 
@@ -53,33 +74,97 @@ __all__ = ["BackendSpec", "EncoderSpec", "System", "run_system"]
 @attrs.frozen
 class System:
     settings: Settings
-    registry: Registry
     observer: Observer
     queue: trio.MemorySendChannel[QueueMessage]
-    resolver: trio.MemorySendChannel[Resolve]
+    resolver: trio.MemorySendChannel[Any]
+    published: Published = attrs.field(factory=Published)
+    #: cancelled at shutdown: every model actor (the resolver's nursery) and every load
+    models_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    #: each embedding actor's own scope
     model_scopes: tuple[trio.CancelScope, ...] = ()
     responses: ResponseStore = attrs.field(factory=ResponseStore)  # for previous_response_id
     #: each embedding model's inbox, by id
     embedders: Mapping[str, trio.MemorySendChannel[EmbeddingJob]] = attrs.field(factory=dict)
     #: the audio jobs actor's inbox (None: no audio model was attached at start, no audio routes)
     audio: trio.MemorySendChannel[AudioMessage] | None = None
+    #: the model store routes manage (pull, delete, copy); None when the server has none
+    shelf: Any = None
+
+    @property
+    def registry(self) -> Registry:
+        """Every known model (loaded or loadable): the resolver's latest snapshot."""
+        return self.published.registry
 
     def stop_models(self) -> None:
         """Shutdown's first step: every model thread stops within a step and answers what it
         runs ``ShuttingDown``; the queue answers what waits.  The other actors keep serving the
         routes until the root nursery ends."""
+        self.models_scope.cancel()
         for scope in self.model_scopes:
             scope.cancel()
 
     def emit(self, event: object) -> None:
         self.observer.emit(event)
 
-    async def resolve(self, name: str | None, want: Capability = "chat") -> ModelEntry:
-        """Which model answers ``name``; raises the resolution error (404/503) otherwise."""
-        answer = await call(self.resolver, partial(Resolve, name, want))
+    async def resolve(
+        self, name: str | None, want: Capability = "chat", *, keep_alive: float | None = None,
+        exact: bool = False,
+    ) -> ModelEntry:
+        """Which model answers ``name``, loaded; raises the resolution error (404/503)
+        otherwise.  Within a request, the model stays loaded until the request ends."""
+        return (await self.lease(name, want, keep_alive=keep_alive, exact=exact)).entry
+
+    async def lease(
+        self, name: str | None, want: Capability = "chat", *, keep_alive: float | None = None,
+        exact: bool = False,
+    ) -> Grant:
+        """``resolve``, with how long the request waited for a load."""
+        reply_send, reply_recv = trio.open_memory_channel[Grant | TurboSparkError](1)
+        msg = Resolve(name, want, reply_send, keep_alive, exact)
+        result: Grant | TurboSparkError | None = None
+        with reply_recv:
+            try:
+                await self.resolver.send(msg)
+                result = await reply_recv.receive()
+            finally:
+                if result is None:  # left before the answer: a grant already sent goes back
+                    try:
+                        late = reply_recv.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        late = None
+                    if isinstance(late, Grant) and late.lease is not None:
+                        self._post(Release(late.lease))
+                    self._post(Abandon(msg))
+        if isinstance(result, TurboSparkError):
+            raise result
+        if result.lease is not None:
+            scope = current_scope()
+            if scope is None:
+                self._post(Release(result.lease))
+            else:
+                scope.callback(self._post, Release(result.lease))
+        return result
+
+    def _post(self, msg: object) -> None:
+        """Sync, never blocking: safe in a cancelled ``finally`` (the inbox leaves room)."""
+        try:
+            self.resolver.send_nowait(msg)
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+
+    async def unload(self, name: str) -> ModelEntry:
+        """Unload ``name`` now if idle, else once its requests end; 404 if unknown."""
+        answer = await call(self.resolver, partial(Unload, name))
         if isinstance(answer, TurboSparkError):
             raise answer
         return answer
+
+    async def running(self) -> list[LoadedModel]:
+        return await call(self.resolver, Running)
+
+    async def refresh(self) -> Registry:
+        """Read the library again (after the store changed)."""
+        return await call(self.resolver, Refresh)
 
     async def submit(self, job: GenerationJob) -> None:
         await self.queue.send(Submit(job))
@@ -114,12 +199,16 @@ class System:
 
 async def run_system(
     settings: Settings,
-    backends: Sequence[BackendSpec | EncoderSpec | AudioSpec],
+    backends: Sequence[BackendSpec | EncoderSpec | AudioSpec | Loadable],
     *,
     resolve: ResolveFn = resolve_in_registry,
     audio_catalogue: Mapping[str, Any] | None = None,
+    library: Library = tuple,
+    shelf: Any = None,
     task_status: trio.TaskStatus[System] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """``backends``: models loaded at start and kept (``BackendSpec`` or pinned ``Loadable``)
+    and embedding models; ``library``: every model that may be loaded on demand."""
     async with trio.open_nursery() as nursery:
         obs_send, obs_recv = trio.open_memory_channel[ObserverMessage](4096)
         await nursery.start(partial(observer, obs_recv, events_path=settings.events_path))
@@ -131,9 +220,10 @@ async def run_system(
             partial(generation_queue, queue_recv, obs.emit, max_queue=settings.max_queue)
         )
 
-        entries = []
+        fixed = []
         scopes: list[trio.CancelScope] = []
         embedders: dict[str, trio.MemorySendChannel[EmbeddingJob]] = {}
+        pinned: list[Loadable] = []
         audio_specs = [spec for spec in backends if isinstance(spec, AudioSpec)]
         audio_send = None
         if audio_specs:
@@ -147,44 +237,45 @@ async def run_system(
             if isinstance(spec, AudioSpec):
                 continue
             if isinstance(spec, EncoderSpec):
-                entries.append(await _start_encoder(nursery, spec, settings, obs, scopes, embedders))
-                continue
-            limits = Limits(settings.max_batch, settings.kv_budget, settings.special_tokens_in_content)
-            scopes.append(scope := trio.CancelScope())
-            info = await nursery.start(
-                _in_scope, scope, partial(model_actor, spec.id, spec.make, queue_send.clone(), obs.emit, limits)
-            )
-            capabilities: frozenset[Capability] = frozenset(
-                {"chat", "completion"} if info.has_chat_template else {"completion"}
-            )
-            entries.append(
-                ModelEntry(
-                    id=info.id,
-                    context_window=info.context_window,
-                    capabilities=capabilities,
-                    aliases=(alias_for(info.id),),
-                    created=int(time.time()),
-                    sampling_defaults=info.sampling_defaults,
-                    fingerprint=info.fingerprint,
-                    tokenizer=info.tokenizer,
-                )
-            )
-        registry = Registry(tuple(entries))
+                fixed.append(await _start_encoder(nursery, spec, settings, obs, scopes, embedders))
+            elif isinstance(spec, Loadable):
+                pinned.append(attrs.evolve(spec, pinned=True))
+            else:
+                pinned.append(loadable_for(spec))
 
-        resolve_send, resolve_recv = trio.open_memory_channel[Resolve](64)
+        limits = Limits(settings.max_batch, settings.kv_budget, settings.special_tokens_in_content)
+
+        async def start_model(model_id: str, make: Any, *, task_status: trio.TaskStatus[Any]) -> None:
+            await model_actor(model_id, make, queue_send.clone(), obs.emit, limits, task_status=task_status)
+
+        lifecycle = Lifecycle(
+            start_model=start_model, queue=queue_send, emit=obs.emit,
+            keep_alive=settings.keep_alive, max_models=settings.max_loaded_models,
+            max_memory=settings.max_loaded_memory,
+        )
+        # Release and Abandon are sent with send_nowait from leaving routes: leave them room.
+        resolve_send, resolve_recv = trio.open_memory_channel[Any](1024)
+        published = Published()
+        models_scope = trio.CancelScope()
         await nursery.start(
-            partial(resolver, resolve_recv, registry, slots=settings.max_resolutions, resolve=resolve)
+            partial(
+                resolver, resolve_recv, resolve_send.clone(), lifecycle=lifecycle, published=published,
+                models_scope=models_scope, library=library, pinned=pinned, fixed=fixed,
+                slots=settings.max_resolutions, resolve=resolve,
+            )
         )
         task_status.started(
             System(
                 settings=settings,
-                registry=registry,
                 observer=obs,
                 queue=queue_send,
                 resolver=resolve_send,
+                published=published,
+                models_scope=models_scope,
                 model_scopes=tuple(scopes),
                 embedders=embedders,
                 audio=audio_send,
+                shelf=shelf,
             )
         )
 

@@ -25,7 +25,9 @@ from .audio.engines import AudioSpec
 from .config import Settings
 from .model.backend import BackendSpec
 from .model.encoder import EncoderSpec, ScriptedEncoder
+from .lifecycle import Loadable
 from .model.scripted import SCRIPTED_ID, ScriptedBackend
+from .shelf import StoreShelf, loadable_from
 
 __all__ = [
     "ModelSetupError",
@@ -33,7 +35,9 @@ __all__ = [
     "audio_specs",
     "backend_specs",
     "embedding_names",
+    "load_mlx",
     "needs_mlx",
+    "shelf_for",
 ]
 
 NO_EMBEDDINGS = "none"
@@ -62,16 +66,26 @@ def embedding_names(settings: Settings) -> list[str | None]:
     return [None]
 
 
-def backend_specs(settings: Settings) -> list[BackendSpec | EncoderSpec]:
-    """What to attach (each backend is built on its own model thread, not here)."""
-    specs: list[BackendSpec | EncoderSpec] = []
+def shelf_for(settings: Settings) -> StoreShelf | None:
+    """The model store the server loads from on demand and manages (pull, copy, delete); None
+    when every ``--model`` is scripted, so scripted runs stay offline and answer any name."""
+    if settings.models and all(name == SCRIPTED_ID for name in settings.models):
+        return None
+    from .store.store import ModelStore, store_root
+
+    return StoreShelf(ModelStore(store_root()))
+
+
+def backend_specs(settings: Settings) -> list[BackendSpec | EncoderSpec | Loadable]:
+    """What to load at start and keep (each backend is built on its own model thread, not
+    here); every other stored model loads when a request names it."""
+    specs: list[BackendSpec | EncoderSpec | Loadable] = []
     for name in settings.models or (None,):
         if name == SCRIPTED_ID:
             make = partial(ScriptedBackend, script=settings.script, token_delay=settings.token_delay)
             specs.append(BackendSpec(SCRIPTED_ID, make))
         else:
-            path, model_id = stored_model(name)
-            specs.append(BackendSpec(model_id, partial(_load_mlx, path, model_id)))
+            specs.append(loadable_from(stored_model(name, whole=True), pinned=True))
     for name in embedding_names(settings):
         if name == SCRIPTED_ID:
             encoder = ScriptedEncoder()
@@ -82,9 +96,9 @@ def backend_specs(settings: Settings) -> list[BackendSpec | EncoderSpec]:
     return specs
 
 
-def stored_model(name: str | None, kind: str = "generation") -> tuple[Path, str]:
+def stored_model(name: str | None, kind: str = "generation", *, whole: bool = False):  # type: ignore[no-untyped-def]
     """The store directory and id for ``name`` (None: the default model of that ``kind``),
-    importing if needed."""
+    importing if needed; with ``whole``, the ``StoredModel`` itself."""
     from .store import catalogue
     from .store.store import ModelImportError, ModelStore, store_root
 
@@ -112,10 +126,10 @@ def stored_model(name: str | None, kind: str = "generation") -> tuple[Path, str]
         what, flag = ("an embedding", "--embedding-model") if stored.kind == "embedding" else ("a chat", "--model")
         raise ModelSetupError(f"'{stored.name}' is {what} model: attach it with {flag}")
     stored = store.ensure_runtime_files(stored)  # a model imported by an older turbospark
-    return stored.path, stored.name
+    return stored if whole else (stored.path, stored.name)
 
 
-def _load_mlx(path: Path, model_id: str):  # type: ignore[no-untyped-def]
+def load_mlx(path: Path, model_id: str):  # type: ignore[no-untyped-def]
     from .model.mlx_backend import MlxBackend
 
     try:

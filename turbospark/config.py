@@ -42,6 +42,12 @@ class Settings:
     max_audio_frame_bytes: int = 1 << 20
     realtime_idle_seconds: float = 60.0
     realtime_max_seconds: float = 3600.0
+    # Model lifecycle: how long an idle model stays loaded (seconds; inf: forever), how many
+    # models may be loaded at once, and the memory their weights may take together (half of
+    # physical memory by default); least recently used idle models make room.
+    keep_alive: float = 300.0
+    max_loaded_models: int = 3
+    max_loaded_memory: int = attrs.field(factory=lambda: _physical_memory() // 2)
     events_path: Path | None = None
     script: str | None = None
     token_delay: float = 0.0

@@ -11,6 +11,7 @@
     │   ├── QueueFull                the model's generation queue is at --max-queue
     │   └── ResolutionBusy           every model-resolution slot is taken
     ├── ResolutionFailed (500)       resolving the model raised something unexpected
+    ├── ModelLoadFailed (503)        the model exists but could not be loaded
     ├── NoModel (503)                nothing capable of the request is attached
     ├── ShuttingDown (503)           the server stopped before the generation could finish
     └── GenerationFailed (500)       the backend failed while generating
@@ -28,6 +29,7 @@ __all__ = [
     "ContextOverflow",
     "Forbidden",
     "GenerationFailed",
+    "ModelLoadFailed",
     "ModelNotFound",
     "NoModel",
     "NotFound",
@@ -149,6 +151,16 @@ class ResolutionFailed(TurboSparkError):
 
     def __init__(self) -> None:
         super().__init__("The model resolution task failed.")
+
+
+class ModelLoadFailed(TurboSparkError):
+    status = 503
+    code = "model_load_failed"
+    param = "model"
+    retryable = False
+
+    def __init__(self) -> None:
+        super().__init__("The requested installed model could not be loaded.")
 
 
 class NoModel(TurboSparkError):

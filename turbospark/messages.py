@@ -36,6 +36,9 @@ __all__ = [
     "Queued",
     "QueueDepth",
     "QueueRejected",
+    "ModelLoaded",
+    "ModelUnloaded",
+    "Open",
     "Reply",
     "RequestFinished",
     "Retire",
@@ -179,8 +182,15 @@ class Take:
 
 @attrs.frozen
 class Retire:
-    """A model's thread has stopped (shutdown): its waiting jobs, and any submitted later, are
-    answered ``ShuttingDown``."""
+    """A model's thread has stopped (unloaded, or shutdown): its waiting jobs, and any submitted
+    later, are answered ``ShuttingDown``, until the model is opened again."""
+
+    model: str
+
+
+@attrs.frozen
+class Open:
+    """The resolver is loading ``model`` (again): jobs for it are admitted from now on."""
 
     model: str
 
@@ -233,6 +243,25 @@ class BatchState:
     model: str
     running: int
     kv_bytes: int
+
+
+@attrs.frozen
+class ModelLoaded:
+    """A model finished loading; ``size`` is the memory it holds (bytes)."""
+
+    model: str
+    seconds: float
+    size: int
+
+
+@attrs.frozen
+class ModelUnloaded:
+    """A model was unloaded: ``expired`` (idle past its keep_alive), ``evicted`` (room for
+    another model), ``requested`` (keep_alive 0), ``failed`` (its load or its thread failed),
+    ``cancelled`` (every request waiting for its load left) or ``shutdown``."""
+
+    model: str
+    reason: str
 
 
 @attrs.frozen

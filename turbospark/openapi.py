@@ -51,6 +51,7 @@ def _routes() -> tuple[Route, ...]:
     from .audio.wire import GenerateRequest, SpeechRequest
     from .wire.anthropic import MessagesRequest
     from .wire.embeddings import EmbeddingRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest
+    from .wire.ollama import OllamaChatRequest, OllamaGenerateRequest
     from .wire.openai import ChatCompletionRequest, CompletionRequest, ResponsesRequest
 
     sse = ("text/event-stream",)
@@ -93,11 +94,24 @@ def _routes() -> tuple[Route, ...]:
         Route("delete", "/v1/audio/models/{model_id}", "Detach an audio model"),
         Route("get", "/v1/audio/transcriptions/realtime", "Realtime transcription (WebSocket upgrade)"),
     ]
-    try:
-        from .routes.ollama import ROUTES as ollama_routes  # the Ollama surface, where it exists
-    except ImportError:
-        ollama_routes = ()
-    return (*out, *ollama_routes)
+    ndjson = ("application/x-ndjson",)
+    out += [
+        Route("post", "/api/chat", "Ollama chat", "ollama", body=OllamaChatRequest, streams=ndjson,
+              returns=_object("model", "done")),
+        Route("post", "/api/generate", "Ollama generate", "ollama", body=OllamaGenerateRequest, streams=ndjson,
+              returns=_object("model", "done")),
+        Route("get", "/", "Ollama's liveness answer", "ollama", success="text/plain"),
+        Route("get", "/api/version", "The server's version", "ollama", returns=_object("version")),
+        Route("get", "/api/tags", "Stored models", "ollama", returns=_object("models")),
+        Route("post", "/api/show", "One model's details", "ollama", raw_body="application/json",
+              returns=_object("details")),
+        Route("get", "/api/ps", "Loaded models", "ollama", returns=_object("models")),
+        Route("delete", "/api/delete", "Delete a stored model", "ollama", raw_body="application/json"),
+        Route("post", "/api/copy", "Copy a stored model", "ollama", raw_body="application/json"),
+        Route("post", "/api/pull", "Pull a catalogue model (NDJSON progress)", "ollama",
+              raw_body="application/json", streams=ndjson),
+    ]
+    return tuple(out)
 
 
 ROUTES: tuple[Route, ...] = ()  # filled on first use (the wire modules import the codec)

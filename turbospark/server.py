@@ -25,7 +25,8 @@ from ._system import System, run_system
 from .model.backend import BackendSpec
 from .model.encoder import EncoderSpec
 from .audio.engines import AudioSpec
-from .actors.resolver import ResolveFn, resolve_in_registry
+from .actors.resolver import Library, ResolveFn, resolve_in_registry
+from .lifecycle import Loadable
 from .config import Settings
 from .routes import create_app
 
@@ -66,10 +67,12 @@ def _hypercorn_config(settings: Settings) -> HypercornConfig:
 
 async def serve(
     settings: Settings,
-    backends: Sequence[BackendSpec | EncoderSpec | AudioSpec],
+    backends: Sequence[BackendSpec | EncoderSpec | AudioSpec | Loadable],
     *,
     resolve: ResolveFn = resolve_in_registry,
     audio_catalogue: Mapping[str, Any] | None = None,
+    library: Library = tuple,
+    shelf: Any = None,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     stop = trio.Event()
@@ -88,7 +91,8 @@ async def serve(
 
     async with trio.open_nursery() as root:
         system = await root.start(
-            partial(run_system, settings, backends, resolve=resolve, audio_catalogue=audio_catalogue)
+            partial(run_system, settings, backends, resolve=resolve, audio_catalogue=audio_catalogue,
+                    library=library, shelf=shelf)
         )
         app = create_app(system)
         root.start_soon(shut_down)

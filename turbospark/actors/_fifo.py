@@ -51,6 +51,10 @@ class FifoPolicy(Generic[J, T]):
     def add_taker(self, model: str, taker: T, count: int = 1) -> None:
         self._takers.setdefault(model, deque()).append((taker, count))
 
+    def drop_takers(self, model: str) -> list[T]:
+        """Forget ``model``'s idle takers (its thread has stopped); they are handed back."""
+        return [taker for taker, _ in self._takers.pop(model, ())]
+
     def take_now(self, model: str, count: int) -> list[J]:
         """Up to ``count`` of the oldest waiting jobs, at once."""
         waiting = self._waiting.get(model)

@@ -2,8 +2,8 @@
 
 Inbox messages: ``Submit`` (a route's job), ``Withdraw`` (the route left before the job started),
 ``Take`` (a model thread wants jobs: waiting when its batch is empty, answered at once when it
-runs one), ``Retire`` (a model thread has stopped at shutdown: its waiting jobs, and later ones,
-are answered ``ShuttingDown``).  Admission answers on the job's own reply channel at once:
+runs one), ``Retire`` (a model thread has stopped, unloaded or at shutdown: its waiting jobs, and
+later ones, are answered ``ShuttingDown``), ``Open`` (the resolver loads that model again).  Admission answers on the job's own reply channel at once:
 ``Queued(ahead)``, or ``Failed(QueueFull)`` when ``max_queue`` jobs already wait, so a full
 queue costs the caller nothing but this message.  A withdrawn job leaves the FIFO immediately.
 """
@@ -20,6 +20,7 @@ from ..messages import (
     Failed,
     Generated,
     GenerationJob,
+    Open,
     Queued,
     QueueDepth,
     QueueRejected,
@@ -33,7 +34,7 @@ from ._mailbox import answer
 
 __all__ = ["QueueMessage", "generation_queue"]
 
-QueueMessage = Submit | Withdraw | Take | Retire
+QueueMessage = Submit | Withdraw | Take | Retire | Open
 
 
 def _cancelled_while_queued(job: GenerationJob) -> Generated:
@@ -60,8 +61,12 @@ class _Queue:
     def handle(self, msg: QueueMessage) -> None:
         if isinstance(msg, Submit):
             self._submit(msg.job)
+        elif isinstance(msg, Open):
+            self.retired.discard(msg.model)
         elif isinstance(msg, Retire):
             self.retired.add(msg.model)
+            for taker in self.policy.drop_takers(msg.model):  # that thread is gone
+                taker.close()
             for job in self.policy.take_now(msg.model, self.policy.depth(msg.model)):
                 answer(job.reply, Failed(ShuttingDown()))
             self._depth(msg.model)
@@ -105,13 +110,17 @@ class _Queue:
         self._depth(job.model)
 
     def _dispatch(self) -> None:
+        again = False
         for model, taker, jobs in list(self.policy.dispatch()):
             try:
                 taker.send_nowait(jobs)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self.policy.requeue(model, jobs)  # that model thread is gone (shutdown)
+                self.policy.requeue(model, jobs)  # that model thread is gone: the next taker
+                again = True
             taker.close()
             self._depth(model)
+        if again:
+            self._dispatch()
 
     def _depth(self, model: str) -> None:
         self.emit(QueueDepth(model, self.policy.depth(model)))

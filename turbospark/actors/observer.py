@@ -27,6 +27,8 @@ from ..messages import (
     EmbeddingBatch,
     Generated,
     GenerationBegan,
+    ModelLoaded,
+    ModelUnloaded,
     QueueDepth,
     QueueRejected,
     RequestFinished,
@@ -64,6 +66,8 @@ Event = (
     | AudioWorkEnded
     | AudioModelsChanged
     | JobsChanged
+    | ModelLoaded
+    | ModelUnloaded
 )
 
 
@@ -193,6 +197,28 @@ class _Metrics:
         self.audio_seconds = Counter(
             "turbospark_audio_processed_seconds", "Seconds of audio transcribed or spoken", ["endpoint"], registry=reg
         )
+        self.loaded = Gauge(
+            "turbospark_loaded_models", "Models loaded now (weights in memory)", registry=reg
+        )
+        self.loaded_bytes = Gauge(
+            "turbospark_loaded_model_bytes", "Memory held by the loaded models' weights", registry=reg
+        )
+        self.loads = Counter("turbospark_model_loads", "Models loaded", ["model"], registry=reg)
+        self.load_seconds = Histogram(
+            "turbospark_model_load_seconds",
+            "How long a model took to load",
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=reg,
+        )
+        self.unloads = Counter(
+            "turbospark_model_unloads",
+            "Models unloaded, by reason (expired, evicted, requested, failed, cancelled, shutdown)",
+            ["reason"],
+            registry=reg,
+        )
+        for reason in ("expired", "evicted", "requested"):
+            self.unloads.labels(reason)
+        self._sizes: dict[str, int] = {}
         self._depths: dict[str, int] = {}
         self._running: dict[str, int] = {}
 
@@ -240,6 +266,17 @@ class _Metrics:
         elif isinstance(event, JobsChanged):
             for status, count in event.counts.items():
                 self.audio_jobs.labels(status).set(count)
+        elif isinstance(event, ModelLoaded):
+            self.loads.labels(event.model).inc()
+            self.load_seconds.observe(event.seconds)
+            self._sizes[event.model] = event.size
+            self.loaded.set(len(self._sizes))
+            self.loaded_bytes.set(sum(self._sizes.values()))
+        elif isinstance(event, ModelUnloaded):
+            self.unloads.labels(event.reason).inc()
+            self._sizes.pop(event.model, None)
+            self.loaded.set(len(self._sizes))
+            self.loaded_bytes.set(sum(self._sizes.values()))
         elif isinstance(event, QueueDepth):
             self._depths[event.model] = event.depth
             self.queue_depth.set(sum(self._depths.values()))

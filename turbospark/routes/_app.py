@@ -9,7 +9,6 @@ between the route returning and the body starting.
 
 from __future__ import annotations
 
-import contextvars
 import hmac
 import json
 import itertools
@@ -32,6 +31,7 @@ from .._system import System
 from ..errors import Forbidden, TurboSparkError, Unauthorized
 from ..origins import host_allowed, origin_allowed
 from ..messages import RequestFinished, RequestStarted
+from ..scope import _scope, request_scope
 
 __all__ = [
     "Family",
@@ -46,9 +46,6 @@ __all__ = [
 log = logging.getLogger("turbospark")
 
 Family = Literal["openai", "anthropic", "ollama"]
-
-_scope: contextvars.ContextVar[ExitStack] = contextvars.ContextVar("turbospark_request_scope")
-
 
 class InFlight:
     """How many HTTP requests are being answered (body included), for a shutdown that waits
@@ -119,11 +116,6 @@ class _App(QuartTrio):
     request_class = _Request
     in_flight: InFlight
     realtime_sessions: int  # open realtime transcription WebSockets
-
-
-def request_scope() -> ExitStack:
-    """The exit stack of the current HTTP request (closed when its connection scope ends)."""
-    return _scope.get()
 
 
 def system() -> System:
@@ -355,13 +347,13 @@ def create_app(sys_: System) -> QuartTrio:
     app.register_error_handler(Exception, _unexpected)
 
     from . import (
-        health, metrics, models, ollama_embed, openai_chat, openai_completions, openai_embeddings,
-        openai_responses, anthropic, openapi_doc,
+        health, metrics, models, ollama, ollama_embed, openai_chat, openai_completions,
+        openai_embeddings, openai_responses, anthropic, openapi_doc,
     )
 
     for module in (
         health, models, metrics, openai_chat, openai_completions, openai_responses,
-        openai_embeddings, ollama_embed, anthropic, openapi_doc,
+        openai_embeddings, ollama_embed, ollama, anthropic, openapi_doc,
     ):
         app.register_blueprint(module.blueprint)
     if sys_.audio is not None:  # the audio routes exist only with an audio model attached

@@ -82,6 +82,7 @@ async def start(
     clamp: bool = False,
     on_started: Callable[[Started], None] | None = None,
     context: Context | None = None,
+    admit: Callable[[Started], None] | None = None,
 ) -> Replies:
     """Queue a generation and wait until the model has started on it; return its replies.
     With ``clamp``, a budget past what the context window leaves is cut to it instead of
@@ -90,7 +91,9 @@ async def start(
     Raises the error the queue or the model answered with (``QueueFull``, ``RequestInvalid``,
     ``ContextOverflow`` ...) before any response byte is sent.  ``context`` is the request's
     (``Context.here()``), for a generation started while a response body streams, outside the
-    app context.
+    app context.  ``admit`` may refuse the started generation by raising (a limit the route
+    checks on the prompt's token count); the request scope then closes its replies, which stops
+    it within a step.
     """
     sys_, scope = context or Context.here()
     buffer = n * (params.max_tokens + 1) + REPLY_SLACK
@@ -102,6 +105,8 @@ async def start(
         await sys_.submit(job)
         async for msg in reply_recv:
             if isinstance(msg, Started):
+                if admit is not None:
+                    admit(msg)
                 started = True
                 if on_started is not None:
                     on_started(msg)

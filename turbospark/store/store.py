@@ -39,8 +39,9 @@ import json
 import os
 import re
 import shutil
+import threading
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -58,6 +59,8 @@ __all__ = [
     "ModelStore",
     "StoredModel",
     "copy_and_hash",
+    "report",
+    "reporting",
     "default_dtype",
     "directory_sha256",
     "is_embedding",
@@ -105,6 +108,28 @@ class StoredModel:
         return sum(f.stat().st_size for f in self.path.iterdir() if f.is_file())
 
 
+_reporting = threading.local()
+
+
+@contextlib.contextmanager
+def reporting(callback: Callable[[str, int | None, int | None], None]) -> Iterator[None]:
+    """While the block runs, on this thread, store work also tells ``callback(status, completed,
+    total)`` how far it is (byte counts where it knows them): the server's pull streams it."""
+    previous = getattr(_reporting, "callback", None)
+    _reporting.callback = callback
+    try:
+        yield
+    finally:
+        _reporting.callback = previous
+
+
+def report(status: str, completed: int | None = None, total: int | None = None) -> None:
+    """Tell the ``reporting`` callback of this thread, if any, how far ``status`` is."""
+    callback = getattr(_reporting, "callback", None)
+    if callback is not None:
+        callback(status, completed, total)
+
+
 def copy_and_hash(
     sources: Iterable[IO[bytes]], *, total: int | None, out: IO[bytes] | None = None, progress: bool, desc: str
 ) -> str:
@@ -113,6 +138,8 @@ def copy_and_hash(
     Shows a byte progress bar on stderr when ``progress`` is true; ``total`` is the expected byte count.
     """
     digest = hashlib.sha256()
+    done = 0
+    report(desc, done, total)
     with tqdm(total=total, desc=desc, unit="B", unit_scale=True, disable=not progress, leave=False) as bar:
         for source in sources:
             while block := source.read(_CHUNK):
@@ -120,6 +147,8 @@ def copy_and_hash(
                 if out is not None:
                     out.write(block)
                 bar.update(len(block))
+                done += len(block)
+                report(desc, done, total)
     return digest.hexdigest()
 
 
@@ -496,6 +525,25 @@ class ModelStore:
         model.path.rename(doomed)  # atomic: the name is gone before the files are
         shutil.rmtree(doomed)
         return True
+
+    def copy(self, source: str, destination: str) -> StoredModel | None:
+        """Copy the model ``source`` under the name ``destination`` (replacing a model of that
+        name); None if there is no ``source``."""
+        model = self.get(source)
+        if model is None:
+            return None
+        _check_name(destination)
+        temp = self._temp_path()
+        shutil.copytree(model.path, temp)
+        manifest = dict(model.manifest, name=destination)
+        (temp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        target = self.root / destination
+        if target.exists():
+            doomed = self._temp_path()
+            target.rename(doomed)
+            shutil.rmtree(doomed)
+        temp.rename(target)
+        return StoredModel(destination, target, manifest)
 
     def import_source(
         self,
