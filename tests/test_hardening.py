@@ -132,3 +132,22 @@ async def test_role_injection_is_counted_the_same_everywhere(start_server, clien
     counted = await client.post(f"{server.url}/v1/messages/count_tokens",
                                 json={"messages": [{"role": "user", "content": content}]})
     assert chat.json()["usage"]["prompt_tokens"] == counted.json()["input_tokens"]
+
+
+async def test_a_websocket_upgrade_to_a_plain_route_is_a_json_404(start_server) -> None:
+    from trio_websocket import ConnectionRejected, open_websocket_url
+
+    server = await start_server()  # no audio model: no realtime route either
+    for path in ("/nope", "/v1/audio/transcriptions/realtime"):
+        with pytest.raises(ConnectionRejected) as err:
+            async with open_websocket_url(server.url.replace("http", "ws") + path):
+                pass
+        assert err.value.status_code == 404
+        assert json.loads(err.value.body)["error"]["message"].startswith("no route WebSocket")
+
+
+def test_an_alias_name_cannot_be_taken_by_a_stored_model(tmp_path) -> None:
+    from turbospark.store.store import ModelImportError, _check_name
+
+    with pytest.raises(ModelImportError, match="aliases"):
+        _check_name("claude-turbospark-smollm2-135m-instruct")

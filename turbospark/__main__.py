@@ -333,25 +333,28 @@ async def _run(settings: Settings, specs: Sequence[BackendSpec | EncoderSpec | A
                         # interrupted mid-load, so the process leaves without waiting for them.
                         print(f"turbospark: {name} while loading models, exiting", file=sys.stderr, flush=True)
                         os._exit(130)
+                    if running[0].stop.is_set():  # a second signal: stop waiting for anything
+                        print(f"turbospark: {name} again, exiting now", file=sys.stderr, flush=True)
+                        os._exit(130)
                     print(f"turbospark: {name}, shutting down", file=sys.stderr, flush=True)
                     running[0].stop.set()
-                    return
 
             nursery.start_soon(on_signal)
-            server = await nursery.start(partial(
-                serve, settings, specs, audio_catalogue=audio_catalogue(), library=library, shelf=shelf
-            ))
-            running.append(server)
-            print(f"turbospark listening on {server.url}", file=sys.stderr, flush=True)
-            auth = "on (x-api-key or Authorization: Bearer, except /health)" if settings.api_key else "off"
-            print(f"  auth: {auth}", file=sys.stderr)
-            print(f"  models: {', '.join(server.system.registry.public_names()) or 'none'}", file=sys.stderr)
-            audio = [spec.id for spec in specs if isinstance(spec, AudioSpec)]
-            print(f"  audio: {', '.join(audio) or 'none'}", file=sys.stderr)
-            if "mlx.core" in sys.modules:
-                print(f"  blas: {describe_blas()}", file=sys.stderr)
-            sys.stderr.flush()
-
+            async with trio.open_nursery() as serving:  # ends when the server has shut down
+                server = await serving.start(partial(
+                    serve, settings, specs, audio_catalogue=audio_catalogue(), library=library, shelf=shelf
+                ))
+                running.append(server)
+                print(f"turbospark listening on {server.url}", file=sys.stderr, flush=True)
+                auth = "on (x-api-key or Authorization: Bearer, except /health)" if settings.api_key else "off"
+                print(f"  auth: {auth}", file=sys.stderr)
+                print(f"  models: {', '.join(server.system.registry.public_names()) or 'none'}", file=sys.stderr)
+                audio = [spec.id for spec in specs if isinstance(spec, AudioSpec)]
+                print(f"  audio: {', '.join(audio) or 'none'}", file=sys.stderr)
+                if "mlx.core" in sys.modules:
+                    print(f"  blas: {describe_blas()}", file=sys.stderr)
+                sys.stderr.flush()
+            nursery.cancel_scope.cancel()  # the signal watcher
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -271,7 +271,18 @@ class _Resolver:
             entries.append(model.entry if model is not None and model.entry is not None else entry_for(loadable))
         ids = {e.id for e in entries}
         entries += [e for e in self.fixed if e.id not in ids]
-        self.published.registry = Registry(tuple(entries))
+        # A name two models would answer to (a copy named like another's alias) would make the
+        # registry refuse them all: the later one is left out, and said so.
+        taken: set[str] = set()
+        kept = []
+        for entry in entries:
+            if taken.isdisjoint(entry.names):
+                taken.update(entry.names)
+                kept.append(entry)
+            else:
+                log.error("model %s answers to a name another model has (%s); it is not served",
+                          entry.id, ", ".join(sorted(taken & set(entry.names))))
+        self.published.registry = Registry(tuple(kept))
         self.published.loadables = dict(self.known)
         return self.published.registry
 

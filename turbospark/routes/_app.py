@@ -217,16 +217,21 @@ def _turbospark_error(exc: TurboSparkError) -> Response:
 
 def _http_error(exc: HTTPException) -> Response:
     status = exc.code or 500
+    http = has_request_context()  # else a WebSocket upgrade (its own context, no method or body)
+    path = _path()
+    method = request.method if http else "WebSocket"
+    limit = (g.system.settings.max_body_bytes >> 20) if "system" in g else 25
     messages = {
-        404: f"no route {request.method} {request.path}",
-        405: f"method {request.method} is not allowed on {request.path}",
-        413: "the request body is larger than the 25 MiB limit",
-        408: f"the request body did not arrive within {request.body_timeout:g} seconds",
+        404: f"no route {method} {path}",
+        405: f"method {method} is not allowed on {path}",
+        413: f"the request body is larger than the {limit} MiB limit",
+        408: f"the request body did not arrive within {request.body_timeout:g} seconds" if http
+        else "the request did not arrive in time",
     }
-    if status == 413 and request.path.startswith("/v1/audio/"):
+    if status == 413 and path.startswith("/v1/audio/"):
         messages[413] = "request body too large; audio uploads are limited to 128 MiB"
     message = messages.get(status) or exc.description or exc.name
-    response = error_response(status, error_body(family_of(request.path), status, message), message)
+    response = error_response(status, error_body(family_of(path), status, message), message)
     if status in (408, 413):
         response.headers["Connection"] = "close"  # the unread body must not be parsed as a request
     return response

@@ -197,9 +197,12 @@ async def generate_turn(
     guardrails: Guardrails,
     parallel: bool = True,
     clamp: bool = False,
+    admit: Callable[[Started], None] | None = None,
 ) -> Completion:
-    """``turn`` drained, for a response sent whole."""
-    first = await start(request_id=request_id, model=model, prompt=prompt, params=params, n=n, clamp=clamp)
+    """``turn`` drained, for a response sent whole; ``admit`` as for ``start`` (first try)."""
+    first = await start(
+        request_id=request_id, model=model, prompt=prompt, params=params, n=n, clamp=clamp, admit=admit
+    )
     async with aclosing(turn(
         first, request_id=request_id, model=model, prompt=prompt, params=params, n=n,
         call_required=call_required, guardrails=guardrails, parallel=parallel, clamp=clamp,

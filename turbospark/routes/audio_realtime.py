@@ -1,8 +1,8 @@
 """``GET /v1/audio/transcriptions/realtime``: realtime transcription over a WebSocket.
 
 Handshake: ``?model=ID[&encoding=s16le|f32le][&language=xx][&vad=true]``, unknown keys refused;
-the API key comes from the upgrade request's headers (the same hook as every route), and a
-browser ``Origin`` must be this server's own host or a loopback one.  Frames: binary PCM at
+the API key comes from the upgrade request's headers, and its ``Origin`` and ``Host`` pass the
+same checks as every route (``--allowed-origins``; loopback names on a loopback bind).  Frames: binary PCM at
 16 kHz mono; text ``{"type":"commit"}``, ``{"type":"reset"}``, ``{"type":"session","vad":bool}``.
 The session's state is ``audio/realtime.py`` (sans-io); this handler carries out its actions:
 

@@ -204,12 +204,9 @@ async def _run(turn: _Turn, entry: ModelEntry, prompt: ChatPrompt | TextPrompt, 
         assert isinstance(prompt, ChatPrompt)
         done = await generate_turn(
             request_id=g.record.id, model=entry.id, prompt=prompt, params=params, n=1,
-            call_required=False, guardrails=guardrails,
+            call_required=False, guardrails=guardrails, admit=admit,
         )
         turn.ended = time.monotonic()
-        fin = done.finished[0]
-        if num_ctx is not None and fin.prompt_tokens + params.max_tokens > num_ctx:
-            admit(Started(fin.prompt_tokens))
         response = _buffered(turn, done) if turn.body.stream else _whole(turn, done)
     else:
         replies = await start(request_id=g.record.id, model=entry.id, prompt=prompt, params=params, admit=admit)
@@ -558,7 +555,9 @@ async def pull() -> Response:
             f"{', '.join(shelf.catalogue())}", param="model",
         )
     if not stream:
-        await trio.to_thread.run_sync(shelf.pull, name, lambda *_: None)
+        # abandoned if the server stops: a pull is built in a scratch directory and renamed into
+        # place when done, so leaving it half-way leaves nothing behind in the store
+        await trio.to_thread.run_sync(shelf.pull, name, lambda *_: None, abandon_on_cancel=True)
         await sys_.refresh()
         return json_response({"status": "success"})
 

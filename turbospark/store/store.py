@@ -175,6 +175,8 @@ def _check_name(name: str) -> str:
             f"invalid model name {name!r}: use 1-128 lowercase letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
+    if name.startswith("claude-turbospark-"):
+        raise ModelImportError(f"invalid model name {name!r}: claude-turbospark-<id> names are the models' aliases")
     return name
 
 
