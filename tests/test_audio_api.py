@@ -302,6 +302,8 @@ async def test_models_are_listed_on_both_surfaces_and_managed(start_server, clie
     ]
     rows = (await client.get(f"{server.url}/v1/models")).json()["data"]
     assert {r["id"]: r.get("capabilities") for r in rows}["scripted-stt"] == ["speech_to_text"]
+    detail = (await client.get(f"{server.url}/v1/models/scripted-stt")).json()
+    assert detail["id"] == "scripted-stt" and detail["capabilities"] == ["speech_to_text"]
     r = await client.delete(f"{server.url}/v1/audio/models/scripted-tts")
     assert r.json() == {"id": "scripted-tts", "deleted": True}
     assert (await client.delete(f"{server.url}/v1/audio/models/scripted-tts")).status_code == 404

@@ -42,6 +42,14 @@ async def list_models() -> Response:
 @blueprint.get("/models/<path:model_id>")
 async def get_model(model_id: str) -> Response:
     entry = system().registry.lookup(model_id)
-    if entry is None:
-        raise ModelNotFound(model_id, [])
-    return json_response(_row(entry, model_id))
+    if entry is not None:
+        return json_response(_row(entry, model_id))
+    if system().audio is not None:  # an audio model, as the list shows it
+        from ..audio.messages import ListAudio
+        from .audio import audio_row
+        from ._audio import ask
+
+        for info in await ask(ListAudio):
+            if (row := audio_row(info))["id"] == model_id:
+                return json_response(row)
+    raise ModelNotFound(model_id, [])
