@@ -10,20 +10,9 @@ from typing import Any, Literal
 
 import attrs
 
+from .openai import _at_most, _in_range, _positive, _stops
+
 __all__ = ["AnthropicMessage", "CountTokensRequest", "MessagesRequest"]
-
-
-def _positive(_: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
-    if value is not None and value <= 0:
-        raise ValueError(f"{attribute.name} must be greater than 0")
-
-
-def _in_range(lo: float, hi: float):  # type: ignore[no-untyped-def]
-    def check(_: object, attribute: attrs.Attribute[Any], value: float | None) -> None:
-        if value is not None and not lo <= value <= hi:
-            raise ValueError(f"{attribute.name} must be between {lo} and {hi}, got {value}")
-
-    return check
 
 
 def _content(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -44,24 +33,6 @@ def _system(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
 
 # (content and system are typed Any and checked by validators: the converter's hooks for
 # ``str | list[dict]`` belong to the OpenAI shapes)
-def _at_most(limit: int):  # type: ignore[no-untyped-def]
-    def check(_: object, attribute: attrs.Attribute[Any], value: list[Any] | None) -> None:
-        if value is not None and len(value) > limit:
-            raise ValueError(f"{attribute.name} may hold at most {limit} entries, got {len(value)}")
-
-    return check
-
-
-def _stops(_: object, attribute: attrs.Attribute[Any], value: list[str] | None) -> None:
-    from .openai import MAX_STOP_CHARS, MAX_STOPS
-
-    for s in value or ():
-        if len(s) > MAX_STOP_CHARS:
-            raise ValueError(f"stop_sequences strings may be at most {MAX_STOP_CHARS} characters")
-    if value is not None and len(value) > MAX_STOPS:
-        raise ValueError(f"stop_sequences may hold at most {MAX_STOPS} strings, got {len(value)}")
-
-
 @attrs.frozen
 class AnthropicMessage:
     role: Literal["user", "assistant"]
