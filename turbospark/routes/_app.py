@@ -313,9 +313,9 @@ def create_app(sys_: System) -> QuartTrio:
         g.system = sys_
         settings = sys_.settings
         headers = websocket.headers
-        if sys_.settings.api_key and not _authorized(sys_.settings.api_key, headers):
+        _check_origin_and_host(headers, settings)  # as for every route: before the key
+        if settings.api_key and not _authorized(settings.api_key, headers):
             raise Unauthorized()
-        _check_origin_and_host(headers, settings)
 
     def _finish(record: _Record, status: int) -> None:
         if record.finished:
