@@ -41,6 +41,7 @@ import trio
 from ..errors import GenerationFailed, RequestInvalid, ShuttingDown, TurboSparkError
 from ..messages import EmbeddingBatch, Embedded, EmbeddingJob, EmbeddingOutcome, EmbeddingReply, Failed, Vectors
 from ._embed_pool import EmbeddingPool
+from ._worker import deliver
 from .encoder import Encoder
 
 __all__ = ["EmbeddingLimits", "serve_encoder"]
@@ -210,21 +211,7 @@ class _Loop:
         return taken
 
     def _deliver(self, events: list[object], news: Iterable[_News]) -> list[int]:
-        """On the Trio thread: emit the events, send the answers; the indices of the gone."""
-        for event in events:
-            self.emit(event)
-        gone = []
-        for i, (reply, messages, close) in enumerate(news):
-            try:
-                if not messages and reply.statistics().open_receive_channels == 0:
-                    gone.append(i)
-                for message in messages:
-                    reply.send_nowait(message)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
-                gone.append(i)
-            if close:
-                reply.close()
-        return gone
+        return deliver(self.emit, events, news)
 
     async def _trio_exchange(
         self, events: list[object], news: list[_News], want: int, wait: bool

@@ -41,6 +41,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import attrs
 import trio
@@ -71,6 +72,30 @@ __all__ = ["Limits", "encode_prompt", "render_prompt", "serve_model"]
 log = logging.getLogger("turbospark.model")
 
 Take = Callable[[int, bool], Awaitable["list[GenerationJob] | None"]]
+
+
+def deliver(
+    emit: Callable[[object], None],
+    events: Iterable[object],
+    news: Iterable[tuple[trio.MemorySendChannel[Any], list[Any], bool]],
+) -> list[int]:
+    """One crossing's work on the Trio thread (model and encoder threads alike): emit the
+    events, send each reply channel its messages (or, with none, ask whether its route still
+    listens), close the ended ones; the indices of the channels whose routes are gone."""
+    for event in events:
+        emit(event)
+    gone = []
+    for i, (reply, messages, close) in enumerate(news):
+        try:
+            if not messages and reply.statistics().open_receive_channels == 0:
+                gone.append(i)
+            for message in messages:
+                reply.send_nowait(message)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+            gone.append(i)
+        if close:
+            reply.close()
+    return gone
 
 
 @attrs.frozen
@@ -512,21 +537,7 @@ class _Loop:
         return taken
 
     def _deliver(self, events: list[object], news: Iterable[_News]) -> list[int]:
-        """On the Trio thread: emit the events, send the replies; the indices of the gone."""
-        for event in events:
-            self.emit(event)
-        gone = []
-        for i, (reply, messages, close) in enumerate(news):
-            try:
-                if not messages and reply.statistics().open_receive_channels == 0:
-                    gone.append(i)
-                for message in messages:
-                    reply.send_nowait(message)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
-                gone.append(i)
-            if close:
-                reply.close()
-        return gone
+        return deliver(self.emit, events, news)
 
     async def _trio_exchange(
         self, events: list[object], news: list[_News], want: int, wait: bool
