@@ -83,7 +83,7 @@ def main() -> None:
     import httpx
     import trio
 
-    from turbospark.attach import stored_audio
+    from turbospark.cli.attach import stored_audio
     from turbospark.audio import wav
     from turbospark.audio.speech import PiperTextToSpeech
     from turbospark.audio.whisper import WhisperSpeechToText
@@ -137,7 +137,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from turbospark.blas import reexec_with_openblas
+    from turbospark.cli.blas import reexec_with_openblas
 
     reexec_with_openblas([sys.executable, __file__, *sys.argv[1:]])
     main()

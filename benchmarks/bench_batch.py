@@ -74,7 +74,7 @@ def run_raw(model_dir: Path) -> None:
     from mlx_lm.generate import batch_generate
     from mlx_lm.utils import load_model
 
-    from turbospark.blas import describe
+    from turbospark.cli.blas import describe
     from turbospark.model.tokenizer import Tokenizer
 
     model, _ = load_model(model_dir)
@@ -307,8 +307,8 @@ def main() -> None:
     args = parser.parse_args()
     args.sizes = sorted({int(n) for n in args.sizes.split(",")})
 
-    from turbospark.attach import stored_model
-    from turbospark.blas import reexec_with_openblas
+    from turbospark.cli.attach import stored_model
+    from turbospark.cli.blas import reexec_with_openblas
 
     if args.child:
         reexec_with_openblas([sys.executable, *sys.argv])

@@ -8,7 +8,7 @@ measured on the matcher alone while replaying the constrained run's tokens).
 
     python benchmarks/bench_constrained.py [--model smollm2-135m-instruct] [--runs 5] [--batch 1]
 
-Run it with OpenBLAS preloaded, as the server runs (``python -m turbospark.blas python ...``).
+Run it with OpenBLAS preloaded, as the server runs (``python -m turbospark.cli.blas python ...``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import attrs
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from turbospark.model.backend import SamplingParams  # noqa: E402
-from turbospark.structured import grammar_for  # noqa: E402
+from turbospark.turns.structured import grammar_for  # noqa: E402
 
 SCHEMA = {
     "type": "object",

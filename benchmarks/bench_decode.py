@@ -65,7 +65,7 @@ def run_raw(model_dir: Path, max_tokens: int) -> None:
     import mlx.core as mx
     from mlx_lm import load, stream_generate
 
-    from turbospark.blas import describe
+    from turbospark.cli.blas import describe
     from turbospark.model.tokenizer import Tokenizer
 
     model, hf_tokenizer = load(str(model_dir))
@@ -229,8 +229,8 @@ def main() -> None:
     parser.add_argument("--child", choices=["raw", "llamacpp"], help=argparse.SUPPRESS)
     args = parser.parse_args()
 
-    from turbospark.attach import stored_model
-    from turbospark.blas import reexec_with_openblas
+    from turbospark.cli.attach import stored_model
+    from turbospark.cli.blas import reexec_with_openblas
 
     if args.child:
         reexec_with_openblas([sys.executable, *sys.argv])

@@ -108,8 +108,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import httpx
     import trio
 
-    from turbospark.attach import stored_model
-    from turbospark.blas import describe
+    from turbospark.cli.attach import stored_model
+    from turbospark.cli.blas import describe
     from turbospark.model.bert import BertEncoder
 
     path, model_id = stored_model(args.model, kind="embedding")
@@ -188,7 +188,7 @@ def main() -> None:
     parser.add_argument("--sweep", default="", help="batch sizes to time on the direct path alone")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
-    from turbospark.blas import reexec_with_openblas
+    from turbospark.cli.blas import reexec_with_openblas
 
     reexec_with_openblas([sys.executable, __file__, *sys.argv[1:]])
     result = measure(args)

@@ -22,7 +22,7 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=2000)
     parser.add_argument("-k", default=None, help="only the routes whose test id matches")
     args = parser.parse_args()
-    command = [sys.executable, "-m", "turbospark.blas", sys.executable, "-m", "pytest", "-q",
+    command = [sys.executable, "-m", "turbospark.cli.blas", sys.executable, "-m", "pytest", "-q",
                "-p", "no:cacheprovider", str(ROOT / "tests" / "test_fuzz.py")]
     if args.k:
         command += ["-k", args.k]

@@ -24,7 +24,7 @@ from turbospark.messages import (
     Withdraw,
 )
 from turbospark.model.backend import SamplingParams
-from turbospark.routing import ModelEntry
+from turbospark.actors.registry import ModelEntry
 
 
 def make_job(i: int, model: str = "m"):

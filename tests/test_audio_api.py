@@ -292,7 +292,7 @@ async def test_generate_validates_and_has_no_music_model(start_server, client):
 
 
 async def test_models_are_listed_on_both_surfaces_and_managed(start_server, client):
-    from turbospark.attach import audio_catalogue
+    from turbospark.cli.attach import audio_catalogue
 
     server = await audio_server(start_server, audio_catalogue=audio_catalogue())
     r = await client.get(f"{server.url}/v1/audio/models")

@@ -7,10 +7,10 @@ import base64
 import numpy as np
 import pytest
 
-from turbospark.embedding import check_dimensions, check_inputs, encode_vector, inputs_of, shorten
+from turbospark.wire.embedding_checks import check_dimensions, check_inputs, encode_vector, inputs_of, shorten
 from turbospark.errors import RequestInvalid
 from turbospark.model._embed_pool import EmbeddingPool, bucket_of
-from turbospark.routing import ModelEntry, Registry
+from turbospark.actors.registry import ModelEntry, Registry
 
 
 def test_buckets_are_powers_of_two_from_16() -> None:

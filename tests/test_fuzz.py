@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from turbospark.audio.engines import ScriptedSpeechToText, ScriptedTextToSpeech
 from turbospark.model.encoder import ScriptedEncoder
 from turbospark.model.scripted import ScriptedBackend
-from turbospark.openapi import Route, document, error_schema, routes
+from turbospark.web.openapi import Route, document, error_schema, routes
 
 EXAMPLES = int(os.environ.get("TURBOSPARK_FUZZ_EXAMPLES", "25"))
 BUDGET_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "num_predict")
@@ -44,7 +44,7 @@ async def test_the_document_covers_every_route_and_is_served(start_server, clien
     server = await start_server(audio=[ScriptedSpeechToText(), ScriptedTextToSpeech()], encoders=[ScriptedEncoder()])
     doc = (await client.get(f"{server.url}/openapi.json")).json()
     assert doc["openapi"] == "3.1.0"
-    from turbospark.routes._app import create_app
+    from turbospark.routes.app import create_app
 
     app = create_app(server.system)
     served = {(m.lower(), _openapi_path(r.rule)) for r in app.url_map.iter_rules()

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from turbospark.errors import RequestInvalid
-from turbospark.lifecycle import Loadable, Resident, evictions, parse_keep_alive, parse_size
+from turbospark.actors.lifecycle import Loadable, Resident, evictions, parse_keep_alive, parse_size
 from turbospark.messages import Generated, ModelLoaded, ModelUnloaded
 from turbospark.model.scripted import ScriptedBackend
 

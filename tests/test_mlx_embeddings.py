@@ -234,7 +234,7 @@ def test_the_store_imports_a_sentence_encoder_directory(tmp_path: Path) -> None:
 
 
 def test_serve_refuses_a_model_of_the_wrong_kind(monkeypatch) -> None:
-    from turbospark.attach import ModelSetupError, stored_model
+    from turbospark.cli.attach import ModelSetupError, stored_model
 
     monkeypatch.setenv("TURBOSPARK_HOME", str(minilm_store().path.parent.parent))
     path, model_id = stored_model("all-minilm-l6-v2", kind="embedding")

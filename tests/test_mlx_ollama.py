@@ -14,7 +14,7 @@ import trio
 
 from turbospark.config import Settings
 from turbospark.server import serve
-from turbospark.shelf import StoreShelf, loadable_from
+from turbospark.store.shelf import StoreShelf, loadable_from
 
 from .realmodels import cached_store, smollm2_store
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import ollama
 import pytest
 
-from turbospark.shelf import StoreShelf
+from turbospark.store.shelf import StoreShelf
 from turbospark.store.catalogue import CATALOGUE
 from turbospark.store.store import ModelStore
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from turbospark.origins import DEFAULT_ORIGINS, host_allowed, origin_allowed, parse_origins
+from turbospark.web.origins import DEFAULT_ORIGINS, host_allowed, origin_allowed, parse_origins
 
 from ._support import chat_body
 

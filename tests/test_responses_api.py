@@ -7,7 +7,7 @@ import json
 import openai
 import pytest
 
-from turbospark.guardrails import Guardrails
+from turbospark.turns.guardrails import Guardrails
 from turbospark.model.scripted import ScriptedBackend, shipped_tokenizer
 
 from ._support import sse_events

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from turbospark.actors._fifo import FifoPolicy
-from turbospark.codec import structure
+from turbospark.wire.codec import structure
 from turbospark.errors import ModelNotFound, NoModel, RequestInvalid
 from turbospark.model._admission import Admission
 from turbospark.model.backend import PrefillProgress, SamplingParams
@@ -15,8 +15,8 @@ from turbospark.model.output import OutputParser
 from turbospark.model.scripted import shipped_tokenizer
 from turbospark.model.sequence import SequenceState
 from turbospark.model.stops import StopMatcher
-from turbospark.routes import _sse
-from turbospark.routing import ModelEntry, Registry
+from turbospark.web import sse as _sse
+from turbospark.actors.registry import ModelEntry, Registry
 from turbospark.wire.openai import ChatCompletionRequest
 
 

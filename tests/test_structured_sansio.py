@@ -7,12 +7,12 @@ import json
 import jsonschema
 import pytest
 
-from turbospark.chat import tools_in_preamble
+from turbospark.turns.chat import tools_in_preamble
 from turbospark.errors import RequestInvalid
-from turbospark.guardrails import Accept, Guardrails, Rescued, Retry, inspect, rescue, validate
+from turbospark.turns.guardrails import Accept, Guardrails, Rescued, Retry, inspect, rescue, validate
 from turbospark.model.output import Dialect, OutputParser, Parts, ToolCall
 from turbospark.model.scripted import shipped_tokenizer
-from turbospark.structured import check_images, function_tools, grammar_for, select_tools
+from turbospark.turns.structured import check_images, function_tools, grammar_for, select_tools
 
 WEATHER = {
     "type": "function",
@@ -185,7 +185,7 @@ def test_a_template_without_tools_gets_a_preamble_and_text_history() -> None:
 
 def walk(grammar_lark: str, text: str) -> tuple[bool, bool]:
     """Feed ``text``'s tokens through a fresh matcher: (every token allowed, end allowed after)."""
-    from turbospark.structured import Grammar
+    from turbospark.turns.structured import Grammar
 
     tok = shipped_tokenizer()
     matcher = tok.grammars.matcher(Grammar(grammar_lark, "response_format"))

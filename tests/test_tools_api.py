@@ -42,7 +42,7 @@ async def test_a_call_written_as_bare_json_is_rescued(start_server, client) -> N
 
 
 async def test_with_guardrails_off_the_same_answer_is_prose(start_server, client) -> None:
-    from turbospark.guardrails import Guardrails
+    from turbospark.turns.guardrails import Guardrails
 
     server = await start_server([ScriptedBackend(script=BARE_CALL)], guardrails=Guardrails.off())
     r = await client.post(f"{server.url}{PATH}", json=chat_body(tools=[WEATHER]))

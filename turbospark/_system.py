@@ -55,7 +55,7 @@ from .actors.resolver import (
     resolver,
 )
 from .config import Settings
-from .conversations import ResponseStore
+from .turns.conversations import ResponseStore
 from .errors import QueueFull, ShuttingDown, TurboSparkError
 from .actors.observer import Event
 from .messages import EmbeddingJob, GenerationJob, QueueRejected, Submit, Withdraw
@@ -64,9 +64,9 @@ from .model._worker import Limits
 from .model.backend import BackendSpec
 from .model.encoder import EncoderSpec
 from .audio.engines import AudioSpec
-from .lifecycle import Loadable
-from .routing import Capability, ModelEntry, Registry
-from .scope import current_scope
+from .actors.lifecycle import Loadable
+from .actors.registry import Capability, ModelEntry, Registry
+from .web.scope import current_scope
 
 __all__ = ["BackendSpec", "EncoderSpec", "System", "run_system"]
 

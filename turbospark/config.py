@@ -7,8 +7,8 @@ from pathlib import Path
 
 import attrs
 
-from .guardrails import Guardrails
-from .origins import DEFAULT_ORIGINS
+from .turns.guardrails import Guardrails
+from .web.origins import DEFAULT_ORIGINS
 
 __all__ = ["Settings"]
 

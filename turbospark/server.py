@@ -26,9 +26,9 @@ from .model.backend import BackendSpec
 from .model.encoder import EncoderSpec
 from .audio.engines import AudioSpec
 from .actors.resolver import Library, ResolveFn, resolve_in_registry
-from .lifecycle import Loadable
+from .actors.lifecycle import Loadable
 from .config import Settings
-from .routes import create_app
+from .routes.app import create_app
 
 __all__ = ["Server", "serve"]
 

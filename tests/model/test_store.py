@@ -32,7 +32,7 @@ from turbospark.store.catalogue import (
     pull,
 )
 from turbospark.store.store import ModelImportError, ModelStore, default_dtype, store_root
-from turbospark.models_cli import main
+from turbospark.cli.models import main
 
 
 @pytest.fixture
@@ -339,7 +339,7 @@ def test_ensure_runtime_files_upgrades_an_older_import(
 def test_reimport_and_attach_upgrade_an_older_import(
     tmp_path: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from turbospark.attach import stored_model
+    from turbospark.cli.attach import stored_model
 
     monkeypatch.setenv("TURBOSPARK_HOME", str(tmp_path))
     store = ModelStore(store_root())

@@ -52,9 +52,9 @@ from ..errors import (
     ShuttingDown,
     TurboSparkError,
 )
-from ..lifecycle import FOREVER, Loadable, ModelCard, Resident, evictions
+from .lifecycle import FOREVER, Loadable, ModelCard, Resident, evictions
 from ..messages import ModelLoaded, ModelUnloaded, Open
-from ..routing import Capability, ModelEntry, Registry, alias_for
+from .registry import Capability, ModelEntry, Registry, alias_for
 from ._mailbox import answer
 
 __all__ = [

@@ -23,7 +23,7 @@ import llguidance.numpy as llg_numpy
 import numpy as np
 
 from ..errors import RequestInvalid
-from ..structured import Grammar
+from ..turns.structured import Grammar
 
 __all__ = ["Grammars", "Matcher"]
 

@@ -20,7 +20,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
 
-from ..chat import tools_in_preamble
+from ..turns.chat import tools_in_preamble
 from ..errors import RequestInvalid
 from .constraint import Grammars
 from .output import MARKUP, THINK_START, Dialect

@@ -1,5 +1,4 @@
-"""HTTP routes: thin Quart-Trio handlers that talk to actors through messages."""
-
-from ._app import create_app as create_app
-
-__all__ = ["create_app"]
+"""HTTP routes, one module per API family: thin Quart-Trio handlers that translate a wire request
+into messages for the actors and typed results back into wire events. They may import ``web/``
+(the HTTP plumbing), ``wire/``, ``turns/``, the system and the message catalogue; never MLX or an
+actor's state. ``app.py`` gathers them into the app."""

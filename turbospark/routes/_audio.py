@@ -14,7 +14,7 @@ import trio
 from ..actors._mailbox import call
 from ..audio.messages import AudioWork, Endpoint, SubmitAudio, Synthesize, Transcribe, WorkReply
 from ..errors import ShuttingDown, TurboSparkError
-from ._app import system
+from ..web.app import system
 
 __all__ = ["ask", "submit"]
 

@@ -18,7 +18,7 @@ from quart import Response
 
 from ..errors import ShuttingDown
 from ..messages import EmbeddingJob, EmbeddingReply, Failed, Vectors
-from ._app import request_scope, system
+from ..web.app import request_scope, system
 
 __all__ = ["embed", "json_body"]
 

@@ -18,7 +18,7 @@ import attrs
 import trio
 
 from ..errors import ShuttingDown
-from ..guardrails import Accept, Guardrails, Rescued, inspect
+from ..turns.guardrails import Accept, Guardrails, Rescued, inspect
 from ..messages import (
     ChatPrompt,
     Delta,
@@ -35,7 +35,7 @@ from ..messages import (
 from ..model.backend import SamplingParams
 from ..model.output import call_id
 from .._system import System
-from ._app import request_scope, system
+from ..web.app import request_scope, system
 
 __all__ = ["Completion", "Replies", "collect", "events", "gather", "generate_turn", "start", "turn"]
 

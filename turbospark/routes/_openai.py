@@ -12,10 +12,10 @@ from quart import Response
 
 from ..messages import Delta, Failed, Finished, TokenLogprob
 from ..model.backend import SamplingParams
-from ..structured import Grammar
+from ..turns.structured import Grammar
 from ..wire.openai import GenerationFields, ResponsesRequest
-from . import _sse
-from ._app import exception_body
+from ..web import sse as _sse
+from ..web.app import exception_body
 from ._generation import Replies, events
 
 __all__ = [

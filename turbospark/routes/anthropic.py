@@ -26,17 +26,17 @@ import attrs
 import trio
 from quart import Blueprint, Response, g, request
 
-from ..chat import TemplateMessage, apply_default_system
-from ..codec import parse_json, structure
+from ..turns.chat import TemplateMessage, apply_default_system
+from ..wire.codec import parse_json, structure
 from ..errors import GenerationFailed, RequestInvalid, TurboSparkError
 from ..messages import ChatPrompt, Delta, Failed, Finished, RequestRouted, Started, ToolCall
 from ..model._worker import render_prompt
-from ..routing import ModelEntry
+from ..actors.registry import ModelEntry
 from ..model.backend import SamplingParams
-from ..structured import Grammar, check_images, function_tools, grammar_for, select_tools
+from ..turns.structured import Grammar, check_images, function_tools, grammar_for, select_tools
 from ..wire.anthropic import CountTokensRequest, MessagesRequest
-from . import _sse
-from ._app import exception_body, json_response, system
+from ..web import sse as _sse
+from ..web.app import exception_body, json_response, system
 from ._generation import Completion, collect, events, start, turn
 from ._openai import DEGRADATION_HEADER, stream_response
 from .openai_chat import DROPPED_IMAGES

@@ -54,10 +54,10 @@ from ..audio.wire import (
     render_transcript,
     transcription_options,
 )
-from ..codec import parse_json
+from ..wire.codec import parse_json
 from ..errors import RequestInvalid, TurboSparkError
 from ..messages import RequestRouted
-from ._app import json_response, request_scope, system
+from ..web.app import json_response, request_scope, system
 from ._audio import ask, receive, submit
 
 blueprint = Blueprint("audio", __name__)

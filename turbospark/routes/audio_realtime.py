@@ -30,7 +30,7 @@ from ..audio.messages import AudioRequest, ResolveAudio, Transcribe, WorkDone, W
 from ..audio.realtime import Commit, Partial, RealtimeLimits, Send, Session
 from ..audio.wire import check_language, segments_json
 from ..errors import RequestInvalid, TurboSparkError
-from ._app import system
+from ..web.app import system
 from ._audio import ask, receive, submit
 
 blueprint = Blueprint("audio_realtime", __name__)

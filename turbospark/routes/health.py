@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from quart import Blueprint, Response
 
-from ._app import json_response, system
+from ..web.app import json_response, system
 
 blueprint = Blueprint("health", __name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from quart import Blueprint, Response
 
-from ._app import system
+from ..web.app import system
 
 blueprint = Blueprint("metrics", __name__)
 

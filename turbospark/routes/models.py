@@ -8,8 +8,8 @@ from typing import Any
 from quart import Blueprint, Response
 
 from ..errors import ModelNotFound
-from ..routing import ModelEntry
-from ._app import json_response, system
+from ..actors.registry import ModelEntry
+from ..web.app import json_response, system
 
 blueprint = Blueprint("models", __name__)
 

@@ -28,14 +28,14 @@ import trio
 from quart import Blueprint, Response, g, request
 
 from .. import __version__
-from ..chat import TemplateMessage, apply_default_system
-from ..codec import parse_json, structure
+from ..turns.chat import TemplateMessage, apply_default_system
+from ..wire.codec import parse_json, structure
 from ..errors import ContextOverflow, ModelNotFound, NotFound, RequestInvalid, TurboSparkError
-from ..lifecycle import Loadable, parse_keep_alive
+from ..actors.lifecycle import Loadable, parse_keep_alive
 from ..messages import ChatPrompt, Delta, Failed, Finished, RequestRouted, Started, TextPrompt, ToolCall
 from ..model.backend import SamplingParams
-from ..routing import ModelEntry
-from ..structured import check_images, function_tools, grammar_for
+from ..actors.registry import ModelEntry
+from ..turns.structured import check_images, function_tools, grammar_for
 from ..wire.ollama import (
     OllamaChatRequest,
     OllamaGenerateRequest,
@@ -47,7 +47,7 @@ from ..wire.ollama import (
     options_params,
     rfc3339,
 )
-from ._app import json_response, system
+from ..web.app import json_response, system
 from ._generation import Completion, collect, events, generate_turn, start
 from ._openai import DEGRADATION_HEADER
 from .openai_chat import DROPPED_IMAGES

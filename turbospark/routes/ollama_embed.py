@@ -22,11 +22,11 @@ from typing import Any
 
 from quart import Blueprint, Response, g, request
 
-from ..codec import parse_json, structure
-from ..embedding import check_dimensions, check_inputs, encode_vector, inputs_of, shorten
+from ..wire.codec import parse_json, structure
+from ..wire.embedding_checks import check_dimensions, check_inputs, encode_vector, inputs_of, shorten
 from ..messages import RequestRouted
 from ..wire.embeddings import OllamaEmbeddingsRequest, OllamaEmbedRequest
-from ._app import system
+from ..web.app import system
 from ._embedding import embed, json_body
 
 blueprint = Blueprint("ollama_embed", __name__)

@@ -13,14 +13,14 @@ from typing import Any
 
 from quart import Blueprint, Response, g, request
 
-from ..chat import TemplateMessage, apply_default_system, image_urls, text_of, tool_call
-from ..codec import parse_json, structure
+from ..turns.chat import TemplateMessage, apply_default_system, image_urls, text_of, tool_call
+from ..wire.codec import parse_json, structure
 from ..errors import RequestInvalid
 from ..messages import ChatPrompt, Delta, Finished, RequestRouted, TokenLogprob, ToolCall
-from ..structured import check_images, function_tools, grammar_for, json_demand, select_tools
+from ..turns.structured import check_images, function_tools, grammar_for, json_demand, select_tools
 from ..wire.openai import ChatCompletionRequest
-from . import _sse
-from ._app import json_response, system
+from ..web import sse as _sse
+from ..web.app import json_response, system
 from ._generation import Completion, collect, generate_turn, start
 from ._openai import (
     DEGRADATION_HEADER,

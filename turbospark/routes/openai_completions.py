@@ -11,14 +11,14 @@ from typing import Any
 
 from quart import Blueprint, Response, g, request
 
-from ..codec import parse_json, structure
+from ..wire.codec import parse_json, structure
 from ..errors import RequestInvalid
-from ..guardrails import Rescued, inspect
+from ..turns.guardrails import Rescued, inspect
 from ..messages import RequestRouted, TextPrompt, TokenLogprob, ToolCall
 from ..model.output import call_id
-from ..structured import function_tools, grammar_for, json_demand, select_tools
+from ..turns.structured import function_tools, grammar_for, json_demand, select_tools
 from ..wire.openai import CompletionRequest
-from ._app import json_response, system
+from ..web.app import json_response, system
 from ._generation import collect, start
 from ._openai import DEGRADATION_HEADER, Envelope, sampling_params, sse_response, usage
 from .openai_chat import call_wire

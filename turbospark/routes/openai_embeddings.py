@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from quart import Blueprint, Response, g, request
 
-from ..codec import parse_json, structure
-from ..embedding import check_dimensions, check_encoding_format, check_inputs, encode_vector, inputs_of, shorten
+from ..wire.codec import parse_json, structure
+from ..wire.embedding_checks import check_dimensions, check_encoding_format, check_inputs, encode_vector, inputs_of, shorten
 from ..messages import RequestRouted
 from ..wire.embeddings import EmbeddingRequest
-from ._app import system
+from ..web.app import system
 from ._embedding import embed, json_body
 
 blueprint = Blueprint("openai_embeddings", __name__)

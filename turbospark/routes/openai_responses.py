@@ -22,15 +22,15 @@ from typing import Any
 import attrs
 from quart import Blueprint, Response, g, request
 
-from ..chat import TemplateMessage, apply_default_system, image_urls, text_of
-from ..codec import parse_json, structure
-from ..conversations import StoredResponse
+from ..turns.chat import TemplateMessage, apply_default_system, image_urls, text_of
+from ..wire.codec import parse_json, structure
+from ..turns.conversations import StoredResponse
 from ..errors import NotFound, RequestInvalid
 from ..messages import ChatPrompt, Delta, Failed, Finished, RequestRouted, ToolCall
-from ..structured import check_images, function_tools, grammar_for, select_tools
+from ..turns.structured import check_images, function_tools, grammar_for, select_tools
 from ..wire.openai import ResponsesRequest
-from . import _sse
-from ._app import exception_body, json_response, system
+from ..web import sse as _sse
+from ..web.app import exception_body, json_response, system
 from ._generation import Completion, collect, events, generate_turn, start
 from ._openai import DEGRADATION_HEADER, sampling_params, stream_response
 from .openai_chat import DROPPED_IMAGES

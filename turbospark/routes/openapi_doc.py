@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from quart import Blueprint, Response
 
-from ..openapi import document
-from ._app import json_response
+from ..web.openapi import document
+from ..web.app import json_response
 
 blueprint = Blueprint("openapi_doc", __name__)
 

@@ -3,7 +3,7 @@
 
 Only the types are checked here (by the one converter, unknown fields refused); ``input`` is
 typed ``Any`` and checked, with the limits, in the original server's order by
-``turbospark.embedding``, so each error carries its exact message.
+``turbospark.wire.embedding_checks``, so each error carries its exact message.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from ..codec import converter
+from .codec import converter
 
 __all__ = ["EmbeddingRequest", "OllamaEmbedRequest", "OllamaEmbeddingsRequest"]
 

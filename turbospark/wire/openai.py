@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import attrs
 
-from ..codec import converter
+from .codec import converter
 
 __all__ = [
     "ChatCompletionRequest",

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import attrs
 
-from . import __version__
+from .. import __version__
 
 __all__ = ["ROUTES", "Route", "document", "schema_for"]
 
@@ -48,11 +48,11 @@ _MESSAGE = _object("id", "type", "role", "content", "usage", type={"const": "mes
 
 
 def _routes() -> tuple[Route, ...]:
-    from .audio.wire import GenerateRequest, SpeechRequest
-    from .wire.anthropic import MessagesRequest
-    from .wire.embeddings import EmbeddingRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest
-    from .wire.ollama import OllamaChatRequest, OllamaGenerateRequest
-    from .wire.openai import ChatCompletionRequest, CompletionRequest, ResponsesRequest
+    from ..audio.wire import GenerateRequest, SpeechRequest
+    from ..wire.anthropic import MessagesRequest
+    from ..wire.embeddings import EmbeddingRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest
+    from ..wire.ollama import OllamaChatRequest, OllamaGenerateRequest
+    from ..wire.openai import ChatCompletionRequest, CompletionRequest, ResponsesRequest
 
     sse = ("text/event-stream",)
     out = [

@@ -17,8 +17,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .lifecycle import Loadable, ModelCard
-from .routing import Capability
+from ..actors.lifecycle import Loadable, ModelCard
+from ..actors.registry import Capability
 
 __all__ = ["StoreShelf", "loadable_from", "parameter_size"]
 
@@ -39,25 +39,25 @@ class StoreShelf:
         return out
 
     def can_pull(self, name: str) -> bool:
-        from .store import catalogue
+        from . import catalogue
 
         return name in catalogue.CATALOGUE
 
     def digest(self, name: str) -> str:
-        from .store import catalogue
+        from . import catalogue
 
         entry = catalogue.CATALOGUE[name]
         return entry.gguf_sha256 or entry.directory_sha256
 
     def catalogue(self) -> list[str]:
-        from .store import catalogue
+        from . import catalogue
 
         return list(catalogue.CATALOGUE)
 
     def pull(self, name: str, report: Callable[[str, int | None, int | None], None]) -> str:
         """Pull the catalogue model ``name``; its digest.  ``report`` hears how far it is."""
-        from .store import catalogue
-        from .store.store import reporting
+        from . import catalogue
+        from .store import reporting
 
         with reporting(report):
             stored = catalogue.pull(name, self.store, progress=False)
@@ -160,7 +160,7 @@ def loadable_from(stored: Any, *, pinned: bool = False) -> Loadable:
         digest=str(manifest.get("source_sha256") or ""),
         modified_at=manifest_file.stat().st_mtime if manifest_file.exists() else 0.0,
     )
-    from .attach import load_mlx
+    from ..cli.attach import load_mlx
 
     return Loadable(
         id=stored.name,

@@ -20,8 +20,8 @@ from typing import Any
 
 import attrs
 
-from .errors import RequestInvalid
-from .routing import Capability
+from ..errors import RequestInvalid
+from .registry import Capability
 
 __all__ = ["Loadable", "ModelCard", "Resident", "evictions", "parse_keep_alive", "parse_size"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import RequestInvalid
+from ..errors import RequestInvalid
 
 __all__ = [
     "ENCODING_FORMATS",

@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import jsonschema
 
-from .errors import RequestInvalid
+from ..errors import RequestInvalid
 
 __all__ = [
     "Grammar",

@@ -94,11 +94,11 @@ def describe() -> str:
 
 
 def main(argv: Sequence[str]) -> None:
-    """``python -m turbospark.blas CMD [ARGS]``: run CMD with OpenBLAS preloaded where possible
+    """``python -m turbospark.cli.blas CMD [ARGS]``: run CMD with OpenBLAS preloaded where possible
     (how ``scripts/test`` runs the test suite, so real-model tests run as the server does)."""
     if not argv:
-        raise SystemExit("usage: python -m turbospark.blas CMD [ARGS...]")
-    reexec_with_openblas([sys.executable, "-m", "turbospark.blas", *argv])
+        raise SystemExit("usage: python -m turbospark.cli.blas CMD [ARGS...]")
+    reexec_with_openblas([sys.executable, "-m", "turbospark.cli.blas", *argv])
     os.execvp(argv[0], list(argv))
 
 

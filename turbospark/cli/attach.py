@@ -21,13 +21,13 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from .audio.engines import AudioSpec
-from .config import Settings
-from .model.backend import BackendSpec
-from .model.encoder import EncoderSpec, ScriptedEncoder
-from .lifecycle import Loadable
-from .model.scripted import SCRIPTED_ID, ScriptedBackend
-from .shelf import StoreShelf, loadable_from
+from ..audio.engines import AudioSpec
+from ..config import Settings
+from ..model.backend import BackendSpec
+from ..model.encoder import EncoderSpec, ScriptedEncoder
+from ..actors.lifecycle import Loadable
+from ..model.scripted import SCRIPTED_ID, ScriptedBackend
+from ..store.shelf import StoreShelf, loadable_from
 
 __all__ = [
     "ModelSetupError",
@@ -71,7 +71,7 @@ def shelf_for(settings: Settings) -> StoreShelf | None:
     when every ``--model`` is scripted, so scripted runs stay offline and answer any name."""
     if settings.models and all(name == SCRIPTED_ID for name in settings.models):
         return None
-    from .store.store import ModelStore, store_root
+    from ..store.store import ModelStore, store_root
 
     return StoreShelf(ModelStore(store_root()))
 
@@ -99,8 +99,8 @@ def backend_specs(settings: Settings) -> list[BackendSpec | EncoderSpec | Loadab
 def stored_model(name: str | None, kind: str = "generation", *, whole: bool = False):  # type: ignore[no-untyped-def]
     """The store directory and id for ``name`` (None: the default model of that ``kind``),
     importing if needed; with ``whole``, the ``StoredModel`` itself."""
-    from .store import catalogue
-    from .store.store import ModelImportError, ModelStore, store_root
+    from ..store import catalogue
+    from ..store.store import ModelImportError, ModelStore, store_root
 
     store = ModelStore(store_root())
     try:
@@ -130,7 +130,7 @@ def stored_model(name: str | None, kind: str = "generation", *, whole: bool = Fa
 
 
 def load_mlx(path: Path, model_id: str):  # type: ignore[no-untyped-def]
-    from .model.mlx_backend import MlxBackend
+    from ..model.mlx_backend import MlxBackend
 
     try:
         return MlxBackend(path, model_id=model_id)
@@ -139,7 +139,7 @@ def load_mlx(path: Path, model_id: str):  # type: ignore[no-untyped-def]
 
 
 def _load_encoder(path: Path, model_id: str):  # type: ignore[no-untyped-def]
-    from .model.bert import BertEncoder
+    from ..model.bert import BertEncoder
 
     try:
         return BertEncoder(path, model_id=model_id)
@@ -179,9 +179,9 @@ def audio_specs(settings: Settings) -> list[AudioSpec]:
 def audio_spec(name: str | None, kind: str) -> AudioSpec:
     """The spec for one audio model: ``scripted``, ``espeak-ng`` (text-to-speech), a stored model
     or catalogue name (pulled and converted on first use), or a directory to import."""
-    from .audio.engines import ScriptedSpeechToText, ScriptedTextToSpeech
-    from .audio.speech import ESPEAK_ID, espeak_available
-    from .store import catalogue
+    from ..audio.engines import ScriptedSpeechToText, ScriptedTextToSpeech
+    from ..audio.speech import ESPEAK_ID, espeak_available
+    from ..store import catalogue
 
     stt = kind == "speech-to-text"
     if name in (SCRIPTED_ID, "scripted-stt" if stt else "scripted-tts"):
@@ -205,9 +205,9 @@ def audio_spec(name: str | None, kind: str) -> AudioSpec:
 def stored_audio(name: str, kind: str) -> tuple[Path, str]:
     """The store directory and id of audio model ``name``, pulled from the catalogue first if
     needed, or imported from a directory (a faster-whisper model or a Piper voice)."""
-    from .store import catalogue
-    from .store.audio_import import STT_KIND, audio_sha256, import_audio
-    from .store.store import ModelImportError, ModelStore, store_root
+    from ..store import catalogue
+    from ..store.audio_import import STT_KIND, audio_sha256, import_audio
+    from ..store.store import ModelImportError, ModelStore, store_root
 
     store = ModelStore(store_root())
     try:
@@ -239,8 +239,8 @@ def stored_audio(name: str, kind: str) -> tuple[Path, str]:
 
 def audio_catalogue() -> dict[str, Callable[[], AudioSpec]]:
     """The aliases ``POST /v1/audio/models`` may attach (each pulled on first use)."""
-    from .audio.speech import ESPEAK_ID
-    from .store import catalogue
+    from ..audio.speech import ESPEAK_ID
+    from ..store import catalogue
 
     out: dict[str, Callable[[], AudioSpec]] = {
         n: partial(audio_spec, n, e.kind) for n, e in catalogue.CATALOGUE.items() if e.kind in _FLAGS
@@ -258,7 +258,7 @@ def _piper_installed() -> bool:
 
 
 def _load_whisper(path: Path, model_id: str):  # type: ignore[no-untyped-def]
-    from .audio.whisper import WhisperSpeechToText
+    from ..audio.whisper import WhisperSpeechToText
 
     try:
         return WhisperSpeechToText(path, model_id=model_id)
@@ -267,7 +267,7 @@ def _load_whisper(path: Path, model_id: str):  # type: ignore[no-untyped-def]
 
 
 def _load_piper(path: Path, model_id: str):  # type: ignore[no-untyped-def]
-    from .audio.speech import PiperTextToSpeech
+    from ..audio.speech import PiperTextToSpeech
 
     try:
         return PiperTextToSpeech(path, model_id=model_id)
@@ -276,6 +276,6 @@ def _load_piper(path: Path, model_id: str):  # type: ignore[no-untyped-def]
 
 
 def _load_espeak():  # type: ignore[no-untyped-def]
-    from .audio.speech import EspeakTextToSpeech
+    from ..audio.speech import EspeakTextToSpeech
 
     return EspeakTextToSpeech()

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import attrs
 
-from .errors import ModelNotFound, NoModel
+from ..errors import ModelNotFound, NoModel
 
 __all__ = ["Capability", "ModelEntry", "Registry", "alias_for"]
 

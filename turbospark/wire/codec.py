@@ -17,7 +17,7 @@ import cattrs
 from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError
 from cattrs.v import format_exception, transform_error
 
-from .errors import RequestInvalid
+from ..errors import RequestInvalid
 
 __all__ = ["converter", "parse_json", "structure"]
 

@@ -16,12 +16,13 @@ import logging
 import secrets
 import time
 from contextlib import ExitStack
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import attrs
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
-from quart import Response, g, has_request_context, request, websocket
+from quart import Blueprint, Response, g, has_request_context, request, websocket
 from quart_trio import QuartTrio
 from quart_trio.wrappers.request import TrioRequest
 from quart_trio.asgi import TrioASGIHTTPConnection
@@ -29,9 +30,9 @@ from werkzeug.exceptions import HTTPException
 
 from .._system import System
 from ..errors import Forbidden, TurboSparkError, Unauthorized
-from ..origins import host_allowed, origin_allowed
+from .origins import host_allowed, origin_allowed
 from ..messages import RequestFinished, RequestStarted
-from ..scope import _scope, request_scope
+from .scope import _scope, request_scope
 
 __all__ = [
     "Family",
@@ -283,7 +284,9 @@ def _check_origin_and_host(headers: Any, settings: Any) -> None:
         raise Forbidden(f"requests from the origin {origin!r} are not allowed (--allowed-origins)")
 
 
-def create_app(sys_: System) -> QuartTrio:
+def create_app(sys_: System, blueprints: Sequence[Blueprint]) -> QuartTrio:
+    """The Quart-Trio app: request scope, origin, host and key checks, error shapes, the
+    request record; the routes come in as ``blueprints`` (``routes/app.py`` chooses them)."""
     app = _App("turbospark")
     app.in_flight = InFlight()
     app.config["MAX_CONTENT_LENGTH"] = sys_.settings.max_body_bytes
@@ -351,20 +354,7 @@ def create_app(sys_: System) -> QuartTrio:
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected)
 
-    from . import (
-        health, metrics, models, ollama, ollama_embed, openai_chat, openai_completions,
-        openai_embeddings, openai_responses, anthropic, openapi_doc,
-    )
-
-    for module in (
-        health, models, metrics, openai_chat, openai_completions, openai_responses,
-        openai_embeddings, ollama_embed, ollama, anthropic, openapi_doc,
-    ):
-        app.register_blueprint(module.blueprint)
-    if sys_.audio is not None:  # the audio routes exist only with an audio model attached
-        from . import audio, audio_realtime
-
-        app.realtime_sessions = 0
-        app.register_blueprint(audio.blueprint)
-        app.register_blueprint(audio_realtime.blueprint)
+    app.realtime_sessions = 0  # open realtime transcription sockets (routes/audio_realtime.py)
+    for blueprint in blueprints:
+        app.register_blueprint(blueprint)
     return app

@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 import jsonschema
 
-from .model.output import ToolCall, parse_hermes
+from ..model.output import ToolCall, parse_hermes
 
 __all__ = ["Accept", "Guardrails", "Rescued", "Retry", "Verdict", "inspect", "rescue", "validate"]
 

@@ -16,8 +16,8 @@ import argparse
 import sys
 
 from .interrupt import interruptible
-from .store.catalogue import CATALOGUE, pull
-from .store.store import DTYPES, ModelImportError, ModelStore, StoredModel, store_root
+from ..store.catalogue import CATALOGUE, pull
+from ..store.store import DTYPES, ModelImportError, ModelStore, StoredModel, store_root
 
 __all__ = ["main"]
 

@@ -1,0 +1,114 @@
+"""``python -m turbospark``: ``serve`` and ``models``; start-up, signals and exit statuses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import trio
+
+from .blas import describe as describe_blas
+from .blas import reexec_with_openblas
+from ..model.backend import BackendSpec
+from ..model.encoder import EncoderSpec
+from ..audio.engines import AudioSpec
+from ..config import Settings
+from .interrupt import interruptible
+
+__all__ = ["main"]
+
+
+from .args import build_parser, settings_from
+
+
+async def _run(settings: Settings, specs: Sequence[BackendSpec | EncoderSpec | AudioSpec], shelf: Any) -> None:
+    from .attach import audio_catalogue
+    from ..server import serve
+
+    library = shelf.loadables if shelf is not None else tuple
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            running: list[Any] = []  # the Server, once it listens
+
+            async def on_signal() -> None:
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if not running:
+                        # Loading reads the store and writes nothing; the model threads cannot be
+                        # interrupted mid-load, so the process leaves without waiting for them.
+                        print(f"turbospark: {name} while loading models, exiting", file=sys.stderr, flush=True)
+                        os._exit(130)
+                    if running[0].stop.is_set():  # a second signal: stop waiting for anything
+                        print(f"turbospark: {name} again, exiting now", file=sys.stderr, flush=True)
+                        os._exit(130)
+                    print(f"turbospark: {name}, shutting down", file=sys.stderr, flush=True)
+                    running[0].stop.set()
+
+            nursery.start_soon(on_signal)
+            async with trio.open_nursery() as serving:  # ends when the server has shut down
+                server = await serving.start(partial(
+                    serve, settings, specs, audio_catalogue=audio_catalogue(), library=library, shelf=shelf
+                ))
+                running.append(server)
+                print(f"turbospark listening on {server.url}", file=sys.stderr, flush=True)
+                auth = "on (x-api-key or Authorization: Bearer, except /health)" if settings.api_key else "off"
+                print(f"  auth: {auth}", file=sys.stderr)
+                print(f"  models: {', '.join(server.system.registry.public_names()) or 'none'}", file=sys.stderr)
+                audio = [spec.id for spec in specs if isinstance(spec, AudioSpec)]
+                print(f"  audio: {', '.join(audio) or 'none'}", file=sys.stderr)
+                if "mlx.core" in sys.modules:
+                    print(f"  blas: {describe_blas()}", file=sys.stderr)
+                sys.stderr.flush()
+            nursery.cancel_scope.cancel()  # the signal watcher
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["models"]:  # its own parser, so that `models --help` and `models X -h` work
+        from .models import main as models_main
+
+        return models_main(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command != "serve":
+        parser.print_usage(sys.stderr)
+        return 2
+    settings = settings_from(args, parser)
+    from .attach import ModelSetupError, audio_specs, backend_specs, needs_mlx, shelf_for
+
+    try:
+        if needs_mlx(settings):
+            reexec_with_openblas([sys.executable, "-m", "turbospark", *argv])
+        with interruptible():  # a pull or import stops at once, leaving nothing half-written
+            specs = [*backend_specs(settings), *audio_specs(settings)]
+        trio.run(_run, settings, specs, shelf_for(settings))
+    except KeyboardInterrupt:
+        print("turbospark: interrupted while preparing models; nothing half-written was left in "
+              "the model store", file=sys.stderr)
+        return 130
+    except ModelSetupError as exc:
+        print(f"turbospark: {exc}", file=sys.stderr)
+        return 1
+    except BaseExceptionGroup as group:
+        setup, rest = group.split(ModelSetupError)
+        if setup is None or rest is not None:
+            raise
+        for exc in _leaves(setup):
+            print(f"turbospark: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    return [
+        leaf
+        for exc in group.exceptions
+        for leaf in (_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    ]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
