@@ -7,7 +7,7 @@ import json
 import jsonschema
 import pytest
 
-from turbospark.turns.chat import tools_in_preamble
+from turbospark.model.tool_preamble import tools_in_preamble
 from turbospark.errors import RequestInvalid
 from turbospark.turns.guardrails import Accept, Guardrails, Rescued, Retry, inspect, rescue, validate
 from turbospark.model.output import Dialect, OutputParser, Parts, ToolCall

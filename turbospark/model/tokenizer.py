@@ -20,9 +20,9 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
 
-from ..turns.chat import tools_in_preamble
 from ..errors import RequestInvalid
 from .constraint import Grammars
+from .tool_preamble import tools_in_preamble
 from .output import MARKUP, THINK_START, Dialect
 
 __all__ = ["StreamDecoder", "Tokenizer"]
