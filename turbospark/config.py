@@ -8,9 +8,18 @@ from pathlib import Path
 import attrs
 
 from .turns.guardrails import Guardrails
-from .web.origins import DEFAULT_ORIGINS
 
-__all__ = ["Settings"]
+__all__ = ["DEFAULT_ORIGINS", "Settings"]
+
+# Which web pages may call the server (web/origins.py): Ollama's default list, loopback names on
+# any port and the schemes desktop apps and editors use.
+DEFAULT_ORIGINS: tuple[str, ...] = (
+    *(f"{scheme}://{host}{port}"
+      for scheme in ("http", "https")
+      for host in ("localhost", "127.0.0.1", "[::1]", "0.0.0.0")
+      for port in ("", ":*")),
+    "app://*", "file://*", "tauri://*", "vscode-webview://*", "vscode-file://*",
+)
 
 
 @attrs.frozen

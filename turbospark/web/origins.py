@@ -17,15 +17,9 @@ import functools
 import ipaddress
 import re
 
-__all__ = ["DEFAULT_ORIGINS", "host_allowed", "is_loopback", "origin_allowed", "parse_origins"]
+from ..config import DEFAULT_ORIGINS
 
-DEFAULT_ORIGINS: tuple[str, ...] = (
-    *(f"{scheme}://{host}{port}"
-      for scheme in ("http", "https")
-      for host in ("localhost", "127.0.0.1", "[::1]", "0.0.0.0")
-      for port in ("", ":*")),
-    "app://*", "file://*", "tauri://*", "vscode-webview://*", "vscode-file://*",
-)
+__all__ = ["DEFAULT_ORIGINS", "host_allowed", "is_loopback", "origin_allowed", "parse_origins"]
 
 
 def parse_origins(text: str) -> tuple[str, ...]:
