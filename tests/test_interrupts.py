@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,6 +24,20 @@ def _wait(proc: subprocess.Popen[bytes], timeout: float) -> int:
     except subprocess.TimeoutExpired:
         proc.kill()
         raise AssertionError(f"the process did not exit within {timeout} s of the signal") from None
+
+
+def _wait_for_line(proc: subprocess.Popen[bytes], line: str, timeout: float) -> None:
+    """Read the process's stderr until ``line`` (a state it reached), however loaded the machine."""
+    assert proc.stderr is not None
+    timer = threading.Timer(timeout, proc.kill)  # a process that never gets there is ended
+    timer.start()
+    try:
+        while got := proc.stderr.readline().decode():
+            if got.startswith(line):
+                return
+    finally:
+        timer.cancel()
+    raise AssertionError(f"the process ended (or {timeout} s passed) before it printed {line!r}")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
@@ -56,7 +71,7 @@ def test_serve_interrupted_while_loading_exits_promptly() -> None:
         cwd=ROOT, env={**os.environ, "TURBOSPARK_HOME": str(cached_store().root.parent)},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
-    time.sleep(1.0)  # imports done, the model loading (or, on a fast machine, already serving)
+    _wait_for_line(proc, "turbospark: loading models", 120)  # imports done, signals handled
     proc.send_signal(signal.SIGTERM)
     code = _wait(proc, 30)
     err = proc.stderr.read().decode()

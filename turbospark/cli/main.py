@@ -49,6 +49,8 @@ async def _run(settings: Settings, specs: Sequence[BackendSpec | EncoderSpec | A
                     running[0].stop.set()
 
             nursery.start_soon(on_signal)
+            # signals are handled from here on: a SIGTERM now ends the load with status 130
+            print("turbospark: loading models", file=sys.stderr, flush=True)
             async with trio.open_nursery() as serving:  # ends when the server has shut down
                 server = await serving.start(partial(
                     serve, settings, specs, audio_catalogue=audio_catalogue(), library=library, shelf=shelf
