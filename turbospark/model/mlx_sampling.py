@@ -1,0 +1,133 @@
+"""Sampling for the MLX backend: per-sequence samplers, logits processors and log-probabilities.
+
+Everything here builds or runs per-sequence callables that mlx-lm's ``BatchGenerator`` calls on
+the model thread, inside a step.
+
+- A sampler draws with its request's own PRNG key, split per step, so a ``seed`` repeats exactly
+  whatever shares the batch; greedy sequences share one sampler (``greedy``), so an all-greedy
+  batch samples in one call.
+- Penalties, ``logit_bias`` and a grammar are logits processors, given the tokens in the
+  sequence's KV cache (the whole prompt, then what was generated).
+- ``top_logprobs`` evaluates the chosen token's log-probability and the top ``k`` in one go for
+  the sequences that asked (the others never pay for the sync).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.sample_utils import (
+    apply_min_p,
+    apply_top_k,
+    apply_top_p,
+    make_frequency_penalty,
+    make_presence_penalty,
+    make_repetition_penalty,
+)
+
+from .backend import SamplingParams
+from .constraint import Matcher
+
+__all__ = ["constrain", "greedy", "make_processors", "make_sampler", "top_logprobs"]
+
+
+def greedy(logprobs: mx.array) -> mx.array:
+    return mx.argmax(logprobs, axis=-1)
+
+
+def make_sampler(params: SamplingParams) -> Callable[[mx.array], mx.array]:
+    """Greedy at temperature 0 (or ``top_p`` 0, OpenAI's most restrictive nucleus); otherwise
+    top-k / top-p / min-p, then a draw with this request's own key."""
+    if params.temperature == 0 or params.top_p == 0:
+        return greedy
+    seed = params.seed if params.seed is not None else secrets.randbits(63)
+    key = mx.random.key(seed % 2**64)
+    inv_temp = 1.0 / params.temperature
+
+    def sample(logprobs: mx.array) -> mx.array:
+        nonlocal key
+        key, draw = mx.random.split(key)
+        if 0 < params.top_k < logprobs.shape[-1]:  # a k past the vocabulary filters nothing
+            logprobs = apply_top_k(logprobs, params.top_k)
+        if params.top_p < 1:
+            logprobs = apply_top_p(logprobs, params.top_p)
+        if params.min_p > 0:
+            logprobs = apply_min_p(logprobs, params.min_p)
+        return mx.random.categorical(logprobs * inv_temp, key=draw)
+
+    return sample
+
+
+def make_processors(params: SamplingParams, prompt_len: int) -> list[Callable[..., mx.array]]:
+    """Penalties, as logits processors for the batch engine.
+
+    The engine hands each processor the tokens in the sequence's KV cache: the whole prompt, then
+    what was generated.  Presence and frequency penalties see the generated text only (OpenAI's
+    meaning); the repetition penalty sees the end of the prompt as well (Hugging Face's meaning,
+    over mlx-lm's 20-token window).
+    """
+    processors: list[Callable[..., mx.array]] = []
+    generated_only = [
+        make_presence_penalty(params.presence_penalty, params.max_tokens)
+        if params.presence_penalty
+        else None,
+        make_frequency_penalty(params.frequency_penalty, params.max_tokens)
+        if params.frequency_penalty
+        else None,
+    ]
+    for penalty in filter(None, generated_only):
+        processors.append(
+            lambda tokens, logits, penalty=penalty: penalty(tokens[prompt_len:], logits)
+        )
+    if params.repetition_penalty != 1:
+        processors.append(make_repetition_penalty(params.repetition_penalty, 20))
+    if params.logit_bias:
+        ids = mx.array([i for i, _ in params.logit_bias])
+        bias = mx.array([b for _, b in params.logit_bias], dtype=mx.float32)
+        processors.append(lambda tokens, logits: logits.at[:, ids].add(bias.astype(logits.dtype)))
+    return processors
+
+
+def constrain(matcher: Matcher) -> Callable[[mx.array, mx.array], mx.array]:
+    """Constrained decoding as a logits processor: consume the token sampled last step (the
+    engine feeds it back as the newest context token; the first call sees the prompt's last
+    token), then mask every token the grammar does not allow next."""
+    calls = 0
+
+    def process(tokens: mx.array, logits: mx.array) -> mx.array:
+        nonlocal calls
+        if calls:
+            matcher.consume(int(tokens[-1].item()))
+        calls += 1
+        if matcher.done:
+            return logits
+        allowed = matcher.allowed()
+        mask = np.zeros(logits.shape[-1], dtype=bool)
+        width = min(len(allowed), mask.size)
+        mask[:width] = allowed[:width]
+        return mx.where(mx.array(mask), logits, mx.array(-mx.inf, dtype=logits.dtype))
+
+    return process
+
+
+def top_logprobs(
+    asked: list[tuple[int, mx.array, int, int]],
+) -> dict[int, tuple[float, tuple[tuple[int, float], ...]]]:
+    """The chosen token's log-probability and the ``k`` most likely tokens, for the sequences
+    that asked (one evaluation for all of them; nothing for the others).  ``asked`` holds
+    ``(sequence, logprobs, token, k)``."""
+    if not asked:
+        return {}
+    picks = []
+    for _, lp, token, k in asked:
+        top = mx.argpartition(-lp, k - 1)[:k] if k else mx.array([], dtype=mx.uint32)
+        picks.append((lp[token], top, lp[top] if k else top))
+    mx.eval(picks)
+    out = {}
+    for (seq, _, _, _), (chosen, top, values) in zip(asked, picks, strict=True):
+        pairs = sorted(zip(top.tolist(), values.tolist(), strict=True), key=lambda p: -p[1])
+        out[seq] = (chosen.item(), tuple(pairs))
+    return out
