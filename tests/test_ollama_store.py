@@ -9,8 +9,9 @@ from pathlib import Path
 import ollama
 import pytest
 
-from turbospark.store.shelf import StoreShelf
+from turbospark.cli.attach import load_mlx
 from turbospark.store.catalogue import CATALOGUE
+from turbospark.store.shelf import StoreShelf
 from turbospark.store.store import ModelStore
 
 from .model.test_store import _sha256, _tiny_entry, local_index, tiny_gguf  # noqa: F401 (fixtures)
@@ -23,7 +24,7 @@ async def test_pull_streams_progress_then_copy_and_delete(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(CATALOGUE, "tiny-chat", _tiny_entry(local_index, tiny_gguf))
-    shelf = StoreShelf(ModelStore(tmp_path / "models"))
+    shelf = StoreShelf(ModelStore(tmp_path / "models"), load_mlx)
     server = await start_server(library=shelf.loadables, shelf=shelf)
     c = ollama.AsyncClient(host=server.url)
     assert [m.model for m in (await c.list()).models] == ["scripted"]

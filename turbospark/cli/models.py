@@ -16,7 +16,8 @@ import argparse
 import sys
 
 from .interrupt import interruptible
-from ..store.catalogue import CATALOGUE, pull
+from ..store.catalogue import CATALOGUE
+from ..store.pull import pull
 from ..store.store import DTYPES, ModelImportError, ModelStore, StoredModel, store_root
 
 __all__ = ["main"]

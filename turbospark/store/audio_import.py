@@ -11,7 +11,8 @@ and ``config.json`` (``ModelDimensions``).  The tokenizer is mlx-whisper's own t
 
 **Piper voices** are an ONNX file and its JSON config, copied as ``voice.onnx(.json)``.
 
-Both get a manifest with ``kind`` ``speech-to-text`` or ``text-to-speech``.
+Both get a manifest with ``kind`` ``speech-to-text`` or ``text-to-speech``, and are moved into the
+store's directory the way every import is (:meth:`StoreDirectory.install`).
 """
 
 from __future__ import annotations
@@ -20,14 +21,29 @@ import json
 import re
 import shutil
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 import numpy as np
 
-from .store import ModelImportError
+from .directory import StoreDirectory, StoredModel
+from .gguf_import import ModelImportError
+from .hashing import files_digest
+from .manifest import new_manifest
+from .progress import Progress, progress_from
 
-__all__ = ["AUDIO_KINDS", "STT_KIND", "TTS_KIND", "convert_ct2_whisper", "copy_piper_voice", "read_ct2"]
+__all__ = [
+    "AUDIO_KINDS",
+    "STT_KIND",
+    "TTS_KIND",
+    "audio_sha256",
+    "convert_ct2_whisper",
+    "copy_piper_voice",
+    "import_audio",
+    "read_ct2",
+]
 
 STT_KIND = "speech-to-text"
 TTS_KIND = "text-to-speech"
@@ -109,8 +125,6 @@ def _layers(v: dict[str, np.ndarray], side: str) -> int:
 def convert_ct2_whisper(src: Path, out_dir: Path) -> dict[str, Any]:
     """Convert faster-whisper directory ``src`` (``model.bin``, ``config.json``) into an
     mlx-whisper directory ``out_dir``; returns its config."""
-    import mlx.core as mx
-
     model_bin = src / "model.bin"
     if not model_bin.is_file():
         raise ModelImportError(f"{src} has no model.bin (a CTranslate2 Whisper model)")
@@ -183,26 +197,23 @@ def copy_piper_voice(src: Path, out_dir: Path) -> dict[str, Any]:
     return config
 
 
-def audio_sha256(directory: Path, *, progress: bool = False) -> str:
+def audio_sha256(directory: Path, *, progress: bool | Progress = False) -> str:
     """A digest of every file in ``directory``: the sha256 of each name and content digest, in name order."""
-    import hashlib
-
-    from .store import copy_and_hash
-
-    digest = hashlib.sha256()
-    for f in sorted(p for p in directory.iterdir() if p.is_file()):
-        with f.open("rb") as stream:
-            file_digest = copy_and_hash([stream], total=f.stat().st_size, progress=progress, desc=f.name)
-        digest.update(f"{f.name}\0{file_digest}\n".encode())
-    return digest.hexdigest()
+    files = sorted(p for p in directory.iterdir() if p.is_file())
+    return files_digest(files, progress=progress_from(progress))
 
 
 def import_audio(
-    store: Any, source: Path, *, kind: str, name: str, label: str, sha256: str, extra_files: Any = ()
-) -> Any:
+    store: StoreDirectory,
+    source: Path,
+    *,
+    kind: str,
+    name: str,
+    label: str,
+    sha256: str,
+    extra_files: Sequence[Path] = (),
+) -> StoredModel:
     """Convert (Whisper) or copy (Piper) ``source`` into ``store`` as model ``name``."""
-    from .store import _manifest
-
     with store.scratch() as work:
         model_dir = work / "model"
         if kind == STT_KIND:
@@ -213,8 +224,8 @@ def import_audio(
             fmt, architecture, dtype, context = "onnx", "piper", "native", None
         else:
             raise ModelImportError(f"unknown audio model kind {kind!r}")
-        manifest = _manifest(
+        manifest = new_manifest(
             name=name, source=label, sha256=sha256, fmt=fmt, architecture=architecture, dtype=dtype,
             context_length=context, kind=kind,
         )  # fmt: skip
-        return store._finish(model_dir, manifest, extra_files)
+        return store.install(model_dir, manifest, extra_files=extra_files)

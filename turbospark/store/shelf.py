@@ -4,7 +4,9 @@ the management routes do to it (pull, copy, delete).
 Every stored chat or completion model is ``Loadable``; what is known before loading it comes
 from its directory: capabilities (a chat template makes it a chat model), context window,
 weights size and parameter count (from the safetensors headers), and Ollama's card for
-``/api/show`` (template, sampling parameters, ``model_info``).  Everything here is blocking file
+``/api/show`` (template, sampling parameters, ``model_info``).  How a model is loaded is not the
+store's to know: whoever builds the shelf (``cli/attach.py``) hands it the loader, a callable that
+builds the backend from a model directory and the model's id.  Everything here is blocking file
 work: the resolver and the routes call it on a worker thread.
 """
 
@@ -19,13 +21,25 @@ from typing import Any
 
 from ..actors.lifecycle import Loadable, ModelCard
 from ..actors.registry import Capability
+from .catalogue import CATALOGUE
+from .directory import StoredModel
+from .progress import Progress, Report
+from .pull import pull
+from .store import ModelStore
 
-__all__ = ["StoreShelf", "loadable_from", "parameter_size"]
+__all__ = ["Loader", "StoreShelf", "loadable_from", "parameter_size"]
+
+#: ``load(path, model_id)``: the backend for the model in directory ``path``, built on its model
+#: thread (``cli/attach.py``'s ``load_mlx``).
+Loader = Callable[[Path, str], Any]
 
 
 class StoreShelf:
-    def __init__(self, store: Any) -> None:
+    """The store as the resolver's library (``loadables``) and the management routes' target."""
+
+    def __init__(self, store: ModelStore, load: Loader) -> None:
         self.store = store
+        self.load = load
 
     def loadables(self) -> list[Loadable]:
         out = []
@@ -33,34 +47,24 @@ class StoreShelf:
             if stored.kind != "generation":
                 continue
             try:
-                out.append(loadable_from(stored))
+                out.append(loadable_from(stored, self.load))
             except (OSError, ValueError, KeyError):
                 continue  # a model directory it cannot read is not offered
         return out
 
     def can_pull(self, name: str) -> bool:
-        from . import catalogue
-
-        return name in catalogue.CATALOGUE
+        return name in CATALOGUE
 
     def digest(self, name: str) -> str:
-        from . import catalogue
-
-        entry = catalogue.CATALOGUE[name]
+        entry = CATALOGUE[name]
         return entry.gguf_sha256 or entry.directory_sha256
 
     def catalogue(self) -> list[str]:
-        from . import catalogue
+        return list(CATALOGUE)
 
-        return list(catalogue.CATALOGUE)
-
-    def pull(self, name: str, report: Callable[[str, int | None, int | None], None]) -> str:
+    def pull(self, name: str, report: Report) -> str:
         """Pull the catalogue model ``name``; its digest.  ``report`` hears how far it is."""
-        from . import catalogue
-        from .store import reporting
-
-        with reporting(report):
-            stored = catalogue.pull(name, self.store, progress=False)
+        stored = pull(name, self.store, progress=Progress(report=report))
         return str(stored.manifest.get("source_sha256", ""))
 
     def delete(self, name: str) -> bool:
@@ -112,8 +116,8 @@ _PARAMETERS = (  # generation_config.json -> Ollama's parameter names
 )
 
 
-def loadable_from(stored: Any, *, pinned: bool = False) -> Loadable:
-    """The ``Loadable`` for a model in the store."""
+def loadable_from(stored: StoredModel, load: Loader, *, pinned: bool = False) -> Loadable:
+    """The ``Loadable`` for a model in the store, built by ``load`` when it is loaded."""
     path: Path = stored.path
     manifest = stored.manifest
     config = _read_json(path / "config.json")
@@ -160,11 +164,9 @@ def loadable_from(stored: Any, *, pinned: bool = False) -> Loadable:
         digest=str(manifest.get("source_sha256") or ""),
         modified_at=manifest_file.stat().st_mtime if manifest_file.exists() else 0.0,
     )
-    from ..cli.attach import load_mlx
-
     return Loadable(
         id=stored.name,
-        make=partial(load_mlx, path, stored.name),
+        make=partial(load, path, stored.name),
         capabilities=capabilities,
         context_window=context,
         size=size,

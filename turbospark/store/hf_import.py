@@ -1,0 +1,108 @@
+"""Hugging Face model directories into the store: which of their files it keeps, their digest,
+and the weights converted to the dtype asked for (copied as they are for ``native``, cast for a
+float dtype, re-quantized by mlx-lm for ``q8``/``q4``).  The result is checked by building the
+model with mlx-lm.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from .gguf_import import ModelImportError
+from .hashing import copy_and_hash, files_digest
+from .progress import Progress, progress_from
+
+__all__ = ["check_architecture", "check_loads", "convert_hf", "directory_sha256", "kept_files"]
+
+# mlx_lm.utils is imported where it is used: importing it takes ~1-2 s (it pulls in transformers),
+# which `turbospark models list` and `rm` need not pay.
+
+# Files of a Hugging Face directory that are copied besides the weights: configs, chat templates,
+# texts, and licence files whatever their suffix.
+_EXTRA_SUFFIXES = (".json", ".jinja", ".txt", ".md")
+_LICENCE_PREFIXES = ("LICENSE", "LICENCE", "NOTICE", "GEMMA_TERMS")
+
+
+def kept_files(directory: Path) -> list[Path]:
+    """The files of a Hugging Face directory that the store keeps (weights, configs, tokenizer, texts)."""
+    return sorted(
+        f
+        for f in directory.iterdir()
+        if f.is_file()
+        and (
+            (f.name.startswith("model") and f.suffix == ".safetensors")
+            or f.suffix in _EXTRA_SUFFIXES
+            or f.name.upper().startswith(_LICENCE_PREFIXES)
+        )
+    )
+
+
+def directory_sha256(directory: Path, *, progress: bool | Progress = False) -> str:
+    """The digest the store records for a Hugging Face directory: each kept file's name and content
+    digest, in name order (see :func:`~turbospark.store.hashing.files_digest`)."""
+    return files_digest(kept_files(directory), progress=progress_from(progress))
+
+
+def check_architecture(config: dict[str, Any]) -> str:
+    """The ``model_type`` of ``config``, if mlx-lm has a model of that type."""
+    from mlx_lm.utils import MODEL_REMAPPING
+
+    model_type = config.get("model_type")
+    if (
+        not isinstance(model_type, str)
+        or importlib.util.find_spec(f"mlx_lm.models.{MODEL_REMAPPING.get(model_type, model_type)}") is None
+    ):
+        raise ModelImportError(f"unknown architecture {model_type!r}: mlx-lm has no model of that type")
+    return model_type
+
+
+def convert_hf(src: Path, out: Path, *, dtype: str, progress: Progress) -> dict[str, Any]:
+    """Copy a Hugging Face directory into ``out``, converting the weights to ``dtype``; returns config."""
+    config = json.loads((src / "config.json").read_text())
+    for f in kept_files(src):
+        if f.suffix != ".safetensors":
+            shutil.copy2(f, out / f.name)
+    tok_config_path = out / "tokenizer_config.json"
+    tok_config = json.loads(tok_config_path.read_text())
+    if "chat_template" not in tok_config and (src / "chat_template.jinja").is_file():
+        tok_config["chat_template"] = (src / "chat_template.jinja").read_text()
+        tok_config_path.write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n")
+
+    weight_files = sorted(src.glob("model*.safetensors"))
+    if dtype == "native":
+        for f in progress.each(weight_files, desc="copying", unit="file"):
+            with f.open("rb") as source, (out / f.name).open("wb") as dest:
+                copy_and_hash([source], total=f.stat().st_size, out=dest, progress=progress, desc=f.name)
+    elif dtype in ("q8", "q4"):
+        from mlx_lm.utils import load_model, quantize_model
+
+        model, config = load_model(src, lazy=True)
+        model, config = quantize_model(model, config, group_size=64, bits=8 if dtype == "q8" else 4)
+        mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())), {"format": "mlx"})
+    else:
+        target = getattr(mx, dtype)
+        for f in progress.each(weight_files, desc="converting", unit="file"):
+            arrays = {
+                key: a.astype(target) if mx.issubdtype(a.dtype, mx.floating) else a
+                for key, a in mx.load(str(f)).items()
+            }
+            mx.save_safetensors(str(out / f.name), arrays, {"format": "mlx"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return config
+
+
+def check_loads(directory: Path) -> None:
+    """Build the model from ``directory`` with mlx-lm (lazily: shapes and names only)."""
+    from mlx_lm.utils import load_model
+
+    try:
+        load_model(directory, lazy=True)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelImportError(f"the converted model does not load in mlx-lm: {exc}") from None
