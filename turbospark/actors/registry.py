@@ -1,32 +1,53 @@
-"""Which attached model answers a request (sans-io).
+"""Which known model answers a request, by name and capability (sans-io).
 
-Policy, matching the original server's clients' expectations:
-1. Only models with the wanted capability count.
-2. An exact id or alias of a capable model selects it.
-3. No capable model: ``NoModel`` (503).
-4. Exactly one capable model: it answers whatever name was asked (SDKs and agent frameworks send
-   their own default model names).
-5. Otherwise: ``ModelNotFound`` (404) naming what is attached.
-Detail lookups (``GET /v1/models/{id}``) match exactly, without the single-model fallback.
+Owns ``ModelEntry`` (a model as the routes see it), ``Registry`` (an immutable set of entries in
+which no name answers for two models) and the naming rules, written once here:
+
+- ``Registry.resolve``, the OpenAI and Anthropic routes' policy, matching the original server's
+  clients' expectations:
+  1. Only models with the wanted capability count.
+  2. An exact id or alias of a capable model selects it.
+  3. No capable model: ``NoModel`` (503).
+  4. Exactly one capable model: it answers whatever name was asked (SDKs and agent frameworks
+     send their own default model names).
+  5. Otherwise the one capable model that is loaded, if only one is (``only_loaded``), else
+     ``ModelNotFound`` (404) naming the capable ones.
+- ``Registry.lookup``: exact id or alias, no fallback (``GET /v1/models/{id}``).
+- ``Registry.find`` and ``resolve_exact``: Ollama's naming, exact, with ``name:latest`` as
+  ``name`` (``untagged``); ``resolve_exact`` also checks the capability.
+- ``Registry.first_come``: a registry from entries that may collide, the later of two
+  colliding entries left out (and handed back, so the caller can say so).
+
+Imports only ``errors``: no Trio, no actors, no model code.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any, Literal
 
 import attrs
 
-from ..errors import ModelNotFound, NoModel
+from ..errors import ModelNotFound, NoModel, RequestInvalid
 
-__all__ = ["Capability", "ModelEntry", "Registry", "alias_for"]
+__all__ = ["Capability", "ModelEntry", "Registry", "alias_for", "untagged"]
 
 Capability = Literal["chat", "completion", "embedding"]
+
+#: Ollama's default tag: ``name:latest`` is ``name``.
+LATEST = ":latest"
+
+_WHAT = {"chat": "chat", "completion": "generate", "embedding": "embeddings"}  # Ollama's words
 
 
 def alias_for(model_id: str) -> str:
     """The Anthropic-style alias every generative model also answers to."""
     return f"claude-turbospark-{model_id}"
+
+
+def untagged(name: str) -> str:
+    """``name`` without Ollama's default tag (``llama:latest`` is ``llama``)."""
+    return name.removesuffix(LATEST)
 
 
 @attrs.frozen
@@ -60,6 +81,21 @@ class Registry:
                     raise ValueError(f"two attached models answer to the name '{name}'")
                 seen.add(name)
 
+    @classmethod
+    def first_come(cls, entries: Iterable[ModelEntry]) -> tuple[Registry, list[tuple[ModelEntry, list[str]]]]:
+        """The registry of ``entries`` where an entry answering to a name an earlier one has (a
+        copy named like another's alias) is left out; the ones left out, each with those names."""
+        taken: set[str] = set()
+        kept: list[ModelEntry] = []
+        left_out: list[tuple[ModelEntry, list[str]]] = []
+        for entry in entries:
+            if taken.isdisjoint(entry.names):
+                taken.update(entry.names)
+                kept.append(entry)
+            else:
+                left_out.append((entry, sorted(taken & set(entry.names))))
+        return cls(tuple(kept)), left_out
+
     def public_names(self) -> list[str]:
         return [name for entry in self.entries for name in entry.names]
 
@@ -70,7 +106,24 @@ class Registry:
                 return entry
         return None
 
-    def resolve(self, name: str | None, want: Capability = "chat") -> ModelEntry:
+    def find(self, name: str) -> ModelEntry | None:
+        """Ollama's lookup: exact id or alias, ``name:latest`` as ``name``."""
+        entry = self.lookup(name)
+        if entry is None and name.endswith(LATEST):
+            entry = self.lookup(untagged(name))
+        return entry
+
+    def resolve_exact(self, name: str, want: Capability) -> ModelEntry:
+        """``find``, or Ollama's 404; a model that cannot do ``want`` is a 400."""
+        entry = self.find(name)
+        if entry is None:
+            raise ModelNotFound(name, [])
+        if want not in entry.capabilities:
+            raise RequestInvalid(f"model '{entry.id}' does not support {_WHAT[want]}", param="model")
+        return entry
+
+    def resolve(self, name: str | None, want: Capability = "chat", loaded: Collection[str] = ()) -> ModelEntry:
+        """The policy above; ``loaded``: the ids of the models loaded now (rule 5)."""
         capable: Sequence[ModelEntry] = [e for e in self.entries if want in e.capabilities]
         if name:
             for entry in capable:
@@ -80,4 +133,13 @@ class Registry:
             raise NoModel()
         if len(capable) == 1:
             return capable[0]
+        return self.only_loaded(name, want, loaded)
+
+    def only_loaded(self, name: str | None, want: Capability, loaded: Collection[str]) -> ModelEntry:
+        """Several capable models, none named: the one loaded, if only one is; else
+        ``ModelNotFound`` naming the capable ones."""
+        capable = [e for e in self.entries if want in e.capabilities]
+        hits = [e for e in capable if e.id in loaded]
+        if len(hits) == 1:
+            return hits[0]
         raise ModelNotFound(name or "", [e.id for e in capable])
