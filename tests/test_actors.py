@@ -9,7 +9,8 @@ import trio
 import trio.testing
 
 from turbospark.actors.generation import generation_queue
-from turbospark.actors.resolver import Grant, Lifecycle, Published, Resolve, resolver
+from turbospark.actors.resolution import Grant, Published, Resolve
+from turbospark.actors.resolver import Lifecycle, resolver
 from turbospark.errors import QueueFull, ResolutionBusy
 from turbospark.messages import (
     ChatPrompt,

@@ -37,23 +37,8 @@ from .actors.embedding import embedding_actor
 from .actors.generation import QueueMessage, generation_queue
 from .actors.models import model_actor
 from .actors.observer import Observer, ObserverMessage, RenderMetrics, Subscribe, observer
-from .actors.resolver import (
-    Abandon,
-    Grant,
-    Library,
-    Lifecycle,
-    LoadedModel,
-    Published,
-    Refresh,
-    Release,
-    Resolve,
-    ResolveFn,
-    Running,
-    Unload,
-    loadable_for,
-    resolve_in_registry,
-    resolver,
-)
+from .actors.resolution import Abandon, Grant, LoadedModel, Published, Refresh, Release, Resolve, Running, Unload
+from .actors.resolver import Library, Lifecycle, ResolveFn, resolve_in_registry, resolver
 from .config import Settings
 from .turns.conversations import ResponseStore
 from .errors import QueueFull, ShuttingDown, TurboSparkError
@@ -64,7 +49,7 @@ from .model._worker import Limits
 from .model.backend import BackendSpec
 from .model.encoder import EncoderSpec
 from .audio.engines import AudioSpec
-from .actors.lifecycle import Loadable
+from .actors.lifecycle import Loadable, loadable_for
 from .actors.registry import Capability, ModelEntry, Registry
 from .web.scope import current_scope
 

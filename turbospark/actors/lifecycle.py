@@ -1,14 +1,18 @@
-"""Which models are loaded, and for how long (sans-io).
+"""What a loadable model is, how long it stays, and which idle ones make room (sans-io).
 
 - ``Loadable``: a model the server may load on demand (a stored model, or a scripted backend
-  handed to ``serve``), with what is known about it before it is loaded: capabilities, context
-  window, the memory it takes, and its card for ``/api/show``.
+  handed to ``serve``: ``loadable_for``), with what is known about it before it is loaded:
+  capabilities, context window, the memory it takes, and its card for ``/api/show``;
+  ``entry_for``: its registry row, before it is loaded or from what its thread reported.
 - ``parse_keep_alive``: Ollama's ``keep_alive`` (seconds as a number, a Go duration such as
   ``"5m"`` or ``"1h30m"``, a number in a string; negative: forever; ``0``: unload after the
-  request) as seconds, ``math.inf`` for forever.
+  request) as seconds, ``math.inf`` for forever; ``parse_size``: ``--max-loaded-memory``.
 - ``evictions``: which idle models to unload, least recently used first, so that one more model
   fits under ``--max-loaded-models`` and ``--max-loaded-memory``; None when it cannot fit
   because busy models hold the room (the load waits).
+
+The resolver's load state machine that uses these is ``_residency``.  Imports only ``errors``
+and ``registry``: no Trio, no clock.
 """
 
 from __future__ import annotations
@@ -21,9 +25,19 @@ from typing import Any
 import attrs
 
 from ..errors import RequestInvalid
-from .registry import Capability
+from .registry import Capability, ModelEntry, alias_for
 
-__all__ = ["Loadable", "ModelCard", "Resident", "evictions", "parse_keep_alive", "parse_size"]
+__all__ = [
+    "FOREVER",
+    "Loadable",
+    "ModelCard",
+    "Resident",
+    "entry_for",
+    "evictions",
+    "loadable_for",
+    "parse_keep_alive",
+    "parse_size",
+]
 
 FOREVER = math.inf
 
@@ -54,6 +68,38 @@ class Loadable:
     size: int  # bytes it holds once loaded (its weights)
     card: ModelCard = attrs.field(factory=ModelCard)
     pinned: bool = False  # named on --model (or handed to serve): loaded at start, kept
+
+
+def loadable_for(spec: Any) -> Loadable:
+    """A backend handed to ``serve`` directly (tests, scripted runs): loaded at start, kept."""
+    return Loadable(
+        id=spec.id, make=spec.make, capabilities=frozenset({"chat", "completion"}),
+        context_window=0, size=0, pinned=True, card=ModelCard(format="scripted", family="scripted"),
+    )
+
+
+def entry_for(loadable: Loadable, info: Any | None = None, *, now: float) -> ModelEntry:
+    """The registry row of a model: from what its thread reported once loaded (``info``), else
+    from what the library knows; ``now`` (wall clock) dates a model the library does not."""
+    created = int(loadable.card.modified_at or now)
+    if info is None:
+        return ModelEntry(
+            id=loadable.id,
+            context_window=loadable.context_window,
+            capabilities=loadable.capabilities,
+            aliases=(alias_for(loadable.id),),
+            created=created,
+        )
+    return ModelEntry(
+        id=info.id,
+        context_window=info.context_window,
+        capabilities=frozenset({"chat", "completion"} if info.has_chat_template else {"completion"}),
+        aliases=(alias_for(info.id),),
+        created=created,
+        sampling_defaults=info.sampling_defaults,
+        fingerprint=info.fingerprint,
+        tokenizer=getattr(info, "tokenizer", None),
+    )
 
 
 @attrs.frozen

@@ -1,135 +1,75 @@
-"""The resolver: which model answers a request, and which models are loaded.
+"""The resolver actor: which model answers a request, and which models are loaded.
 
-It owns the model actors' nursery (inside ``models_scope``, which shutdown cancels), every
-model's own cancel scope, the resolution slots and the keep-alive timers.
+It owns the model actors' nursery (inside ``models_scope``, which shutdown cancels), each
+loaded model's cancel scope, and the registry snapshot it publishes (``Published``).  What to
+load, keep and unload is decided by its sans-io policy, ``_residency.Residency`` (the load state
+machine, resolution slots, leases, keep-alive deadlines, eviction); names are looked up by
+``registry.Registry``; its inbox's messages are in ``resolution``.  This module is the Trio
+side: the inbox loop (waiting on the nearest keep-alive deadline with ``move_on_at``, no timer
+tasks), the lookups that need a task, each model's life, and carrying out the policy's
+decisions.
 
-Inbox:
+Its own tasks post ``_Looked`` (a lookup's answer), ``_Known`` (the library, read on a worker
+thread), ``_Ready`` and ``_Ended`` (a model actor's start and end).  A load tells the queue
+``Open`` first; unloading cancels the model actor's scope: its thread stops within one step, and
+the actor tells the queue ``Retire``.
 
-- ``Resolve(name, want, reply, keep_alive, exact)``: takes a resolution slot (none free:
-  ``ResolutionBusy`` at once, never queued) and looks the name up among the known models (the
-  loadable ones, read again from the library when a name is missing, and the embedding models).
-  A loaded model is granted at once: ``Grant(entry, lease, load_seconds)``.  A model that is
-  not loaded is loaded, the slot passing to the load; requests for a model that is loading wait
-  on that one load.  The lease is held by the route until its request ends (``Release``).
-- ``Abandon(resolve)``: the asker left before its answer.  The last waiter of a load leaving
-  cancels the load.
-- ``Release(lease)``: a request ended.  When a model's last lease goes, its keep-alive timer
-  starts: ``keep_alive`` seconds (the latest request's; a model named on ``--model`` keeps
-  forever unless a request says otherwise), 0 unloads at once, forever never.
-- ``Unload(name, reply)``: unload now if idle, else once its requests end (``keep_alive: 0``
-  without a prompt); answers the entry.
-- ``Running(reply)``: the loaded models (``/api/ps``); ``Refresh(reply)``: read the library again
-  (after a pull, copy or delete).
-
-A model is unloaded only when no lease is held: a request holds its lease from resolution until
-its response is sent or its client has left, so no sequence ever runs on a model being unloaded.
-Before a load, least recently used idle models are unloaded while ``--max-loaded-models`` or
-``--max-loaded-memory`` would be exceeded (``lifecycle.evictions``); when busy models hold the
-room, the load waits for them.  Unloading cancels the model actor's scope: its thread stops
-within one step, and the actor tells the queue ``Retire``; a load tells it ``Open`` first.
+Imports ``resolution``, ``_residency``, ``lifecycle``, ``registry``, ``_mailbox``, ``messages``
+and ``errors``; the model actor comes in through ``Lifecycle.start_model``.  Never ``routes``,
+``web`` or ``store``.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-import math
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import trio
 
 from ..errors import (
-    ModelLoadFailed,
     ModelNotFound,
     NoModel,
-    RequestInvalid,
     ResolutionBusy,
     ResolutionFailed,
     ShuttingDown,
     TurboSparkError,
 )
-from .lifecycle import FOREVER, Loadable, ModelCard, Resident, evictions
 from ..messages import ModelLoaded, ModelUnloaded, Open
-from .registry import Capability, ModelEntry, Registry, alias_for
 from ._mailbox import answer
+from ._residency import (
+    Decision,
+    Granted,
+    Instance,
+    Load,
+    Loaded,
+    Refused,
+    Residency,
+    Stop,
+    Unloaded,
+)
+from .lifecycle import Loadable, entry_for
+from .registry import Capability, ModelEntry, Registry
+from .resolution import (
+    Abandon,
+    Grant,
+    LoadedModel,
+    Published,
+    Refresh,
+    Release,
+    Resolve,
+    Running,
+    Unload,
+)
 
-__all__ = [
-    "Abandon",
-    "Grant",
-    "Lifecycle",
-    "LoadedModel",
-    "Refresh",
-    "Release",
-    "Resolve",
-    "ResolveFn",
-    "Running",
-    "Unload",
-    "resolve_in_registry",
-    "resolver",
-]
+__all__ = ["Library", "Lifecycle", "ResolveFn", "resolve_in_registry", "resolver"]
 
 log = logging.getLogger("turbospark")
 
-
-@attrs.frozen
-class Grant:
-    """The model that answers, and the lease the request holds on it until it ends."""
-
-    entry: ModelEntry
-    lease: int | None  # None: a model that is never unloaded (embedding models)
-    load_seconds: float = 0.0  # how long this request waited for the model to load
-
-
-@attrs.frozen(eq=False)
-class Resolve:
-    name: str | None
-    want: Capability
-    reply: trio.MemorySendChannel[Grant | TurboSparkError]
-    keep_alive: float | None = None  # seconds; None: the model's default
-    exact: bool = False  # no single-model fallback (Ollama names models exactly)
-
-
-@attrs.frozen
-class Abandon:
-    request: Resolve
-
-
-@attrs.frozen
-class Release:
-    lease: int
-
-
-@attrs.frozen
-class Unload:
-    name: str
-    reply: trio.MemorySendChannel[ModelEntry | TurboSparkError]
-
-
-@attrs.frozen
-class LoadedModel:
-    """A loaded model for ``/api/ps``: ``expires`` is a wall-clock time, None for never."""
-
-    entry: ModelEntry
-    loadable: Loadable
-    expires: float | None
-    requests: int
-
-
-@attrs.frozen
-class Running:
-    reply: trio.MemorySendChannel[list[LoadedModel]]
-
-
-@attrs.frozen
-class Refresh:
-    reply: trio.MemorySendChannel[Registry] | None = None
-
-
-ResolverMessage = Resolve | Abandon | Release | Unload | Running | Refresh
 
 ResolveFn = Callable[[Registry, str | None, Capability], Awaitable[ModelEntry]]
 Library = Callable[[], Sequence[Loadable]]
@@ -158,7 +98,6 @@ class Lifecycle:
 class _Looked:
     request: Resolve
     result: ModelEntry | TurboSparkError
-    token: object  # the resolution slot
     asked: float
 
 
@@ -170,61 +109,14 @@ class _Known:
 
 @attrs.frozen
 class _Ready:
-    model: _Model
+    model: Instance
     info: Any
 
 
 @attrs.frozen
 class _Ended:
-    model: _Model
+    model: Instance
     error: BaseException | None
-
-
-State = Literal["pending", "loading", "ready", "leaving"]
-
-
-@attrs.define(eq=False)
-class _Model:
-    loadable: Loadable
-    keep_alive: float
-    state: State = "pending"
-    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    entry: ModelEntry | None = None
-    waiters: list[Resolve] = attrs.field(factory=list)
-    asked: dict[Resolve, float] = attrs.field(factory=dict)
-    leases: set[int] = attrs.field(factory=set)
-    token: object | None = None  # the resolution slot its load holds
-    began: float = 0.0
-    last_used: float = 0.0
-    expires: float = math.inf  # trio clock, while idle
-    reason: str = "shutdown"  # why it is leaving
-
-    @property
-    def id(self) -> str:
-        return self.loadable.id
-
-
-def entry_for(loadable: Loadable, info: Any | None = None) -> ModelEntry:
-    """The registry row of a model: from what its thread reported once loaded, else from what
-    the library knows."""
-    if info is None:
-        return ModelEntry(
-            id=loadable.id,
-            context_window=loadable.context_window,
-            capabilities=loadable.capabilities,
-            aliases=(alias_for(loadable.id),),
-            created=int(loadable.card.modified_at or time.time()),
-        )
-    return ModelEntry(
-        id=info.id,
-        context_window=info.context_window,
-        capabilities=frozenset({"chat", "completion"} if info.has_chat_template else {"completion"}),
-        aliases=(alias_for(info.id),),
-        created=int(loadable.card.modified_at or time.time()),
-        sampling_defaults=info.sampling_defaults,
-        fingerprint=info.fingerprint,
-        tokenizer=getattr(info, "tokenizer", None),
-    )
 
 
 class _Resolver:
@@ -251,45 +143,48 @@ class _Resolver:
         self.pinned = {p.id: p for p in pinned}
         self.fixed = tuple(fixed)
         self.resolve_fn = resolve
-        self.limiter = trio.CapacityLimiter(slots)
         self.published = published
+        self.policy = Residency(
+            slots=slots, keep_alive=lifecycle.keep_alive, max_models=lifecycle.max_models,
+            max_memory=lifecycle.max_memory,
+        )
+        self.scopes: dict[Instance, trio.CancelScope] = {}  # each loading or loaded model's
         self.known: dict[str, Loadable] = dict(self.pinned)
-        self.models: dict[str, _Model] = {}  # pending, loading or ready, by id
-        self.leaving: dict[str, _Model] = {}  # being unloaded, by id
-        self.leases: dict[int, _Model] = {}
-        self.lease_ids = itertools.count(1)
-        self.starting: set[_Model] = set()  # loads at start-up
-        self.start_error: BaseException | None = None
         self._publish()
 
     # --- the registry ---------------------------------------------------------------------
 
     def _publish(self) -> Registry:
-        entries: list[ModelEntry] = []
-        for loadable in self.known.values():
-            model = self.models.get(loadable.id)
-            entries.append(model.entry if model is not None and model.entry is not None else entry_for(loadable))
+        loaded, now = self.policy.loaded(), time.time()
+        entries = [loaded.get(l.id) or entry_for(l, now=now) for l in self.known.values()]
         ids = {e.id for e in entries}
-        entries += [e for e in self.fixed if e.id not in ids]
-        # A name two models would answer to (a copy named like another's alias) would make the
-        # registry refuse them all: the later one is left out, and said so.
-        taken: set[str] = set()
-        kept = []
-        for entry in entries:
-            if taken.isdisjoint(entry.names):
-                taken.update(entry.names)
-                kept.append(entry)
-            else:
-                log.error("model %s answers to a name another model has (%s); it is not served",
-                          entry.id, ", ".join(sorted(taken & set(entry.names))))
-        self.published.registry = Registry(tuple(kept))
+        registry, left_out = Registry.first_come([*entries, *(e for e in self.fixed if e.id not in ids)])
+        for entry, names in left_out:
+            log.error("model %s answers to a name another model has (%s); it is not served",
+                      entry.id, ", ".join(names))
+        self.published.registry = registry
         self.published.loadables = dict(self.known)
-        return self.published.registry
+        return registry
 
-    def _loaded_ids(self) -> set[str]:
-        return {m.id for m in self.models.values() if m.state == "ready"}
+    # --- lookups --------------------------------------------------------------------------
 
-    async def _look_up(self, msg: Resolve, token: object) -> None:
+    def _find_now(self, msg: Resolve) -> ModelEntry:
+        """The lookup itself, synchronous: an exact name (Ollama), or the registry's policy."""
+        registry = self.published.registry
+        if msg.exact:
+            return registry.resolve_exact(msg.name or "", msg.want)
+        return registry.resolve(msg.name, msg.want, self.policy.loaded())
+
+    async def _find(self, msg: Resolve) -> ModelEntry:
+        if msg.exact or self.resolve_fn is resolve_in_registry:
+            return self._find_now(msg)
+        registry = self.published.registry
+        try:
+            return await self.resolve_fn(registry, msg.name, msg.want)
+        except ModelNotFound:
+            return registry.only_loaded(msg.name, msg.want, self.policy.loaded())
+
+    async def _look_up(self, msg: Resolve) -> None:
         asked = trio.current_time()
         try:
             try:
@@ -302,40 +197,7 @@ class _Resolver:
         except Exception:  # a broken resolution fails its request, not the server
             log.exception("model resolution failed for %r", msg.name)
             result = ResolutionFailed()
-        await self.post.send(_Looked(msg, result, token, asked))
-
-    async def _find(self, msg: Resolve) -> ModelEntry:
-        if msg.exact or self.resolve_fn is resolve_in_registry:
-            return self._find_now(msg)
-        registry = self.published.registry
-        try:
-            return await self.resolve_fn(registry, msg.name, msg.want)
-        except ModelNotFound:
-            return self._only_loaded(registry, msg)
-
-    def _find_now(self, msg: Resolve) -> ModelEntry:
-        """The lookup itself, synchronous: the registry's policy, or an exact name."""
-        registry = self.published.registry
-        if not msg.exact:
-            try:
-                return registry.resolve(msg.name, msg.want)
-            except ModelNotFound:
-                return self._only_loaded(registry, msg)
-        name = msg.name or ""
-        entry = registry.lookup(name) or (registry.lookup(name[: -len(":latest")]) if name.endswith(":latest") else None)
-        if entry is None:
-            raise ModelNotFound(name, [])
-        if msg.want not in entry.capabilities:
-            what = {"chat": "chat", "completion": "generate", "embedding": "embeddings"}[msg.want]
-            raise RequestInvalid(f"model '{entry.id}' does not support {what}", param="model")
-        return entry
-
-    def _only_loaded(self, registry: Registry, msg: Resolve) -> ModelEntry:
-        """Several capable models, none named: the one loaded, if only one is."""
-        loaded = [e for e in registry.entries if msg.want in e.capabilities and e.id in self._loaded_ids()]
-        if len(loaded) == 1:
-            return loaded[0]
-        raise ModelNotFound(msg.name or "", [e.id for e in registry.entries if msg.want in e.capabilities])
+        await self.post.send(_Looked(msg, result, asked))
 
     async def _refresh(self) -> Registry:
         loadables = await trio.to_thread.run_sync(self.library)
@@ -343,43 +205,6 @@ class _Resolver:
         with answer_recv:
             await self.post.send(_Known(tuple(loadables), answer_send))
             return await answer_recv.receive()
-
-    # --- the loop -------------------------------------------------------------------------
-
-    def next_deadline(self) -> float:
-        return min((m.expires for m in self.models.values() if m.state == "ready" and not m.leases), default=math.inf)
-
-    def expire(self) -> None:
-        now = trio.current_time()
-        for model in list(self.models.values()):
-            if model.state == "ready" and not model.leases and model.expires <= now:
-                self._unload(model, "expired")
-        self._advance()
-
-    def handle(self, msg: Any) -> None:
-        if isinstance(msg, Resolve):
-            self._resolve(msg)
-        elif isinstance(msg, _Looked):
-            self._looked(msg)
-        elif isinstance(msg, Release):
-            self._release(msg.lease)
-        elif isinstance(msg, Abandon):
-            self._abandon(msg.request)
-        elif isinstance(msg, _Ready):
-            self._ready(msg.model, msg.info)
-        elif isinstance(msg, _Ended):
-            self._ended(msg.model, msg.error)
-        elif isinstance(msg, Unload):
-            self._unload_request(msg)
-        elif isinstance(msg, Running):
-            answer(msg.reply, self._running())
-        elif isinstance(msg, Refresh):
-            self.tasks.start_soon(self._refresh_for, msg.reply)
-        elif isinstance(msg, _Known):
-            self.known = {**{l.id: l for l in msg.loadables}, **self.pinned}
-            registry = self._publish()
-            if msg.reply is not None:
-                answer(msg.reply, registry)
 
     async def _refresh_for(self, reply: trio.MemorySendChannel[Registry] | None) -> None:
         try:
@@ -390,14 +215,44 @@ class _Resolver:
         if reply is not None:
             answer(reply, registry)
 
+    # --- the loop -------------------------------------------------------------------------
+
+    def handle(self, msg: Any) -> None:
+        self.policy.stopping = self.models_scope.cancel_called
+        now = trio.current_time()
+        if isinstance(msg, Resolve):
+            self._resolve(msg)
+        elif isinstance(msg, _Looked):
+            self._looked(msg)
+        elif isinstance(msg, Release):
+            self._apply(self.policy.release(msg.lease, now))
+        elif isinstance(msg, Abandon):
+            self._apply(self.policy.abandon(msg.request))
+        elif isinstance(msg, _Ready):
+            self._apply(self.policy.ready(msg.model, entry_for(msg.model.loadable, msg.info, now=time.time()), now))
+        elif isinstance(msg, _Ended):
+            self._ended(msg.model, msg.error)
+        elif isinstance(msg, Unload):
+            self._unload(msg)
+        elif isinstance(msg, Running):
+            answer(msg.reply, self._running())
+        elif isinstance(msg, Refresh):
+            self.tasks.start_soon(self._refresh_for, msg.reply)
+        elif isinstance(msg, _Known):
+            self.known = {**{l.id: l for l in msg.loadables}, **self.pinned}
+            registry = self._publish()
+            if msg.reply is not None:
+                answer(msg.reply, registry)
+
+    def expire(self) -> None:
+        self.policy.stopping = self.models_scope.cancel_called
+        self._apply(self.policy.expire(trio.current_time()))
+
     def _resolve(self, msg: Resolve) -> None:
-        if self.models_scope.cancel_called:
+        if self.policy.stopping:
             answer(msg.reply, ShuttingDown())
             return
-        token = object()
-        try:
-            self.limiter.acquire_on_behalf_of_nowait(token)
-        except trio.WouldBlock:
+        if not self.policy.take_slot():
             answer(msg.reply, ResolutionBusy())
             return
         if self.resolve_fn is resolve_in_registry or msg.exact:
@@ -406,164 +261,92 @@ class _Resolver:
             try:
                 found: ModelEntry | TurboSparkError = self._find_now(msg)
             except (ModelNotFound, NoModel):
-                found = None  # type: ignore[assignment]
+                pass
             except TurboSparkError as exc:
-                found = exc
-            if found is not None:
-                self._looked(_Looked(msg, found, token, trio.current_time()))
+                self._looked(_Looked(msg, exc, trio.current_time()))
                 return
-        self.tasks.start_soon(self._look_up, msg, token)
+            else:
+                self._looked(_Looked(msg, found, trio.current_time()))
+                return
+        self.tasks.start_soon(self._look_up, msg)
 
     def _looked(self, msg: _Looked) -> None:
         request, found = msg.request, msg.result
-        if isinstance(found, TurboSparkError) or self.models_scope.cancel_called or _gone(request):
-            self.limiter.release_on_behalf_of(msg.token)
+        if isinstance(found, TurboSparkError) or self.policy.stopping or _gone(request):
+            self.policy.give_slot()
             answer(request.reply, found if isinstance(found, TurboSparkError) else ShuttingDown())
             return
         loadable = self.known.get(found.id)
         if loadable is None:  # an embedding model: always loaded
-            self.limiter.release_on_behalf_of(msg.token)
+            self.policy.give_slot()
             answer(request.reply, Grant(found, None))
             return
-        model = self.models.get(found.id)
-        if model is None:
-            keep = self.life.keep_alive if not loadable.pinned else FOREVER
-            model = self.models[found.id] = _Model(loadable, keep, token=msg.token)
-        else:
-            self.limiter.release_on_behalf_of(msg.token)
-        self._keep(model, request.keep_alive)
-        if model.state == "ready":
-            self._grant(model, request, 0.0)
-            return
-        model.waiters.append(request)
-        model.asked[request] = msg.asked
-        self._advance()
+        self._apply(self.policy.found(request, loadable, request.keep_alive, msg.asked, trio.current_time()))
 
-    def _keep(self, model: _Model, keep_alive: float | None) -> None:
-        """The latest request's keep_alive is the model's; a request that does not say gives
-        the default, except to a model named on --model, which keeps its own."""
-        if keep_alive is not None:
-            model.keep_alive = keep_alive
-        elif not model.loadable.pinned:
-            model.keep_alive = self.life.keep_alive
-
-    def _grant(self, model: _Model, request: Resolve, waited: float) -> None:
-        assert model.entry is not None
-        lease = next(self.lease_ids)
-        try:
-            request.reply.send_nowait(Grant(model.entry, lease, waited))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the asker left
-        else:
-            model.leases.add(lease)
-            self.leases[lease] = model
-            model.expires = math.inf
-        finally:
-            request.reply.close()
-        model.last_used = trio.current_time()
-        if not model.leases:
-            self._idle(model)
-
-    def _release(self, lease: int) -> None:
-        model = self.leases.pop(lease, None)
-        if model is None:
-            return
-        model.leases.discard(lease)
-        model.last_used = trio.current_time()
-        if not model.leases:
-            self._idle(model)
-        self._advance()
-
-    def _idle(self, model: _Model) -> None:
-        if model.state != "ready":
-            return
-        if model.keep_alive <= 0:
-            self._unload(model, "requested")
-        else:
-            model.expires = trio.current_time() + model.keep_alive
-
-    def _abandon(self, request: Resolve) -> None:
-        for model in list(self.models.values()):
-            if request in model.waiters:
-                model.waiters.remove(request)
-                model.asked.pop(request, None)
-                if not model.waiters and not model.leases and model not in self.starting:
-                    if model.state == "pending":
-                        del self.models[model.id]
-                        self._free_slot(model)
-                    elif model.state == "loading":
-                        model.reason = "cancelled"
-                        self._leave(model)
-                return
-
-    def _unload_request(self, msg: Unload) -> None:
-        registry = self.published.registry
-        name = msg.name
-        entry = registry.lookup(name) or (registry.lookup(name[: -len(":latest")]) if name.endswith(":latest") else None)
+    def _unload(self, msg: Unload) -> None:
+        entry = self.published.registry.find(msg.name)
         if entry is None:
-            answer(msg.reply, ModelNotFound(name, []))
+            answer(msg.reply, ModelNotFound(msg.name, []))
             return
-        model = self.models.get(entry.id)
-        if model is not None:
-            model.keep_alive = 0.0
-            if model.state == "ready" and not model.leases:
-                self._unload(model, "requested")
-                self._advance()
-        answer(msg.reply, model.entry if model is not None and model.entry is not None else entry)
+        loaded = self.policy.loaded().get(entry.id, entry)
+        self._apply(self.policy.unload(entry.id, trio.current_time()))
+        answer(msg.reply, loaded)
 
     def _running(self) -> list[LoadedModel]:
         now, wall = trio.current_time(), time.time()
         out = []
-        for model in self.models.values():
-            if model.state != "ready" or model.entry is None:
-                continue
-            if model.leases:
-                expires = None if model.keep_alive == FOREVER else wall + model.keep_alive
-            else:
-                expires = None if model.expires == math.inf else wall + (model.expires - now)
-            out.append(LoadedModel(model.entry, model.loadable, expires, len(model.leases)))
+        for model in self.policy.running():
+            assert model.entry is not None
+            expires = self.policy.expires_in(model, now)
+            out.append(LoadedModel(model.entry, model.loadable, None if expires is None else wall + expires,
+                                   len(model.leases)))
         return out
 
-    # --- loading and unloading ------------------------------------------------------------
+    # --- carrying out the policy's decisions ----------------------------------------------
 
-    def _residents(self) -> list[Resident]:
-        out = [
-            Resident(m.id, m.loadable.size, bool(m.leases) or m.state != "ready", m.loadable.pinned, m.last_used)
-            for m in self.models.values() if m.state in ("loading", "ready")
-        ]
-        out += [Resident(m.id, m.loadable.size, True, m.loadable.pinned, m.last_used) for m in self.leaving.values()]
-        return out
+    def _apply(self, decisions: Iterable[Decision]) -> None:
+        todo = deque(decisions)
+        while todo:
+            decision = todo.popleft()
+            if isinstance(decision, Granted):
+                if not self._deliver(decision):  # the asker left: its lease goes back
+                    todo.extend(self.policy.release(decision.lease, trio.current_time()))
+            elif isinstance(decision, Refused):
+                answer(decision.waiter.reply, decision.error)  # type: ignore[attr-defined]
+            elif isinstance(decision, Load):
+                scope = self.scopes[decision.instance] = trio.CancelScope()
+                self.nursery.start_soon(self._life, decision.instance, scope)
+            elif isinstance(decision, Stop):
+                self.scopes[decision.instance].cancel()
+            elif isinstance(decision, Loaded):
+                model = decision.instance
+                self.life.emit(ModelLoaded(model.id, decision.seconds, model.loadable.size))
+                self._publish()
+            elif isinstance(decision, Unloaded):
+                self.life.emit(ModelUnloaded(decision.instance.id, decision.reason))
+                self._publish()
 
-    def _advance(self) -> None:
-        """Start the pending loads that fit, unloading idle models to make room."""
-        for model in [m for m in self.models.values() if m.state == "pending"]:
-            if self.models_scope.cancel_called:
-                self._fail(model, ShuttingDown())
-                continue
-            if model.id in self.leaving:
-                continue  # its previous instance is still stopping
-            victims = evictions(
-                self._residents(), model.loadable.size,
-                max_models=self.life.max_models, max_memory=self.life.max_memory,
-            )
-            if victims is None:
-                continue
-            if victims:
-                for victim in victims:
-                    self._unload(self.models[victim], "evicted")
-                continue  # loads once they have stopped
-            self._start(model)
+    def _deliver(self, granted: Granted) -> bool:
+        request: Resolve = granted.waiter  # type: ignore[assignment]
+        try:
+            request.reply.send_nowait(Grant(granted.entry, granted.lease, granted.waited))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        finally:
+            request.reply.close()
+        return True
 
-    def _start(self, model: _Model) -> None:
-        model.state = "loading"
-        model.began = trio.current_time()
-        self.nursery.start_soon(self._life, model)
+    def _ended(self, model: Instance, error: BaseException | None) -> None:
+        self.scopes.pop(model, None)
+        if error is not None:
+            log.error("model %s stopped: %r", model.id, error, exc_info=error)
+        self._apply(self.policy.ended(model, error, trio.current_time()))
 
-    async def _life(self, model: _Model) -> None:
+    async def _life(self, model: Instance, scope: trio.CancelScope) -> None:
         """A model from load to unload, in its own cancel scope."""
         error: BaseException | None = None
         try:
-            with model.scope:
+            with scope:
                 await self.life.queue.send(Open(model.id))
                 async with trio.open_nursery() as nursery:
                     info = await nursery.start(partial(self.life.start_model, model.id, model.loadable.make))
@@ -577,84 +360,12 @@ class _Resolver:
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass  # the resolver itself has ended (the server is stopping)
 
-    def _ready(self, model: _Model, info: Any) -> None:
-        if model.state != "loading":
-            return
-        model.state = "ready"
-        model.entry = entry_for(model.loadable, info)
-        seconds = trio.current_time() - model.began
-        self.life.emit(ModelLoaded(model.id, seconds, model.loadable.size))
-        self._free_slot(model)
-        self.starting.discard(model)
-        self._publish()
-        waiters, model.waiters = model.waiters, []
-        for request in waiters:
-            self._grant(model, request, trio.current_time() - model.asked.pop(request, model.began))
-        if not model.leases:
-            self._idle(model)
-
-    def _unload(self, model: _Model, reason: str) -> None:
-        model.reason = reason
-        self._leave(model)
-
-    def _leave(self, model: _Model) -> None:
-        if self.models.get(model.id) is model:
-            del self.models[model.id]
-        model.state = "leaving"
-        self.leaving[model.id] = model
-        model.scope.cancel()
-
-    def _ended(self, model: _Model, error: BaseException | None) -> None:
-        was_ready = model.entry is not None
-        if self.leaving.get(model.id) is model:
-            del self.leaving[model.id]
-        if self.models.get(model.id) is model:
-            del self.models[model.id]
-            model.reason = "failed"
-        self._free_slot(model)
-        for lease in model.leases:
-            self.leases.pop(lease, None)
-        if error is not None:
-            log.error("model %s stopped: %r", model.id, error, exc_info=error)
-        if model in self.starting:
-            self.starting.discard(model)
-            self.start_error = self.start_error or error or ShuttingDown()
-        if model.waiters:
-            self._fail(model, ShuttingDown() if self.models_scope.cancel_called else ModelLoadFailed())
-        if was_ready:
-            reason = "shutdown" if self.models_scope.cancel_called else model.reason
-            self.life.emit(ModelUnloaded(model.id, reason))
-            self._publish()
-        self._advance()
-
-    def _fail(self, model: _Model, error: TurboSparkError) -> None:
-        for request in model.waiters:
-            answer(request.reply, error)
-        model.waiters.clear()
-        if self.models.get(model.id) is model and model.state == "pending":
-            del self.models[model.id]
-            self._free_slot(model)
-
-    def _free_slot(self, model: _Model) -> None:
-        if model.token is not None:
-            self.limiter.release_on_behalf_of(model.token)
-            model.token = None
-
 
 def _gone(request: Resolve) -> bool:
     try:
         return request.reply.statistics().open_receive_channels == 0
     except trio.ClosedResourceError:
         return True
-
-
-@attrs.define
-class Published:
-    """The resolver's latest registry of every known model: an immutable snapshot that routes
-    which never resolve (``/v1/models``, ``/health``) read."""
-
-    registry: Registry = attrs.field(factory=Registry)
-    loadables: Mapping[str, Loadable] = attrs.field(factory=dict)  # what the library says of each
 
 
 async def resolver(
@@ -682,20 +393,17 @@ async def resolver(
                 state.handle(_Known(tuple(await trio.to_thread.run_sync(library))))
             except Exception:
                 log.exception("reading the model library failed")
-            for loadable in pinned:
-                model = state.models[loadable.id] = _Model(loadable, FOREVER)
-                state.starting.add(model)
-                state._start(model)
+            state._apply(state.policy.pin(pinned, trio.current_time()))
             ready = not pinned
             if ready:
                 task_status.started()
             while True:
-                with trio.move_on_at(state.next_deadline()):
+                with trio.move_on_at(state.policy.next_deadline()):
                     msg = await inbox.receive()
                     state.handle(msg)
-                    if state.start_error is not None and not ready:
-                        raise state.start_error
-                    if not ready and not state.starting:
+                    if state.policy.start_error is not None and not ready:
+                        raise state.policy.start_error
+                    if not ready and not state.policy.starting:
                         ready = True
                         task_status.started()
                     continue
@@ -707,11 +415,3 @@ async def _models_nursery(scope: trio.CancelScope, *, task_status: trio.TaskStat
         async with trio.open_nursery() as nursery:
             task_status.started(nursery)
             await trio.sleep_forever()
-
-
-def loadable_for(spec: Any, info: Mapping[str, Any] | None = None) -> Loadable:
-    """A backend handed to ``serve`` directly (tests, scripted runs): loaded at start, kept."""
-    return Loadable(
-        id=spec.id, make=spec.make, capabilities=frozenset({"chat", "completion"}),
-        context_window=0, size=0, pinned=True, card=ModelCard(format="scripted", family="scripted"),
-    )
