@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from turbospark.model.scripted import ScriptedBackend, shipped_tokenizer
-from turbospark.routes.anthropic import normalise
+from turbospark.routes.anthropic_request import normalise
 
 from ._support import sse_events
 

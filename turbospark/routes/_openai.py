@@ -1,4 +1,5 @@
-"""What the OpenAI-family routes share: sampling parameters, usage, and the SSE body."""
+"""What the generation routes share: sampling parameters, usage, the degradation header, and the
+streamed body (SSE, or Ollama's NDJSON)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,16 @@ from ..web.app import exception_body
 from ._generation import Replies, events
 
 __all__ = [
-    "DEGRADATION_HEADER", "Envelope", "chat_logprobs", "sampling_params", "sse_response",
-    "stream_response", "usage",
+    "DEGRADATION_HEADER", "DROPPED_IMAGES", "Envelope", "chat_logprobs", "degradation",
+    "sampling_params", "sse_response", "stream_response", "usage",
 ]
 
 # Parameters that were accepted but not honoured are named here (comma-separated).
 DEGRADATION_HEADER = "x-anyllm-degradation"
+DROPPED_IMAGES = (
+    "this server's model has no vision tower, so image content parts were ignored; "
+    "run it against an install whose checkpoint carries one"
+)
 
 _ids = itertools.count()
 
@@ -162,10 +167,19 @@ def sse_response(
     return stream_response(frames())
 
 
-def stream_response(frames: AsyncIterator[bytes]) -> Response:
+def degradation(labels: Sequence[str], images: int) -> str | None:
+    """The degradation header: the labels, then (after ``; ``) why images were dropped."""
+    header = ", ".join(labels)
+    if images:
+        header = f"{header}; {DROPPED_IMAGES}" if header else DROPPED_IMAGES
+    return header or None
+
+
+def stream_response(frames: AsyncIterator[bytes], content_type: str = "text/event-stream") -> Response:
+    """A streamed body: never cached or buffered by a proxy, never cut by Quart's timeout."""
     response = Response(
         frames,
-        content_type="text/event-stream",
+        content_type=content_type,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
     response.timeout = None  # Quart would cut a stream after RESPONSE_TIMEOUT otherwise

@@ -1,0 +1,225 @@
+"""Typed generation results as a Responses ``response`` object and its events (sans-io).
+
+Output is a list of items on one output-index cursor: a ``reasoning`` item, ``message`` items
+and ``function_call`` items, in the order the model wrote them.  ``ResponseStream`` is one
+response: its items built whole (``whole``), or streamed as ``response.created``, then per item
+``response.output_item.added``, its deltas and its done events, ``response.output_item.done``,
+and at the end ``response.completed`` (or ``response.failed``), every event numbered by
+``sequence_number``.  It is fed ``Delta`` messages (``feed``) or a finished turn's parts
+(``parts``) and returns the frames to send; the route does the I/O and stores the final object.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from ..messages import Delta, Finished, ToolCall
+from ..web import sse as _sse
+from ..wire.openai import ResponsesRequest
+
+__all__ = ["ResponseStream", "new_id", "status", "usage"]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def usage(fin: Finished) -> dict[str, Any]:
+    return {
+        "input_tokens": fin.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": fin.cached_tokens},
+        "output_tokens": fin.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": fin.prompt_tokens + fin.completion_tokens,
+    }
+
+
+def status(fin: Finished) -> str:
+    return "incomplete" if fin.finish_reason == "length" else "completed"
+
+
+# --- output items ---------------------------------------------------------------------------
+
+def _message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    return {
+        "id": item_id, "type": "message", "role": "assistant", "status": status,
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+        if status == "completed" else [],
+    }
+
+
+def _reasoning_item(item_id: str, text: str) -> dict[str, Any]:
+    return {
+        "id": item_id, "type": "reasoning",
+        "summary": [{"type": "summary_text", "text": text}] if text else [],
+        "content": [{"type": "reasoning_text", "text": text}] if text else [],
+    }
+
+
+def _call_item(call: ToolCall, status: str = "completed") -> dict[str, Any]:
+    return {
+        "id": f"fc_{call.id}", "type": "function_call", "call_id": call.id, "name": call.name,
+        "arguments": call.arguments if status == "completed" else "", "status": status,
+    }
+
+
+@attrs.define
+class ResponseStream:
+    """One response being built: its envelope, its items, and (streaming) its events."""
+
+    id: str
+    model: str
+    body: ResponsesRequest
+    created_at: int = attrs.field(factory=lambda: int(time.time()))
+    output: list[dict[str, Any]] = attrs.field(factory=list)
+    seq: int = 0
+    open: dict[str, Any] | None = None  # the item being streamed
+    open_text: str = ""
+
+    def envelope(self, status: str, usage: dict[str, Any] | None = None,
+                 finished: Finished | None = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
+        b = self.body
+        incomplete = finished is not None and finished.finish_reason == "length"
+        return {
+            "id": self.id, "object": "response", "type": "response", "created_at": self.created_at,
+            "status": status, "model": self.model,
+            "output": list(self.output),
+            "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "instructions": b.instructions,
+            "max_output_tokens": b.max_output_tokens,
+            "previous_response_id": b.previous_response_id,
+            "tools": b.tools or [],
+            "tool_choice": b.tool_choice or "auto",
+            "parallel_tool_calls": b.parallel_tool_calls is not False,
+            "temperature": b.temperature,
+            "top_p": b.top_p,
+            "text": b.text or {"format": {"type": "text"}},
+            "reasoning": b.reasoning,
+            "store": b.store is not False,
+            "metadata": b.metadata or {},
+            "usage": usage,
+        }
+
+    def final(self, fin: Finished) -> dict[str, Any]:
+        """The finished response object (what is stored and sent whole)."""
+        return self.envelope(status(fin), usage(fin), fin)
+
+    def whole(self, reasoning: str, text: str, calls: Sequence[ToolCall]) -> None:
+        """The items of a finished generation, without events."""
+        if reasoning:
+            self.output.append(_reasoning_item(new_id("rs"), reasoning))
+        if text:
+            self.output.append(_message_item(new_id("msg"), text))
+        self.output.extend(_call_item(c) for c in calls)
+
+    # --- events: one output-index cursor for every item ---------------------------------
+
+    def event(self, kind: str, **fields: Any) -> bytes:
+        payload = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return _sse.event(kind, payload)
+
+    def created(self) -> bytes:
+        return self.event("response.created", response=self.envelope("in_progress"))
+
+    def completed(self, final: dict[str, Any]) -> bytes:
+        """``response.completed``, after ``close``: ``final`` is ``self.final(...)``."""
+        return self.event("response.completed", response=final)
+
+    def failed(self, error: dict[str, Any]) -> bytes:
+        """``response.failed``: ``error`` is the error object in OpenAI's shape."""
+        return self.event("response.failed", response=self.envelope("failed", error=error)
+                          | {"status_details": {"error": error}})
+
+    def feed(self, msg: Delta | None) -> list[bytes]:
+        """The frames for one reply of a live generation (``None``: a quiet keep-alive interval)."""
+        if msg is None:
+            return [_sse.KEEPALIVE]
+        return self.parts(msg.reasoning, msg.text, msg.tool_calls)
+
+    def parts(self, reasoning: str, text: str, calls: Sequence[ToolCall]) -> list[bytes]:
+        out: list[bytes] = []
+        if reasoning:
+            out += self.reasoning(reasoning)
+        if text:
+            out += self.text(text)
+        for call in calls:
+            out += self.call(call)
+        return out
+
+    def text(self, delta: str) -> list[bytes]:
+        out = []
+        if self.open is None or self.open["type"] != "message":
+            out += self.close()
+            self.open, self.open_text = _message_item(new_id("msg"), "", "in_progress"), ""
+            out.append(self.event("response.output_item.added", output_index=self._index(), item=self.open))
+            out.append(self.event(
+                "response.content_part.added", item_id=self.open["id"], output_index=self._index(),
+                content_index=0, part={"type": "output_text", "text": "", "annotations": []},
+            ))
+        self.open_text += delta
+        out.append(self.event(
+            "response.output_text.delta", item_id=self.open["id"], output_index=self._index(),
+            content_index=0, delta=delta, logprobs=[],
+        ))
+        return out
+
+    def reasoning(self, delta: str) -> list[bytes]:
+        out = []
+        if self.open is None or self.open["type"] != "reasoning":
+            out += self.close()
+            self.open, self.open_text = _reasoning_item(new_id("rs"), ""), ""
+            out.append(self.event("response.output_item.added", output_index=self._index(), item=self.open))
+        self.open_text += delta
+        out.append(self.event(
+            "response.reasoning_text.delta", item_id=self.open["id"], output_index=self._index(),
+            content_index=0, delta=delta,
+        ))
+        return out
+
+    def call(self, call: ToolCall) -> list[bytes]:
+        out = self.close()
+        index = self._index()
+        item = _call_item(call)
+        out += [
+            self.event("response.output_item.added", output_index=index, item=_call_item(call, "in_progress")),
+            self.event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                       delta=call.arguments),
+            self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                       arguments=call.arguments),
+            self.event("response.output_item.done", output_index=index, item=item),
+        ]
+        self.output.append(item)
+        return out
+
+    def close(self) -> list[bytes]:
+        """Close the open item: its done events, then it joins the output."""
+        if self.open is None:
+            return []
+        item, text, index = self.open, self.open_text, self._index()
+        self.open = None
+        if item["type"] == "message":
+            done = _message_item(item["id"], text)
+            part = done["content"][0]
+            out = [
+                self.event("response.output_text.done", item_id=item["id"], output_index=index,
+                           content_index=0, text=text, logprobs=[]),
+                self.event("response.content_part.done", item_id=item["id"], output_index=index,
+                           content_index=0, part=part),
+            ]
+        else:
+            done = _reasoning_item(item["id"], text)
+            out = [self.event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                              content_index=0, text=text)]
+        out.append(self.event("response.output_item.done", output_index=index, item=done))
+        self.output.append(done)
+        return out
+
+    def _index(self) -> int:
+        return len(self.output)
