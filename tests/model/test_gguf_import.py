@@ -77,9 +77,11 @@ def test_config_of_a_llama_gguf(tmp_path: Path) -> None:
         "max_position_embeddings": 256,
         "vocab_size": 262,
         "bos_token_id": 1,
-        "eos_token_id": 2,
+        "eos_token_id": [2, 0],  # <|im_end|>, then <|endoftext|>: llama.cpp ends generation at both
         "rope_theta": 10000.0,
         "tie_word_embeddings": True,
+        "attention_bias": False,
+        "mlp_bias": False,
     }
 
 
@@ -90,8 +92,9 @@ def test_config_of_a_gemma3_gguf(tmp_path: Path) -> None:
     assert config["model_type"] == "gemma3_text"
     assert config["eos_token_id"] == [1, 4]  # <eos> and <end_of_turn>
     assert (config["head_dim"], config["sliding_window"], config["max_position_embeddings"]) == (16, 128, 256)
+    # llama.cpp scales queries by 1/sqrt(head_dim) (hidden/heads only at the 27B layer count).
     assert (config["query_pre_attn_scalar"], config["rope_local_base_freq"], config["sliding_window_pattern"]) == (
-        256,
+        16,
         10000.0,
         6,
     )
@@ -171,11 +174,14 @@ def test_refuses_a_truncated_gguf(tmp_path: Path, keep: float) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"arch": "qwen2"}, r"unsupported architecture 'qwen2' \(supported: llama, gemma3\)"),
-        ({"pre": "llama-bpe"}, "unsupported pre-tokenizer 'llama-bpe' for a gpt2 vocabulary"),
         (
-            {"extra_tensors": {"rope_freqs.weight": (np.ones(8, np.float32), Q.F32)}},
-            "unsupported tensors for llama: rope_freqs.weight",
+            {"arch": "falcon"},
+            r"unsupported architecture 'falcon' \(supported: llama, qwen2, qwen3, gemma2, gemma3, phi3\)",
+        ),
+        ({"pre": "no-such-pre"}, "unsupported pre-tokenizer 'no-such-pre' .* for a gpt2 vocabulary"),
+        (
+            {"extra_tensors": {"blk.0.attn_rot_embd.weight": (np.ones(8, np.float32), Q.F32)}},
+            "unsupported tensors for llama: blk.0.attn_rot_embd.weight",
         ),
         (
             {"extra_tensors": {"output.weight": (np.zeros((262, 80), np.uint8), Q.Q8_1)}},
@@ -303,7 +309,7 @@ def test_smollm2_special_tokens() -> None:
     path = smollm2_store().path
     tok, config, tok_config = _tokenizer(path), _json(path / "config.json"), _json(path / "tokenizer_config.json")
     assert [tok.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")] == [0, 1, 2]
-    assert (config["bos_token_id"], config["eos_token_id"], config["max_position_embeddings"]) == (1, 2, 8192)
+    assert (config["bos_token_id"], config["eos_token_id"], config["max_position_embeddings"]) == (1, [2, 0], 8192)
     assert (tok_config["bos_token"], tok_config["eos_token"], tok_config["add_bos_token"]) == (
         "<|im_start|>",
         "<|im_end|>",
