@@ -16,7 +16,8 @@ Modules, each one job (an arrow: imports):
 - ``progress.py``: ``Progress``, bars on stderr and a callback, passed explicitly.
 - ``manifest.py``: ``manifest.json`` and the catalogue's sampling defaults
   (``generation_config.json``) in a model directory.
-- ``gguf_import.py`` (+ ``gguf_tokenizer.py``): GGUF to MLX weights, config and tokenizer.
+- ``gguf_import.py`` (+ the other ``gguf_*.py``: reader, architectures, tensors, safetensors,
+  tokenizer, errors): GGUF to MLX weights, config and tokenizer.
 - ``hf_import.py``: Hugging Face directories (kept files, digest, dtype conversion, mlx-lm check).
 - ``encoder_import.py``: BERT sentence encoders (renamed weights, ``embedding.json``).
 - ``audio_import.py``: Whisper (CTranslate2 to mlx-whisper) and Piper voices.
