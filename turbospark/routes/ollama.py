@@ -1,6 +1,5 @@
-"""Ollama's API: ``/api/chat`` and ``/api/generate`` on the same generation core as the OpenAI
-routes, and model management (``/api/tags``, ``show``, ``ps``, ``pull``, ``delete``, ``copy``,
-``version``, ``HEAD /``).
+"""Ollama's generation routes: ``/api/chat`` and ``/api/generate`` on the same generation core
+as the OpenAI routes.  (Model management is ``ollama_models``, pulls ``ollama_pull``.)
 
 - Streams are NDJSON (``application/x-ndjson``; ``stream`` defaults to true): one object per
   decode step that shows something, then a final ``done: true`` object with Ollama's counters
@@ -19,23 +18,21 @@ routes, and model management (``/api/tags``, ``show``, ``ps``, ``pull``, ``delet
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-import trio
 from quart import Blueprint, Response, g, request
 
-from .. import __version__
-from ..turns.chat import TemplateMessage, apply_default_system
-from ..wire.codec import parse_json, structure
-from ..errors import ContextOverflow, ModelNotFound, NotFound, RequestInvalid, TurboSparkError
-from ..actors.lifecycle import Loadable, parse_keep_alive
+from ..actors.lifecycle import parse_keep_alive
+from ..actors.registry import ModelEntry
+from ..errors import ContextOverflow, RequestInvalid, TurboSparkError
 from ..messages import ChatPrompt, Delta, Failed, Finished, RequestRouted, Started, TextPrompt, ToolCall
 from ..model.backend import SamplingParams
-from ..actors.registry import ModelEntry
+from ..turns.chat import TemplateMessage, apply_default_system
 from ..turns.structured import check_images, function_tools, grammar_for
+from ..web.app import json_response, system
+from ..wire.codec import parse_json, structure
 from ..wire.ollama import (
     OllamaChatRequest,
     OllamaGenerateRequest,
@@ -45,21 +42,12 @@ from ..wire.ollama import (
     ndjson,
     nanoseconds,
     options_params,
-    rfc3339,
 )
-from ..web.app import json_response, system
-from ._generation import Completion, collect, events, generate_turn, start
-from ._openai import DEGRADATION_HEADER
-from .openai_chat import DROPPED_IMAGES
+from ._generation import Completion, Replies, collect, events, generate_turn, start
+from ._ollama import ndjson_response
+from ._openai import DEGRADATION_HEADER, DROPPED_IMAGES
 
 blueprint = Blueprint("ollama", __name__)
-
-NDJSON = "application/x-ndjson"
-#: ``expires_at`` of a model kept forever
-NEVER = "2318-08-02T00:00:00Z"
-
-
-# --- the generation routes -----------------------------------------------------------------
 
 
 class _Turn:
@@ -227,12 +215,6 @@ def _whole(turn: _Turn, done: Completion) -> Response:
     return json_response(turn.final(done.finished[0], bool(calls), done.texts[0], done.reasoning[0], calls))
 
 
-def _ndjson_response(frames: AsyncIterator[bytes]) -> Response:
-    response = Response(frames, content_type=NDJSON, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    response.timeout = None  # Quart would cut a stream after RESPONSE_TIMEOUT otherwise
-    return response
-
-
 def _buffered(turn: _Turn, done: Completion) -> Response:
     async def frames() -> AsyncIterator[bytes]:
         text, thinking, calls = done.texts[0], done.reasoning[0], done.calls[0]
@@ -243,10 +225,10 @@ def _buffered(turn: _Turn, done: Completion) -> Response:
         turn.first = turn.first or turn.started
         yield ndjson(turn.final(done.finished[0], bool(calls)))
 
-    return _ndjson_response(frames())
+    return ndjson_response(frames())
 
 
-def _stream(turn: _Turn, replies: Any) -> Response:
+def _stream(turn: _Turn, replies: Replies) -> Response:
     keepalive = system().settings.keepalive_interval
 
     async def frames() -> AsyncIterator[bytes]:
@@ -266,7 +248,7 @@ def _stream(turn: _Turn, replies: Any) -> Response:
                 assert isinstance(msg, Failed)
                 yield ndjson(turn.error(msg.error))
 
-    return _ndjson_response(frames())
+    return ndjson_response(frames())
 
 
 def _params(entry: ModelEntry, options: dict[str, Any], grammar: Any) -> SamplingParams:
@@ -361,236 +343,3 @@ async def generate() -> Response:
         turns.append({"role": "user", "content": body.prompt})
         prompt = ChatPrompt(tuple(apply_default_system(turns, sys_.settings.system_prompt)), (), template_kwargs)
     return await _run(turn, entry, prompt, _params(entry, options.sampling, grammar), options.num_ctx)
-
-
-# --- model management ----------------------------------------------------------------------
-
-
-def _details(loadable: Loadable | None, entry: ModelEntry) -> dict[str, Any]:
-    card = loadable.card if loadable is not None else None
-    family = (card.family if card else "") or ("bert" if "embedding" in entry.capabilities else "")
-    return {
-        "parent_model": "",
-        "format": card.format if card else ("safetensors" if "embedding" in entry.capabilities else ""),
-        "family": family,
-        "families": [family] if family else None,
-        "parameter_size": card.parameter_size if card else "",
-        "quantization_level": card.quantization_level if card else "",
-    }
-
-
-def _loadable(entry: ModelEntry) -> Loadable | None:
-    return system().published.loadables.get(entry.id)
-
-
-def _capabilities(entry: ModelEntry, loadable: Loadable | None) -> list[str]:
-    if "embedding" in entry.capabilities:
-        return ["embedding"]
-    out = ["completion"]
-    if "chat" in entry.capabilities:
-        out.append("tools")
-        template = loadable.card.template if loadable is not None else ""
-        if "think" in template:
-            out.append("thinking")
-    return out
-
-
-def _tag_row(entry: ModelEntry) -> dict[str, Any]:
-    loadable = _loadable(entry)
-    card = loadable.card if loadable is not None else None
-    return {
-        "name": entry.id,
-        "model": entry.id,
-        "modified_at": rfc3339(card.modified_at if card and card.modified_at else entry.created or time.time()),
-        "size": loadable.size if loadable is not None else 0,
-        "digest": card.digest if card else "",
-        "details": _details(loadable, entry),
-    }
-
-
-def _named(body: Any) -> str:
-    if not isinstance(body, dict):
-        raise RequestInvalid("the request body must be a JSON object")
-    name = body.get("model") or body.get("name")
-    if not isinstance(name, str) or not name:
-        raise RequestInvalid("model is required", param="model")
-    return name
-
-
-async def _entry(name: str) -> ModelEntry:
-    registry = await system().refresh()
-    entry = registry.lookup(name) or (registry.lookup(name.removesuffix(":latest")) if name.endswith(":latest") else None)
-    if entry is None:
-        raise ModelNotFound(name, [])
-    return entry
-
-
-@blueprint.route("/", methods=["GET", "HEAD"])
-async def root() -> Response:
-    return Response("Ollama is running", content_type="text/plain; charset=utf-8")
-
-
-@blueprint.get("/api/version")
-async def version() -> Response:
-    return json_response({"version": __version__})
-
-
-@blueprint.get("/api/tags")
-async def tags() -> Response:
-    registry = await system().refresh()
-    return json_response({"models": [_tag_row(e) for e in registry.entries]})
-
-
-@blueprint.post("/api/show")
-async def show() -> Response:
-    entry = await _entry(_named(parse_json(await request.get_data())))
-    loadable = _loadable(entry)
-    card = loadable.card if loadable is not None else None
-    info: dict[str, Any] = dict(card.model_info) if card and card.model_info else {}
-    if not info:
-        arch = "bert" if "embedding" in entry.capabilities else "turbospark"
-        info = {"general.architecture": arch, f"{arch}.context_length": entry.context_window}
-        if entry.dimensions:
-            info[f"{arch}.embedding_length"] = entry.dimensions
-    return json_response({
-        "license": "",
-        "modelfile": f"# Modelfile generated by turbospark\nFROM {entry.id}\n",
-        "parameters": card.parameters if card else "",
-        "template": card.template if card else "",
-        "details": _details(loadable, entry),
-        "model_info": info,
-        "capabilities": _capabilities(entry, loadable),
-        "modified_at": _tag_row(entry)["modified_at"],
-    })
-
-
-@blueprint.get("/api/ps")
-async def ps() -> Response:
-    rows = []
-    for model in await system().running():
-        rows.append(_tag_row(model.entry) | {
-            "expires_at": NEVER if model.expires is None else rfc3339(model.expires),
-            "size_vram": 0,  # MLX on CPU here: the weights are in ordinary memory
-            "context_length": model.entry.context_window,
-        })
-    return json_response({"models": rows})
-
-
-def _shelf() -> Any:
-    shelf = system().shelf
-    if shelf is None:
-        raise RequestInvalid(
-            "this server has no model store to manage (every --model is scripted); start it with "
-            "a stored model to pull, copy or delete models"
-        )
-    return shelf
-
-
-@blueprint.route("/api/delete", methods=["DELETE"])
-async def delete() -> Response:
-    sys_ = system()
-    name = _named(parse_json(await request.get_data()))
-    shelf = _shelf()
-    entry = await _entry(name)
-    loadable = _loadable(entry)
-    if loadable is None or loadable.pinned:
-        flag = "--embedding-model" if "embedding" in entry.capabilities else "--model"
-        raise RequestInvalid(f"'{entry.id}' was named with {flag} when the server started; it cannot be deleted while it runs")
-    await sys_.unload(entry.id)
-    if not await trio.to_thread.run_sync(shelf.delete, entry.id):
-        raise ModelNotFound(name, [])
-    await sys_.refresh()
-    return Response("", status=200)
-
-
-@blueprint.post("/api/copy")
-async def copy() -> Response:
-    sys_ = system()
-    body = parse_json(await request.get_data())
-    if not isinstance(body, dict) or not isinstance(body.get("source"), str) or not isinstance(body.get("destination"), str):
-        raise RequestInvalid("source and destination are required model names")
-    shelf = _shelf()
-    source = (await _entry(body["source"])).id
-    try:
-        copied = await trio.to_thread.run_sync(shelf.copy, source, body["destination"].removesuffix(":latest"))
-    except Exception as exc:  # an invalid destination name
-        raise RequestInvalid(str(exc), param="destination") from None
-    if not copied:
-        raise ModelNotFound(body["source"], [])
-    await sys_.refresh()
-    return Response("", status=200)
-
-
-class _Progress:
-    """Pull progress from the pulling thread to the route: a status line whenever the status
-    changes, and byte counts at most every percent."""
-
-    def __init__(self, send: trio.MemorySendChannel[dict[str, Any]], token: Any, digest: str) -> None:
-        self.send, self.token, self.digest = send, token, digest
-        self.last: tuple[str, int] = ("", -1)
-
-    def __call__(self, status: str, completed: int | None, total: int | None) -> None:
-        step = int(100 * (completed or 0) / total) if total else -1
-        if (status, step) == self.last:
-            return
-        self.last = (status, step)
-        frame: dict[str, Any] = {"status": status}
-        if total:
-            frame |= {"digest": f"sha256:{self.digest}", "total": total, "completed": completed or 0}
-        trio.from_thread.run(self.send.send, frame, trio_token=self.token)  # raises once the client left
-
-
-@blueprint.post("/api/pull")
-async def pull() -> Response:
-    sys_ = system()
-    body = parse_json(await request.get_data())
-    name = _named(body).removesuffix(":latest")
-    stream = body.get("stream", True)
-    if not isinstance(stream, bool):
-        raise RequestInvalid("stream must be true or false", param="stream")
-    shelf = _shelf()
-    if not shelf.can_pull(name):
-        raise NotFound(
-            f"pull model manifest: '{name}' is not in this server's catalogue; it can pull: "
-            f"{', '.join(shelf.catalogue())}", param="model",
-        )
-    if not stream:
-        # abandoned if the server stops: a pull is built in a scratch directory and renamed into
-        # place when done, so leaving it half-way leaves nothing behind in the store
-        await trio.to_thread.run_sync(shelf.pull, name, lambda *_: None, abandon_on_cancel=True)
-        await sys_.refresh()
-        return json_response({"status": "success"})
-
-    send, recv = trio.open_memory_channel[dict[str, Any]](16)
-    token = trio.lowlevel.current_trio_token()
-    outcome: list[BaseException] = []
-
-    def work() -> None:
-        report = _Progress(send, token, shelf.digest(name))
-        try:
-            report("pulling manifest", None, None)
-            shelf.pull(name, report)
-            report("verifying sha256 digest", None, None)
-            report("writing manifest", None, None)
-        except BaseException as exc:  # told to the stream, never raised into a bare thread
-            outcome.append(exc)
-        finally:  # channels are closed on the Trio side, never from this thread
-            try:
-                trio.from_thread.run_sync(send.close, trio_token=token)
-            except trio.RunFinishedError:
-                pass
-
-    async def frames() -> AsyncIterator[bytes]:
-        with recv:
-            threading.Thread(target=work, name=f"pull:{name}", daemon=True).start()
-            async for frame in recv:
-                yield ndjson(frame)
-            if outcome:
-                exc = outcome[0]
-                message = str(exc) if not isinstance(exc, (trio.BrokenResourceError, trio.Cancelled)) else "pull stopped"
-                yield ndjson({"error": f"pull model failed: {message}"})
-                return
-            await sys_.refresh()
-            yield ndjson({"status": "success"})
-
-    return _ndjson_response(frames())
