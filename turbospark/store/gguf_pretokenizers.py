@@ -66,6 +66,15 @@ class PreTokenizer:
     add_bos: bool = False  #: llama.cpp's default for ``tokenizer.ggml.add_bos_token`` when absent
 
     def build(self) -> pre_tokenizers.PreTokenizer:
+        if self.regexes[-1] == _GPT2 and set(self.regexes[:-1]) <= {"\\p{N}"}:
+            # GPT-2's expression is ByteLevel's own (which adds a final "|\\s+": it only names the
+            # lone space llama.cpp keeps as an unmatched piece, the same word), and "\\p{N}" is
+            # Digits(individual_digits=True). Written the way Hugging Face writes GPT-2, StarCoder
+            # and SmolLM2 tokenizers.
+            byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+            if len(self.regexes) == 1:
+                return byte_level
+            return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
         splits = [pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in self.regexes]
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
         return pre_tokenizers.Sequence([*splits, byte_level])
