@@ -12,6 +12,7 @@ import ollama
 import pytest
 import trio
 
+from turbospark.cli.attach import load_mlx
 from turbospark.config import Settings
 from turbospark.server import serve
 from turbospark.store.shelf import StoreShelf, loadable_from
@@ -27,10 +28,10 @@ NAME = "smollm2-135m-instruct"
 @pytest.fixture
 async def client(nursery: trio.Nursery):
     stored = smollm2_store()
-    shelf = StoreShelf(cached_store())
+    shelf = StoreShelf(cached_store(), load_mlx)
     server = await nursery.start(partial(
         serve, Settings(host="127.0.0.1", port=0, graceful_timeout=1.0),
-        [loadable_from(stored, pinned=True)], library=shelf.loadables, shelf=shelf,
+        [loadable_from(stored, load_mlx, pinned=True)], library=shelf.loadables, shelf=shelf,
     ))
     yield ollama.AsyncClient(host=server.url, timeout=120)
     server.stop.set()
