@@ -8,8 +8,8 @@ from quart_trio import QuartTrio
 from .._system import System
 from ..web.app import create_app as _create_app
 from . import (
-    anthropic, audio, audio_realtime, health, metrics, models, ollama, ollama_embed, openai_chat,
-    openai_completions, openai_embeddings, openai_responses, openapi_doc,
+    anthropic, audio, audio_realtime, health, metrics, models, ollama, ollama_embed, ollama_models,
+    ollama_pull, openai_chat, openai_completions, openai_embeddings, openai_responses, openapi_doc,
 )
 
 __all__ = ["create_app"]
@@ -19,7 +19,8 @@ def create_app(sys_: System) -> QuartTrio:
     blueprints: list[Blueprint] = [
         health.blueprint, models.blueprint, metrics.blueprint, openai_chat.blueprint,
         openai_completions.blueprint, openai_responses.blueprint, openai_embeddings.blueprint,
-        ollama_embed.blueprint, ollama.blueprint, anthropic.blueprint, openapi_doc.blueprint,
+        ollama_embed.blueprint, ollama.blueprint, ollama_models.blueprint, ollama_pull.blueprint,
+        anthropic.blueprint, openapi_doc.blueprint,
     ]
     if sys_.audio is not None:  # the audio routes exist only with an audio model attached
         blueprints += [audio.blueprint, audio_realtime.blueprint]
