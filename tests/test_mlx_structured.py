@@ -1,6 +1,7 @@
 """Structured generation on the real default model (SmolLM2-135M-Instruct), through the
-official openai SDK: a forced tool round trip, a strict JSON schema at temperature 0.7,
-logprobs, and a two-turn Responses conversation that hits the prefix cache."""
+official openai SDK: a forced tool round trip (with a strict schema, and with LangChain's open
+one), a strict JSON schema at temperature 0.7, logprobs, and a two-turn Responses conversation
+that hits the prefix cache."""
 
 from __future__ import annotations
 
@@ -65,6 +66,41 @@ async def test_a_required_tool_call_round_trip(sdk) -> None:
         messages=[*question, choice.message.model_dump(exclude_none=True),
                   {"role": "tool", "tool_call_id": call.id, "content": "12 degrees and cloudy"}],
         tools=[WEATHER], max_tokens=30, temperature=0,
+    )
+    assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
+
+
+# LangChain's bind_tools schema for get_weather(city: str): no additionalProperties.  Left open
+# (and with free whitespace), the model wrote `{"city": "Oslo", "type": "string", "properties":
+# {...` indented until the budget ran out, at 60 and at 200 tokens alike.
+LANGCHAIN = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city.",
+        "parameters": {"properties": {"city": {"type": "string"}}, "required": ["city"], "type": "object"},
+    },
+}
+
+
+async def test_a_forced_call_with_langchains_open_schema_finishes(sdk) -> None:
+    question = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    first = await sdk.chat.completions.create(
+        model="any", messages=question, tools=[LANGCHAIN], tool_choice="required", max_tokens=60, temperature=0
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert not choice.message.content
+    (call,) = choice.message.tool_calls
+    arguments = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and list(arguments) == ["city"]
+    assert isinstance(arguments["city"], str)
+    assert first.usage.completion_tokens <= 60
+    answer = await sdk.chat.completions.create(
+        model="any",
+        messages=[*question, choice.message.model_dump(exclude_none=True),
+                  {"role": "tool", "tool_call_id": call.id, "content": "12 degrees and cloudy"}],
+        tools=[LANGCHAIN], max_tokens=30, temperature=0,
     )
     assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
 

@@ -9,10 +9,28 @@ import pytest
 
 from turbospark.model.tool_preamble import tools_in_preamble
 from turbospark.errors import RequestInvalid
-from turbospark.turns.guardrails import Accept, Guardrails, Rescued, Retry, inspect, rescue, validate
+from turbospark.turns.guardrails import (
+    Accept,
+    Guardrails,
+    Rescued,
+    Retry,
+    cut_short,
+    inspect,
+    rescue,
+    truncated_call,
+    validate,
+)
 from turbospark.model.output import Dialect, OutputParser, Parts, ToolCall
 from turbospark.model.scripted import shipped_tokenizer
-from turbospark.turns.structured import check_images, function_tools, grammar_for, select_tools
+from turbospark.turns.structured import (
+    Grammar,
+    check_images,
+    closed_objects,
+    function_tools,
+    grammar_for,
+    select_tools,
+    shortest_json,
+)
 
 WEATHER = {
     "type": "function",
@@ -185,8 +203,6 @@ def test_a_template_without_tools_gets_a_preamble_and_text_history() -> None:
 
 def walk(grammar_lark: str, text: str) -> tuple[bool, bool]:
     """Feed ``text``'s tokens through a fresh matcher: (every token allowed, end allowed after)."""
-    from turbospark.turns.structured import Grammar
-
     tok = shipped_tokenizer()
     matcher = tok.grammars.matcher(Grammar(grammar_lark, "response_format"))
     ok = True
@@ -199,16 +215,16 @@ def test_grammars_enforce_schemas_and_forced_calls() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer", "maximum": 5}}, "required": ["a"], "additionalProperties": False}
     g = grammar_for(json_schema=schema)
     assert g is not None and g.what == "response_format"
-    assert walk(g.lark, '{"a": 3}') == (True, True)
-    assert walk(g.lark, '{"a": 3') == (True, False)  # no end before the object closes
-    assert walk(g.lark, '{"a": 7}')[0] is False
-    assert walk(g.lark, '{"b": 1}')[0] is False
+    assert walk(g.lark, '{"a":3}') == (True, True)
+    assert walk(g.lark, '{"a":3') == (True, False)  # no end before the object closes
+    assert walk(g.lark, '{"a":7}')[0] is False
+    assert walk(g.lark, '{"b":1}')[0] is False
     call = grammar_for(tools=function_tools(TOOLS), call_required=True)
     assert call is not None and call.what == "tool_choice"
-    good = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    good = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Oslo"}}\n</tool_call>'
     assert walk(call.lark, good) == (True, True)
     assert walk(call.lark, "Sure!")[0] is False
-    assert walk(call.lark, '<tool_call>\n{"name": "get_weather", "arguments": {}}')[0] is False  # city required
+    assert walk(call.lark, '<tool_call>\n{"name":"get_weather","arguments":{}}')[0] is False  # city required
     assert grammar_for() is None
 
 
@@ -225,5 +241,143 @@ def test_forced_call_schema_is_what_validation_accepts() -> None:
     """The forced call's arguments are valid against the tool's own schema."""
     args = {"city": "Oslo", "unit": "c"}
     jsonschema.validate(args, WEATHER["function"]["parameters"])
+    compact = json.dumps({"name": "get_weather", "arguments": args}, separators=(",", ":"))
     assert walk(grammar_for(tools=function_tools(TOOLS), call_required=True).lark,
-                f'<tool_call>\n{json.dumps({"name": "get_weather", "arguments": args})}\n</tool_call>') == (True, True)
+                f"<tool_call>\n{compact}\n</tool_call>") == (True, True)
+
+
+# LangChain's bind_tools schema for get_weather(city: str): no additionalProperties.
+LANGCHAIN = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city.",
+        "parameters": {"properties": {"city": {"type": "string"}}, "required": ["city"], "type": "object"},
+    },
+}
+
+
+def test_forced_json_is_compact_and_objects_without_additional_properties_are_closed() -> None:
+    call = grammar_for(tools=function_tools([LANGCHAIN]), call_required=True)
+    compact = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Oslo"}}\n</tool_call>'
+    assert walk(call.lark, compact) == (True, True)
+    assert walk(call.lark, '<tool_call>\n{"name": "get_weather"')[0] is False  # no free whitespace
+    assert walk(call.lark, '<tool_call>\n{"name":"get_weather","arguments":{\n')[0] is False
+    # what SmolLM2 wrote before: the closed object has no room for a second key
+    assert walk(call.lark, '<tool_call>\n{"name":"get_weather","arguments":{"city":"Oslo","type"')[0] is False
+    opened = {"function": dict(LANGCHAIN["function"], parameters=dict(
+        LANGCHAIN["function"]["parameters"], additionalProperties=True))}
+    call = grammar_for(tools=function_tools([opened]), call_required=True)
+    assert walk(call.lark, '<tool_call>\n{"name":"get_weather","arguments":{"city":"Oslo","unit":"c"}}\n</tool_call>') == (True, True)
+    answer = grammar_for(json_schema={"type": "object", "properties": {"a": {"type": "integer"}}})
+    assert walk(answer.lark, '{"a":1}') == (True, True)
+    assert walk(answer.lark, '{"a":1,"b":2}')[0] is False and walk(answer.lark, '{"a": 1}')[0] is False
+    any_object = grammar_for(json_object=True)  # any object: compact, never closed
+    assert walk(any_object.lark, '{"x":[1,{"y":null}]}') == (True, True)
+    assert walk(any_object.lark, '{ "x"')[0] is False
+
+
+def test_closing_follows_openai_strict_mode_and_leaves_the_clients_schema_alone() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "object", "properties": {"k": {"type": "string"}}}},
+            "either": {"anyOf": [{"type": "object", "properties": {"a": {"type": "integer"}}}, {"type": "null"}]},
+            "ref": {"$ref": "#/$defs/Point"},
+            "map": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "open": {"type": "object", "additionalProperties": True},
+            "free": {"type": "object"},
+            "both": {"allOf": [{"type": "object", "properties": {"x": {}}}, {"properties": {"y": {}}}]},
+            "fixed": {"const": {"k": 1}},
+        },
+        "$defs": {"Point": {"type": "object", "properties": {"x": {"type": "number"}}}},
+    }
+    before = json.dumps(schema)
+    closed = closed_objects(schema)
+    assert json.dumps(schema) == before  # a copy
+    p = closed["properties"]
+    assert closed["additionalProperties"] is False
+    assert p["tags"]["items"]["additionalProperties"] is False
+    assert p["either"]["anyOf"][0]["additionalProperties"] is False and "additionalProperties" not in p["either"]["anyOf"][1]
+    assert closed["$defs"]["Point"]["additionalProperties"] is False and p["ref"] == {"$ref": "#/$defs/Point"}
+    assert p["map"]["additionalProperties"] == {"type": "integer"} and p["open"]["additionalProperties"] is True
+    assert p["free"]["additionalProperties"] is False  # as strict mode: {} unless opened explicitly
+    assert p["both"] == schema["properties"]["both"]  # allOf merges keys: its branches stay open
+    assert p["fixed"] == {"const": {"k": 1}}
+    beside = {"type": "object", "properties": {"kind": {}}, "anyOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]}
+    assert closed_objects(beside) == beside  # the branches add keys to the object's own
+    jsonschema.Draft202012Validator.check_schema(closed)
+
+
+@pytest.mark.parametrize(
+    ("schema", "text"),
+    [
+        (LANGCHAIN["function"]["parameters"], '{"city":""}'),
+        ({"type": "object"}, "{}"),
+        ({"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string", "minLength": 3},
+                                           "l": {"type": "array", "items": {"type": "boolean"}, "minItems": 2}},
+          "required": ["l", "n", "s"]}, '{"n":0,"s":"aaa","l":[true,true]}'),
+        ({"enum": ["long", "s"]}, '"s"'),
+        ({"anyOf": [{"type": "string"}, {"type": "null"}]}, '""'),
+        ({"type": ["null", "boolean"]}, "null"),
+        ({"$ref": "#/$defs/a", "$defs": {"a": {"type": "object", "properties": {"x": {"const": 1}}, "required": ["x"]}}}, '{"x":1}'),
+        ({"type": "object", "properties": {"me": {"$ref": "#"}}, "required": ["me"]}, '{"me":{"me":0}}'),  # recursion: cut short
+        ({"allOf": [{"type": "string"}, {"minLength": 2, "type": "string"}]}, '"aa"'),
+        ({"description": "anything"}, "0"),
+    ],
+)
+def test_shortest_json_is_the_smallest_instance_or_less(schema: dict, text: str) -> None:
+    assert shortest_json(schema) == text
+
+
+def test_a_budget_too_small_for_the_shortest_valid_answer_is_refused() -> None:
+    tok = shipped_tokenizer()
+    call = grammar_for(tools=function_tools([LANGCHAIN, WEATHER | {"function": dict(WEATHER["function"], name="w")}]),
+                       call_required=True)
+    assert call.shortest == (
+        '<tool_call>\n{"name":"get_weather","arguments":{"city":""}}\n</tool_call>',
+        '<tool_call>\n{"name":"w","arguments":{"city":""}}\n</tool_call>',
+    )
+    least = tok.grammars.least_tokens(call)
+    assert least == 1 + len(tok.encode(call.shortest[1])) < 1 + len(tok.encode(call.shortest[0]))
+    tok.grammars.compile(call, budget=least)
+    with pytest.raises(RequestInvalid) as err:
+        tok.grammars.compile(call, budget=least - 1)
+    assert err.value.param == "max_tokens"
+    assert err.value.message == (
+        f"max_tokens is {least - 1}, too small for the call tool_choice demands: the shortest valid "
+        f"answer takes {least} tokens with this model, its end included; raise max_tokens"
+    )
+    answer = grammar_for(json_schema={"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]})
+    with pytest.raises(RequestInvalid, match="too small for the JSON response_format demands"):
+        tok.grammars.compile(answer, budget=2)
+    assert tok.grammars.least_tokens(Grammar('start: "x"', "response_format")) == 0  # none named: never refused
+    bad = grammar_for(json_schema={"type": "array", "uniqueItems": True})
+    with pytest.raises(RequestInvalid, match="uniqueItems"):  # what cannot be enforced is named first
+        tok.grammars.compile(bad, budget=1)
+
+
+def test_a_forced_call_the_budget_cut_is_returned_as_far_as_it_got() -> None:
+    ids = iter(f"c{i}" for i in range(10))
+    new_id = lambda: next(ids)  # noqa: E731
+    two = [LANGCHAIN, {"type": "function", "function": {"name": "get_time"}}]
+    cut = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Os'
+    assert truncated_call(cut, two, index=0, new_id=new_id) == ToolCall(0, "c0", "get_weather", '{"city":"Os')
+    ended = '<tool_call>\n{"name":"get_time","arguments":{}}\n</tool'
+    assert truncated_call(ended, two, index=2, new_id=new_id) == ToolCall(2, "c1", "get_time", "{}")
+    assert truncated_call('<tool_call>\n{"name":"get_w', two, index=0, new_id=new_id).name == "get_weather"
+    assert truncated_call('<tool_call>\n{"name":"get_weather"', two, index=0, new_id=new_id).arguments == ""
+    assert truncated_call('<tool_call>\n{"name":"get_', two, index=0, new_id=new_id) is None  # which one?
+    assert truncated_call("<tool_", two, index=0, new_id=new_id) is None
+    done = ToolCall(0, "x", "get_time", "{}")
+    assert cut_short("\n" + cut, (done,), two, new_id=new_id) == (
+        "", (done, ToolCall(1, "c4", "get_weather", '{"city":"Os'))
+    )
+    assert cut_short("<tool_", (), two, new_id=new_id) == ("", ())  # never markup as content
+    common = dict(tools=two, guardrails=Guardrails(), new_id=new_id)
+    verdict = inspect(content=cut, calls=(), call_required=True, truncated=True, **common)
+    assert verdict == Rescued((ToolCall(0, "c5", "get_weather", '{"city":"Os'),))  # no retry
+    off = dict(common, guardrails=Guardrails.off())
+    assert inspect(content=cut, calls=(), call_required=True, truncated=True, **off) == Rescued(
+        (ToolCall(0, "c6", "get_weather", '{"city":"Os'),))
+    assert inspect(content="Hi", calls=(), call_required=False, truncated=True, **common) == Accept()

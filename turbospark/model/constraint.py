@@ -4,8 +4,9 @@ Theory of operation: a request that demands a structure (a JSON Schema, forced t
 carries a ``Grammar`` (Lark text, ``%json{..}`` for schemas).  On the model thread,
 ``Grammars`` compiles it once per model tokenizer (cached by text; a schema feature llguidance
 cannot enforce is refused here, by name, before any prefill) and hands each sequence its own
-``Matcher``.  Before every sampling step the matcher gives the set of tokens that keep the
-output inside the grammar; after it, the sampled token is consumed.  End of sequence is in the
+``Matcher``; a budget too small for the grammar's shortest finished output is refused with
+it (``least_tokens``).  Before every sampling step the matcher gives the set of tokens that
+keep the output inside the grammar; after it, the sampled token is consumed.  End of sequence is in the
 set only where the grammar accepts, so a finished output always parses.
 
 llguidance was chosen for its per-token cost on CPU and its JSON Schema coverage (see
@@ -77,13 +78,27 @@ class Grammars:
         self.eos_id = eos_id
         self._cache: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
 
-    def compile(self, grammar: Grammar) -> llguidance.LLMatcher:
-        """The grammar's initial matcher (cached).
+    def compile(self, grammar: Grammar, *, budget: int | None = None) -> llguidance.LLMatcher:
+        """The grammar's initial matcher (cached).  With ``budget`` (the sequence's
+        ``max_tokens``), a budget that cannot hold the grammar's shortest finished output is
+        refused too.
 
         Raises:
             RequestInvalid: the grammar (a JSON Schema in it) uses something llguidance cannot
-                enforce, or is malformed; the message names it.
+                enforce, or is malformed; the message names it.  Or ``budget`` is too small
+                (``param`` ``max_tokens``).
         """
+        matcher = self._compiled(grammar)
+        if budget is not None and budget < (least := self.least_tokens(grammar)):
+            demand = "the call tool_choice" if grammar.what == "tool_choice" else f"the JSON {grammar.what}"
+            raise RequestInvalid(
+                f"max_tokens is {budget}, too small for {demand} demands: the shortest valid "
+                f"answer takes {least} tokens with this model, its end included; raise max_tokens",
+                param="max_tokens",
+            )
+        return matcher
+
+    def _compiled(self, grammar: Grammar) -> llguidance.LLMatcher:
         found = self._cache.get(grammar.lark)
         if found is not None:
             self._cache.move_to_end(grammar.lark)
@@ -102,6 +117,15 @@ class Grammars:
         if len(self._cache) > _CACHED:
             self._cache.popitem(last=False)
         return matcher
+
+    def least_tokens(self, grammar: Grammar) -> int:
+        """The fewest tokens a finished output of ``grammar`` takes: its shortest outputs
+        (``Grammar.shortest``, written by ``structured.grammar_for`` as lower bounds) as this
+        tokenizer writes them, the fewest of them, plus the end of the sequence; 0 when the
+        grammar names none."""
+        if not grammar.shortest:
+            return 0
+        return 1 + min(len(self._tok.tokenize_str(text)) for text in grammar.shortest)
 
     def matcher(self, grammar: Grammar) -> Matcher:
         return Matcher(self.compile(grammar).deep_copy(), self.vocab, self.eos_id)

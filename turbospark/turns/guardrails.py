@@ -14,6 +14,11 @@ text.  ``inspect`` gives the verdict:
    message and a retry.
 
 The route runs the loop (at most ``retries`` more turns, then the last answer stands).
+
+A forced call (``tool_choice`` required or named: the grammar writes nothing but calls) that the
+budget cut short is no matter for retries: ``inspect`` with ``truncated`` hands back the calls
+as far as they got (``cut_short``), never the markup as content, and the route answers
+``finish_reason: "length"`` with them.
 """
 
 from __future__ import annotations
@@ -28,7 +33,18 @@ import jsonschema
 
 from ..model.output import ToolCall, parse_hermes
 
-__all__ = ["Accept", "Guardrails", "Rescued", "Retry", "Verdict", "inspect", "rescue", "validate"]
+__all__ = [
+    "Accept",
+    "Guardrails",
+    "Rescued",
+    "Retry",
+    "Verdict",
+    "cut_short",
+    "inspect",
+    "rescue",
+    "truncated_call",
+    "validate",
+]
 
 
 @attrs.frozen
@@ -188,6 +204,51 @@ def rescue(text: str, tools: Sequence[Mapping[str, Any]]) -> list[tuple[str, str
     return []
 
 
+# --- a forced call cut short ---------------------------------------------------------------
+
+# What the forced-call grammar writes (structured.grammar_for): ``<tool_call>\n{"name":"N",
+# "arguments":{..}}\n</tool_call>``, name first.  Whitespace is tolerated, the order is not.
+_CUT_NAME = re.compile(r'<tool_call>\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_.-]*)(")?')
+_CUT_ARGUMENTS = re.compile(r'\s*,\s*"arguments"\s*:\s*')
+
+
+def truncated_call(
+    text: str, tools: Sequence[Mapping[str, Any]], *, index: int, new_id: Callable[[], str]
+) -> ToolCall | None:
+    """The last call in ``text`` (the forced-call markup a budget cut short), as far as it
+    got: its name (a name cut short is completed when one offered tool starts with it) and its
+    arguments as written so far (JSON text, unfinished, as OpenAI returns a call cut by
+    ``max_tokens``; ``""`` when the budget ended before them).  None when no name can be told."""
+    at = text.rfind("<tool_call>")
+    found = _CUT_NAME.match(text, at) if at != -1 else None
+    if found is None:
+        return None
+    written, closed = found.group(1), found.group(2) is not None
+    names = [n for t in tools if isinstance(n := _name(t), str)]
+    matching = [n for n in names if (n == written if closed else n.startswith(written))]
+    if len(matching) != 1:
+        return None
+    arguments = ""
+    if closed and (after := _CUT_ARGUMENTS.match(text, found.end())) is not None:
+        rest = text[after.end():]
+        try:
+            _, end = json.JSONDecoder().raw_decode(rest)
+            arguments = rest[:end]  # finished; the budget ended in the closing markup
+        except json.JSONDecodeError:
+            arguments = rest
+    return ToolCall(index, new_id(), matching[0], arguments)
+
+
+def cut_short(
+    content: str, calls: Sequence[ToolCall], tools: Sequence[Mapping[str, Any]], *, new_id: Callable[[], str]
+) -> tuple[str, tuple[ToolCall, ...]]:
+    """A forced-call turn that the budget ended (``finish_reason`` ``length``): no content
+    (under the forced-call grammar every character was call markup), the calls it finished,
+    then the one it was writing, as far as it got (``truncated_call``)."""
+    partial = truncated_call(content, tools, index=len(calls), new_id=new_id)
+    return "", (*calls, *((partial,) if partial is not None else ()))
+
+
 # --- validation -----------------------------------------------------------------------------
 
 def validate(calls: Sequence[ToolCall], tools: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -240,7 +301,13 @@ def inspect(
     call_required: bool,
     guardrails: Guardrails,
     new_id: Callable[[], str],
+    truncated: bool = False,
 ) -> Verdict:
+    """The verdict on one choice.  ``truncated``: the budget ended it (``finish_reason``
+    ``length``); a forced call it cut short comes back as far as it got (``cut_short``), with
+    or without the guardrails, and is not retried."""
+    if truncated and call_required and tools:
+        return Rescued(cut_short(content, calls, tools, new_id=new_id)[1])
     if not tools or not guardrails.active:
         return Accept()
     rescued: tuple[ToolCall, ...] = ()

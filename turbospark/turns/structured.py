@@ -7,7 +7,9 @@
 - ``grammar_for`` turns the demands into one grammar for constrained decoding: a JSON answer
   (``response_format``, Ollama's ``format``, Responses' ``text.format``) or forced tool calls in
   the ``<tool_call>{"name": .., "arguments": ..}</tool_call>`` form the output parser reads,
-  arguments valid against each tool's schema.
+  arguments valid against each tool's schema.  The JSON is compact (no free whitespace) and a
+  client's object schemas are closed (``closed_objects``, decision 0017); each grammar carries
+  its shortest valid outputs, so a budget too small for them is refused before decoding.
 - ``check_images`` validates image inputs the way the reference does (data URLs only, base64,
   at most 64), whether or not the model can see them.
 """
@@ -28,9 +30,11 @@ __all__ = [
     "Grammar",
     "MAX_IMAGES",
     "check_images",
+    "closed_objects",
     "function_tools",
     "grammar_for",
     "select_tools",
+    "shortest_json",
 ]
 
 MAX_IMAGES = 64
@@ -44,6 +48,11 @@ class Grammar:
 
     lark: str
     what: str
+    shortest: tuple[str, ...] = ()  # the shortest outputs it accepts (lower bounds), one per way
+
+    # ``shortest`` is written so that no output the grammar accepts is shorter than all of them;
+    # the model thread counts their tokens (``Grammars.least_tokens``) to refuse a budget that
+    # cannot hold any finished output.
 
 
 def function_tools(tools: Sequence[Any] | None, *, param: str = "tools") -> tuple[dict[str, Any], ...]:
@@ -163,9 +172,143 @@ def _lark_string(text: str) -> str:
     return json.dumps(text)
 
 
+# --- compact JSON, closed objects, shortest instances (decision 0017) ------------------------
+
+# llguidance's JSON options, read from the top of each ``%json{..}`` schema: no whitespace
+# between tokens (``{"a":1,"b":[2]}``).  Free whitespace lets a small model indent and pad its
+# way through the budget; compact is also the shortest a document can be.
+_COMPACT = {"whitespace_flexible": False}
+_KNOWN_EXTRA = ("additionalProperties", "unevaluatedProperties")
+
+
+def _compact(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``schema`` with compact JSON asked of llguidance (a client's own ``x-guidance`` keys
+    win)."""
+    own = schema.get("x-guidance")
+    return {**schema, "x-guidance": {**_COMPACT, **(own if isinstance(own, Mapping) else {})}}
+
+
+def _is_object(schema: Mapping[str, Any]) -> bool:
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return kind == "object"
+    if isinstance(kind, list):
+        return "object" in kind
+    return "properties" in schema or "patternProperties" in schema
+
+
+def closed_objects(schema: Any) -> Any:
+    """A copy of ``schema`` in which every object subschema that says nothing about extra keys
+    (no ``additionalProperties``) has ``additionalProperties: false``, as OpenAI's strict mode
+    closes it: in properties, items, ``anyOf``/``oneOf`` branches, ``$defs``, at any depth.  A
+    schema that sets ``additionalProperties`` (``true``, or a schema for the values) keeps it.
+
+    Left open, because closing would refuse documents the client's schema means to allow: an
+    object whose keys come partly from ``allOf``/``anyOf``/``oneOf``/``$ref`` beside it (and
+    the ``allOf`` branches themselves, and the ``anyOf``/``oneOf`` branches of an object that
+    names its own properties), and anything under ``not``, ``if``/``then``/``else`` or
+    ``dependentSchemas``."""
+    return _close(schema, closable=True)
+
+
+_COMBINED = ("allOf", "anyOf", "oneOf", "$ref")
+_OPAQUE = ("not", "if", "then", "else", "dependentSchemas", "const", "enum", "default", "examples")
+
+
+def _close(node: Any, *, closable: bool) -> Any:
+    if isinstance(node, list):
+        return [_close(item, closable=True) for item in node]
+    if not isinstance(node, Mapping):
+        return node
+    out: dict[str, Any] = {}
+    own_keys = "properties" in node or "patternProperties" in node
+    for key, value in node.items():
+        if key in _OPAQUE:
+            out[key] = value
+        elif key in ("properties", "patternProperties", "$defs", "definitions") and isinstance(value, Mapping):
+            out[key] = {k: _close(v, closable=True) for k, v in value.items()}
+        elif key == "allOf" and isinstance(value, list):
+            out[key] = [_close(branch, closable=False) for branch in value]
+        elif key in ("anyOf", "oneOf") and isinstance(value, list):
+            out[key] = [_close(branch, closable=not own_keys) for branch in value]
+        elif key in ("items", "prefixItems", "additionalProperties", "contains", "propertyNames",
+                     "unevaluatedProperties", "unevaluatedItems", "additionalItems"):
+            out[key] = _close(value, closable=True)
+        else:
+            out[key] = value
+    if (
+        closable
+        and _is_object(node)
+        and not any(k in node for k in _KNOWN_EXTRA)
+        and not any(k in node for k in _COMBINED)
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def shortest_json(schema: Any, root: Any = None, _seen: frozenset[str] = frozenset()) -> str:
+    """Compact JSON text no longer than the shortest document ``schema`` accepts, written as
+    the document itself where the schema says enough: the required properties (in the order
+    llguidance writes them) with their shortest values, ``minItems`` items, ``minLength``
+    characters, the shortest ``const``/``enum`` choice.  Where it cannot tell (a ``pattern``, a
+    ``format``, a recursive ``$ref``), it writes less, never more: a lower bound."""
+    root = schema if root is None else root
+    if schema is True or not isinstance(schema, Mapping):
+        return "0"  # the shortest JSON value there is
+    if "const" in schema:
+        return _dumps(schema["const"])
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return min((_dumps(v) for v in schema["enum"]), key=len)
+    ways = []
+    for key in ("anyOf", "oneOf"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            ways.append(min((shortest_json(b, root, _seen) for b in schema[key]), key=len))
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        target = _pointer(root, ref[1:]) if ref.startswith("#") and ref not in _seen else None
+        ways.append(shortest_json(target, root, _seen | {ref}) if target is not None else "0")
+    for branch in schema.get("allOf") or ():  # every branch must hold: the longest is a bound
+        ways.append(shortest_json(branch, root, _seen))
+    own = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf", "allOf", "$ref")}
+    if "type" in own or _is_object(own):
+        ways.append(_shortest_of_type(own, root, _seen))
+    return max(ways, key=len) if ways else "0"
+
+
+def _shortest_of_type(schema: Mapping[str, Any], root: Any, seen: frozenset[str]) -> str:
+    kind = schema.get("type", "object")
+    if isinstance(kind, list):
+        return min((_shortest_of_type({**schema, "type": k}, root, seen) for k in kind or ["null"]), key=len)
+    if kind == "object":
+        properties = schema.get("properties") if isinstance(schema.get("properties"), Mapping) else {}
+        required = [k for k in schema.get("required") or () if isinstance(k, str)]
+        order = [k for k in properties if k in required] + [k for k in required if k not in properties]
+        extra = schema.get("additionalProperties", True)
+        parts = [f"{_dumps(k)}:{shortest_json(properties.get(k, extra), root, seen)}" for k in order]
+        return "{" + ",".join(parts) + "}"
+    if kind == "array":
+        prefix = schema.get("prefixItems") if isinstance(schema.get("prefixItems"), list) else []
+        count = schema.get("minItems", 0) if isinstance(schema.get("minItems"), int) else 0
+        items = [shortest_json(prefix[i] if i < len(prefix) else schema.get("items", True), root, seen)
+                 for i in range(min(count, 1024))]
+        return "[" + ",".join(items) + "]"
+    if kind == "string":
+        least = schema.get("minLength", 0) if isinstance(schema.get("minLength"), int) else 0
+        return '"' + "a" * min(least, 4096) + '"'
+    if kind == "boolean":
+        return "true"
+    if kind == "null":
+        return "null"
+    return "0"  # integer, number: no shorter number exists
+
+
 def _call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
     function = tool["function"]
-    parameters = function.get("parameters") or {"type": "object"}
+    parameters = closed_objects(function.get("parameters") or {"type": "object"})
     return {
         "type": "object",
         "properties": {"name": {"const": function["name"]}, "arguments": parameters},
@@ -184,17 +327,20 @@ def grammar_for(
 ) -> Grammar | None:
     """One grammar for what the request demands, or None when the output is free.  Forced
     calls are one call unless the caller allowed several explicitly (small models otherwise
-    repeat the call until the budget runs out)."""
+    repeat the call until the budget runs out).  The JSON is compact and the client's object
+    schemas closed (``closed_objects``); ``json_object`` (any object) stays open."""
     if call_required and tools:
         schemas = [_call_schema(t) for t in tools]
-        schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+        schema = _compact(schemas[0] if len(schemas) == 1 else {"anyOf": schemas})
         call = f'{_lark_string("<tool_call>")} "\\n" %json{json.dumps(schema)} "\\n" {_lark_string("</tool_call>")}'
         body = 'call ("\\n" call)*' if parallel else "call"
-        return Grammar(f"start: {body}\ncall: {call}\n", "tool_choice")
+        shortest = tuple(f"<tool_call>\n{shortest_json(s)}\n</tool_call>" for s in schemas)
+        return Grammar(f"start: {body}\ncall: {call}\n", "tool_choice", shortest)
     if json_schema is not None:
-        return Grammar(f"start: %json{json.dumps(json_schema)}\n", "response_format")
+        closed = closed_objects(json_schema)
+        return Grammar(f"start: %json{json.dumps(_compact(closed))}\n", "response_format", (shortest_json(closed),))
     if json_object:
-        return Grammar('start: %json{"type": "object"}\n', "response_format")
+        return Grammar(f'start: %json{json.dumps(_compact({"type": "object"}))}\n', "response_format", ("{}",))
     return None
 
 
