@@ -9,8 +9,8 @@ import trio
 import trio.testing
 
 from turbospark.actors.generation import generation_queue
-from turbospark.actors.resolution import Grant, Published, Resolve
-from turbospark.actors.resolver import Lifecycle, resolver
+from turbospark.actors.resolution import Grant, Lifecycle, Published, Resolve
+from turbospark.actors.resolver import resolver
 from turbospark.errors import QueueFull, ResolutionBusy
 from turbospark.messages import (
     ChatPrompt,

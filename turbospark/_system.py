@@ -37,8 +37,10 @@ from .actors.embedding import embedding_actor
 from .actors.generation import QueueMessage, generation_queue
 from .actors.models import model_actor
 from .actors.observer import Observer, ObserverMessage, RenderMetrics, Subscribe, observer
-from .actors.resolution import Abandon, Grant, LoadedModel, Published, Refresh, Release, Resolve, Running, Unload
-from .actors.resolver import Library, Lifecycle, ResolveFn, resolve_in_registry, resolver
+from .actors.resolution import (
+    Abandon, Grant, Lifecycle, LoadedModel, Published, Refresh, Release, Resolve, Running, Unload,
+)
+from .actors.resolver import Library, ResolveFn, resolve_in_registry, resolver
 from .config import Settings
 from .turns.conversations import ResponseStore
 from .errors import QueueFull, ShuttingDown, TurboSparkError

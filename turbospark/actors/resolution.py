@@ -1,5 +1,6 @@
-"""What the resolver is told and what it answers (its inbox's messages), and ``Published``,
-the registry snapshot it keeps up to date for the routes that never resolve.
+"""The resolver's interface: what it is told and what it answers (its inbox's messages),
+``Lifecycle`` (how it runs models, handed in by ``_system``) and ``Published``, the registry
+snapshot it keeps up to date for the routes that never resolve.
 
 - ``Resolve(name, want, reply, keep_alive, exact)``: which model answers, loaded; the answer is
   ``Grant(entry, lease, load_seconds)`` or the error (``ResolutionBusy`` at once when every
@@ -17,7 +18,8 @@ types); ``_system`` and the routes use these without importing the actor.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import attrs
 import trio
@@ -29,6 +31,7 @@ from .registry import Capability, ModelEntry, Registry
 __all__ = [
     "Abandon",
     "Grant",
+    "Lifecycle",
     "LoadedModel",
     "Published",
     "Refresh",
@@ -107,3 +110,15 @@ class Published:
 
 
 # --- internal messages, posted by the resolver's own tasks ---------------------------------
+
+
+@attrs.frozen
+class Lifecycle:
+    """How the resolver runs models (from ``Settings``, plus how to start one)."""
+
+    start_model: Callable[..., Awaitable[None]]  # model_actor with everything but the spec bound
+    queue: trio.MemorySendChannel[Any]  # the generation queue (Open)
+    emit: Callable[[object], None]
+    keep_alive: float = 300.0
+    max_models: int = 3
+    max_memory: int = 1 << 62

@@ -1,18 +1,17 @@
 """The resolver actor: which model answers a request, and which models are loaded.
 
-It owns the model actors' nursery (inside ``models_scope``, which shutdown cancels), each
-loaded model's cancel scope, and the registry snapshot it publishes (``Published``).  What to
-load, keep and unload is decided by its sans-io policy, ``_residency.Residency`` (the load state
-machine, resolution slots, leases, keep-alive deadlines, eviction); names are looked up by
-``registry.Registry``; its inbox's messages are in ``resolution``.  This module is the Trio
-side: the inbox loop (waiting on the nearest keep-alive deadline with ``move_on_at``, no timer
-tasks), the lookups that need a task, each model's life, and carrying out the policy's
-decisions.
+It owns the model actors' nursery (inside ``models_scope``, which shutdown cancels), each loaded
+model's cancel scope, and the registry snapshot it publishes (``Published``).  What to load, keep
+and unload is decided by its sans-io policy, ``_residency.Residency`` (the load state machine,
+resolution slots, leases, keep-alive deadlines, eviction); names are looked up by
+``registry.Registry``; its messages are in ``resolution``.  This module is the Trio side: the
+inbox loop (waiting on the nearest keep-alive deadline with ``move_on_at``, no timer tasks),
+the lookups that need a task, each model's life, and carrying out the policy's decisions.
 
 Its own tasks post ``_Looked`` (a lookup's answer), ``_Known`` (the library, read on a worker
 thread), ``_Ready`` and ``_Ended`` (a model actor's start and end).  A load tells the queue
-``Open`` first; unloading cancels the model actor's scope: its thread stops within one step, and
-the actor tells the queue ``Retire``.
+``Open`` first; unloading cancels the model actor's scope: its thread stops within one step,
+and the actor tells the queue ``Retire``.
 
 Imports ``resolution``, ``_residency``, ``lifecycle``, ``registry``, ``_mailbox``, ``messages``
 and ``errors``; the model actor comes in through ``Lifecycle.start_model``.  Never ``routes``,
@@ -31,42 +30,17 @@ from typing import Any
 import attrs
 import trio
 
-from ..errors import (
-    ModelNotFound,
-    NoModel,
-    ResolutionBusy,
-    ResolutionFailed,
-    ShuttingDown,
-    TurboSparkError,
-)
+from ..errors import ModelNotFound, NoModel, ResolutionBusy, ResolutionFailed, ShuttingDown, TurboSparkError
 from ..messages import ModelLoaded, ModelUnloaded, Open
 from ._mailbox import answer
-from ._residency import (
-    Decision,
-    Granted,
-    Instance,
-    Load,
-    Loaded,
-    Refused,
-    Residency,
-    Stop,
-    Unloaded,
-)
+from ._residency import Decision, Granted, Instance, Load, Loaded, Refused, Residency, Stop, Unloaded
 from .lifecycle import Loadable, entry_for
 from .registry import Capability, ModelEntry, Registry
 from .resolution import (
-    Abandon,
-    Grant,
-    LoadedModel,
-    Published,
-    Refresh,
-    Release,
-    Resolve,
-    Running,
-    Unload,
+    Abandon, Grant, Lifecycle, LoadedModel, Published, Refresh, Release, Resolve, Running, Unload,
 )
 
-__all__ = ["Library", "Lifecycle", "ResolveFn", "resolve_in_registry", "resolver"]
+__all__ = ["Library", "ResolveFn", "resolve_in_registry", "resolver"]
 
 log = logging.getLogger("turbospark")
 
@@ -77,18 +51,6 @@ Library = Callable[[], Sequence[Loadable]]
 
 async def resolve_in_registry(registry: Registry, name: str | None, want: Capability) -> ModelEntry:
     return registry.resolve(name, want)
-
-
-@attrs.frozen
-class Lifecycle:
-    """How the resolver runs models (from ``Settings``, plus how to start one)."""
-
-    start_model: Callable[..., Awaitable[None]]  # model_actor with everything but the spec bound
-    queue: trio.MemorySendChannel[Any]  # the generation queue (Open)
-    emit: Callable[[object], None]
-    keep_alive: float = 300.0
-    max_models: int = 3
-    max_memory: int = 1 << 62
 
 
 # --- internal messages, posted by the resolver's own tasks ---------------------------------
