@@ -2,12 +2,14 @@
 
 ::
 
-    turbospark models import SOURCE [--name ID] [--dtype DTYPE]   # GGUF file, HF directory or package
-    turbospark models list
+    turbospark models import SOURCE [--name ID] [--dtype DTYPE]   # GGUF file, HF or MLX directory, package
+    turbospark models import ollama:NAME[:TAG]                    # a model in Ollama's store
+    turbospark models list [--ollama]                             # --ollama: what Ollama's store holds
     turbospark models rm NAME
     turbospark models pull NAME [--dtype DTYPE]                   # a catalogue model, from PyPI
 
-The store is :func:`turbospark.store.store.store_root` (``$TURBOSPARK_HOME/models`` when set).
+The store is :func:`turbospark.store.store.store_root` (``$TURBOSPARK_HOME/models`` when set);
+Ollama's is ``$OLLAMA_MODELS``, else ``~/.ollama/models`` (:func:`turbospark.store.ollama_import.ollama_root`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 
 from .interrupt import interruptible
 from ..store.catalogue import CATALOGUE
+from ..store.ollama_import import available, ollama_root
 from ..store.pull import pull
 from ..store.store import DTYPES, ModelImportError, ModelStore, StoredModel, store_root
 
@@ -46,13 +49,18 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     imp = commands.add_parser(
-        "import", help="import a GGUF file, a Hugging Face directory, or an installed package carrying a GGUF"
+        "import",
+        help="import a GGUF file, a Hugging Face or MLX directory, a model in Ollama's store (ollama:NAME[:TAG]), "
+        "or an installed package carrying a GGUF",
     )
-    imp.add_argument("source", help="path to a .gguf file or model directory, or a package name")
-    imp.add_argument("--name", help="model id (default: derived from the source)")
+    imp.add_argument(
+        "source", help="path to a .gguf file or model directory, ollama:NAME[:TAG], or a package name"
+    )
+    imp.add_argument("--name", help="model id (default: derived from the source; from Ollama: its Ollama name)")
     imp.add_argument("--dtype", choices=DTYPES, help="weight type (default: what fits this platform)")
 
-    commands.add_parser("list", help="list stored models")
+    lst = commands.add_parser("list", help="list stored models")
+    lst.add_argument("--ollama", action="store_true", help="list the models in Ollama's store that can be imported")
 
     rm = commands.add_parser("rm", help="remove a stored model")
     rm.add_argument("name")
@@ -80,9 +88,36 @@ def _list(store: ModelStore) -> None:
          str(m.manifest.get("source")))
         for m in models
     ]  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    for *cells, source in rows:  # the source, last, is not padded
-        print("  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)) + "  " + source)
+    _table(rows)
+
+
+def _table(rows: list[tuple[str, ...]]) -> None:
+    """Print ``rows`` in columns, the last one not padded."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for *cells, last in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)) + "  " + last)
+
+
+def _list_ollama(store: ModelStore) -> None:
+    root = ollama_root()
+    listed = available(root)
+    if not listed:
+        print(f"no models in Ollama's store at {root} (set OLLAMA_MODELS to where Ollama keeps them)")
+        return
+    rows = [("NAME", "FAMILY", "QUANTIZATION", "SIZE", "STATUS")]
+    for entry in listed:
+        stored = store.get(entry.name.store_name)
+        imported = stored is not None and (stored.manifest.get("ollama") or {}).get("name") == str(entry.name)
+        status = entry.problem or (f"imported as {entry.name.store_name}" if imported else
+                                   f"importable: turbospark models import ollama:{entry.name}")  # fmt: skip
+        rows.append((str(entry.name), entry.family or "?", entry.quantization or "?", _size(entry.size), status))
+    _table(rows)
+
+
+def _notes(model: StoredModel) -> None:
+    """What an import from Ollama's store did not honour, one line each on stderr."""
+    for note in (model.manifest.get("ollama") or {}).get("not_honoured", []):
+        print(f"  not honoured: {note}", file=sys.stderr)
 
 
 def main(argv: list[str]) -> int:
@@ -98,6 +133,9 @@ def main(argv: list[str]) -> int:
             if args.command == "import":
                 model = store.import_source(args.source, name=args.name, dtype=args.dtype, progress=progress)
                 print(f"imported {_describe(model)}")
+                _notes(model)
+            elif args.command == "list" and args.ollama:
+                _list_ollama(store)
             elif args.command == "list":
                 _list(store)
             elif args.command == "rm":

@@ -26,7 +26,8 @@ from .manifest import read_manifest, write_manifest
 
 __all__ = ["StoreDirectory", "StoredModel", "check_name"]
 
-_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
+#: A name, and optionally Ollama's ``:tag`` (``qwen3:0.6b``); ``name:latest`` is stored as ``name``.
+_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}(?::[a-z0-9_][a-z0-9._-]{0,127})?")
 _TMP_PREFIX = ".tmp-"
 
 
@@ -53,8 +54,10 @@ def check_name(name: str) -> str:
     if not _NAME_RE.fullmatch(name):
         raise ModelImportError(
             f"invalid model name {name!r}: use 1-128 lowercase letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit"
+            "starting with a letter or digit, optionally followed by ':' and a tag"
         )
+    if name.endswith(":latest"):
+        raise ModelImportError(f"invalid model name {name!r}: name it {name.removesuffix(':latest')!r} (':latest' is implied)")
     if name.startswith("claude-turbospark-"):
         raise ModelImportError(f"invalid model name {name!r}: claude-turbospark-<id> names are the models' aliases")
     return name

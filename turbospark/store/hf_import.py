@@ -2,6 +2,11 @@
 and the weights converted to the dtype asked for (copied as they are for ``native``, cast for a
 float dtype, re-quantized by mlx-lm for ``q8``/``q4``).  The result is checked by building the
 model with mlx-lm.
+
+An ``mlx-community`` directory is one of them: its weights are already in mlx-lm's names and,
+when its ``config.json`` has a ``quantization`` block (or Hugging Face's ``quantization_config``),
+quantized.  ``native`` keeps that quantization; a float dtype dequantizes it (mlx-lm builds the
+model, ``dequantize_model``, then casts); ``q8``/``q4`` dequantize and quantize again.
 """
 
 from __future__ import annotations
@@ -13,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
+from mlx.utils import tree_map
 
 from .gguf_import import ModelImportError
 from .hashing import copy_and_hash, files_digest
 from .progress import Progress, progress_from
 
-__all__ = ["check_architecture", "check_loads", "convert_hf", "directory_sha256", "kept_files"]
+__all__ = ["check_architecture", "check_loads", "convert_hf", "directory_sha256", "is_quantized", "kept_files"]
 
 # mlx_lm.utils is imported where it is used: importing it takes ~1-2 s (it pulls in transformers),
 # which `turbospark models list` and `rm` need not pay.
@@ -48,6 +53,13 @@ def directory_sha256(directory: Path, *, progress: bool | Progress = False) -> s
     """The digest the store records for a Hugging Face directory: each kept file's name and content
     digest, in name order (see :func:`~turbospark.store.hashing.files_digest`)."""
     return files_digest(kept_files(directory), progress=progress_from(progress))
+
+
+def is_quantized(config: dict[str, Any]) -> bool:
+    """Whether ``config`` describes quantized weights (mlx-lm's ``quantization``, or Hugging
+    Face's ``quantization_config``, at the top or in ``text_config``)."""
+    text_config = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    return any("quantization" in c or "quantization_config" in c for c in (config, text_config))
 
 
 def check_architecture(config: dict[str, Any]) -> str:
@@ -80,12 +92,8 @@ def convert_hf(src: Path, out: Path, *, dtype: str, progress: Progress) -> dict[
         for f in progress.each(weight_files, desc="copying", unit="file"):
             with f.open("rb") as source, (out / f.name).open("wb") as dest:
                 copy_and_hash([source], total=f.stat().st_size, out=dest, progress=progress, desc=f.name)
-    elif dtype in ("q8", "q4"):
-        from mlx_lm.utils import load_model, quantize_model
-
-        model, config = load_model(src, lazy=True)
-        model, config = quantize_model(model, config, group_size=64, bits=8 if dtype == "q8" else 4)
-        mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())), {"format": "mlx"})
+    elif dtype in ("q8", "q4") or is_quantized(config):
+        config = _rebuilt(src, out, dtype=dtype, progress=progress)
     else:
         target = getattr(mx, dtype)
         for f in progress.each(weight_files, desc="converting", unit="file"):
@@ -95,6 +103,30 @@ def convert_hf(src: Path, out: Path, *, dtype: str, progress: Progress) -> dict[
             }
             mx.save_safetensors(str(out / f.name), arrays, {"format": "mlx"})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return config
+
+
+def _rebuilt(src: Path, out: Path, *, dtype: str, progress: Progress) -> dict[str, Any]:
+    """The model built by mlx-lm from ``src``, dequantized, then quantized (``q8``/``q4``) or cast
+    (a float dtype), saved into ``out`` in mlx-lm's names; returns its config."""
+    from mlx_lm.utils import dequantize_model, load_model, quantize_model, save_model
+
+    progress("converting")
+    model, config = load_model(src, lazy=True)
+    model = dequantize_model(model)
+    for key in ("quantization", "quantization_config"):
+        config.pop(key, None)
+        if isinstance(config.get("text_config"), dict):
+            config["text_config"].pop(key, None)
+    if dtype in ("q8", "q4"):
+        model, config = quantize_model(model, config, group_size=64, bits=8 if dtype == "q8" else 4)
+    else:
+        target = getattr(mx, dtype)
+        model.update(tree_map(lambda a: a.astype(target) if mx.issubdtype(a.dtype, mx.floating) else a,
+                              model.parameters()))  # fmt: skip
+    for stale in out.glob("model*.safetensors*"):  # the source's index names its own shards
+        stale.unlink()
+    save_model(out, model)
     return config
 
 

