@@ -142,7 +142,7 @@ async def test_a_sequence_failing_in_a_real_batch_fails_alone(batch_server, clie
 def test_prefix_cache_reuses_untrimmable_caches_only_whole() -> None:
     """Caches without ``offset`` or trim (rotating windows, hybrid models' array state) are
     reused when the whole entry is a prefix of the prompt, and skipped when a trim is needed."""
-    from turbospark.model.mlx_backend import PrefixCache
+    from turbospark.model.prefix_cache import PrefixCache
 
     class ArrayState:  # no offset, no trim: like mlx-lm's ArraysCache
         nbytes = 100

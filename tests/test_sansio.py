@@ -50,23 +50,29 @@ def test_stop_matcher_holds_back_only_what_could_still_match() -> None:
 
 
 def test_fifo_policy_order_limit_withdraw() -> None:
-    p: FifoPolicy[str, str] = FifoPolicy(limit=2)
+    p: FifoPolicy[str] = FifoPolicy(limit=2)
     assert p.admit("m", "a") == 0
     assert p.admit("m", "b") == 1
     assert p.admit("m", "c") is None  # full
     assert p.admit("other", "x") == 0  # per model
     assert p.withdraw("m", "a") and not p.withdraw("m", "a")
     assert p.depth("m") == 1
-    p.add_taker("m", "t1")
-    assert list(p.dispatch()) == [("m", "t1", ["b"])]
-    assert p.depth("m") == 0
-    p.add_taker("m", "t2", count=2)
-    # an idle taker of two: "d" and "e" will not wait, so two more fit before the limit
+    p.ask("m", 1)
+    assert list(p.dispatch()) == [("m", ["b"])]
+    assert p.depth("m") == 0 and list(p.dispatch()) == []
+    p.ask("m", 2)
+    # a credit of two: "d" and "e" will not wait, so two more fit before the limit
     assert [p.admit("m", j) for j in "defgh"] == [0, 1, 2, 3, None]
-    assert list(p.dispatch()) == [("m", "t2", ["d", "e"])]
-    assert p.take_now("m", 5) == ["f", "g"] and p.take_now("m", 5) == []
-    p.requeue("m", ["d", "e"])
-    assert p.drain() == ([], ["d", "e", "x"])
+    assert list(p.dispatch()) == [("m", ["d", "e"])]
+    # of what was sent, only what is still in the channel can be withdrawn: the last ones
+    assert not p.withdraw("m", "b", unreceived=2) and p.withdraw("m", "e", unreceived=2)
+    p.ask("m", -1, unreceived=2)  # asks for fewer: the credit goes below zero
+    p.ask("m", 2)
+    assert list(p.dispatch()) == [("m", ["f"])]
+    p.requeue("m", ["f"])  # could not be sent: back at the head, and its credit back
+    assert p.credit("m") == 1 and p.depth("m") == 2
+    assert p.retire("m") == ["f", "g"] and p.credit("m") == 0
+    assert p.drain() == ["x"]
 
 
 def test_sse_framing() -> None:

@@ -33,7 +33,6 @@ __all__ = [
     "Generated",
     "GenerationBegan",
     "Phase",
-    "Queued",
     "QueueDepth",
     "QueueRejected",
     "ModelLoaded",
@@ -94,13 +93,6 @@ class GenerationJob:
 
 
 @attrs.frozen
-class Queued:
-    """Admitted to the model's queue; ``ahead`` jobs wait before it (the active one excluded)."""
-
-    ahead: int
-
-
-@attrs.frozen
 class Started:
     """The prompt is tokenised and fits; prefill begins.  ``cached_tokens``: how much of it the
     prefix cache holds now (what the prefill will most likely reuse)."""
@@ -150,7 +142,7 @@ class Failed:
     error: TurboSparkError
 
 
-Reply = Queued | Started | Delta | Finished | Failed
+Reply = Started | Delta | Finished | Failed
 
 
 # --- the generation queue's inbox ----------------------------------------------------------
@@ -170,14 +162,13 @@ class Withdraw:
 
 @attrs.frozen
 class Take:
-    """A model thread wants up to ``count`` jobs.  With ``wait`` (its batch is empty) the answer
-    comes when at least one job is there; without, at once, with whatever waits (possibly none).
-    End-of-channel at shutdown."""
+    """A model thread asks for ``count`` more jobs (negative: that many fewer than it asked for
+    before), to be pushed into ``jobs``, its own jobs channel (the model holds the receive end;
+    the queue never pushes more than the model asked for and was not sent)."""
 
     model: str
-    reply: trio.MemorySendChannel[list[GenerationJob]]
-    count: int = 1
-    wait: bool = True
+    jobs: trio.MemorySendChannel[GenerationJob]
+    count: int
 
 
 @attrs.frozen

@@ -1,12 +1,14 @@
 """The generation queue's scheduling policy (sans-io).
 
-Theory of operation: each model has a FIFO of waiting jobs and at most a few idle takers (a model
-thread whose batch is empty and that waits for up to ``count`` jobs).  ``admit`` appends a job
-unless the model's FIFO already holds ``limit`` jobs; ``withdraw`` removes a waiting job at once
-(its client left), so the slot frees immediately instead of when the job reaches the head;
-``add_taker`` records an idle model thread; ``dispatch`` hands idle takers the oldest jobs, in
-arrival order; ``take_now`` answers a model thread with a running batch at once, with up to
-``count`` jobs, possibly none.  Jobs and takers are opaque here: the actor that owns this object
+Theory of operation: each model has a FIFO of waiting jobs and a credit: how many jobs its
+thread has asked for (``ask``) and not been sent.  ``admit`` appends a job unless the model's
+FIFO already holds ``limit`` jobs beyond what its credit will take at once; ``dispatch`` names
+the oldest jobs to send to each model, as many as its credit allows; ``withdraw`` removes a job
+whose client left: a waiting one at once (its slot frees immediately instead of when the job
+reaches the head), and a sent one while it has not been received (``unreceived``: how many of
+the jobs sent to that model still sit in its channel, which hands them over in the order they
+were sent, so they are the last ones sent).  A credit goes below zero when a thread asks for
+fewer after jobs were sent against it.  Jobs are opaque here: the actor that owns this object
 does all the channel work.
 """
 
@@ -19,65 +21,91 @@ from typing import Generic, TypeVar
 __all__ = ["FifoPolicy"]
 
 J = TypeVar("J", bound=Hashable)
-T = TypeVar("T")
 
 
-class FifoPolicy(Generic[J, T]):
+class FifoPolicy(Generic[J]):
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._waiting: dict[str, deque[J]] = {}
-        self._takers: dict[str, deque[tuple[T, int]]] = {}
+        self._credit: dict[str, int] = {}
+        self._sent: dict[str, deque[J | None]] = {}  # newest last; None: withdrawn since
 
     def depth(self, model: str) -> int:
         return len(self._waiting.get(model, ()))
 
+    def credit(self, model: str) -> int:
+        return self._credit.get(model, 0)
+
     def admit(self, model: str, job: J) -> int | None:
         """Queue ``job``; return how many wait ahead of it, or None when the FIFO is full."""
         waiting = self._waiting.setdefault(model, deque())
-        idle = sum(n for _, n in self._takers.get(model, ()))  # jobs that will not wait at all
-        if len(waiting) >= self.limit + idle:
+        if len(waiting) >= self.limit + max(0, self.credit(model)):  # credit: will not wait
             return None
         waiting.append(job)
         return len(waiting) - 1
 
-    def withdraw(self, model: str, job: J) -> bool:
-        """Drop a job that is still waiting; False when it was already handed out."""
+    def withdraw(self, model: str, job: J, unreceived: int = 0) -> bool:
+        """Drop a job whose client left, if it waits or was sent and is among the
+        ``unreceived``; False when its model's thread has it already."""
         waiting = self._waiting.get(model)
-        if waiting is None or job not in waiting:
-            return False
-        waiting.remove(job)
-        return True
+        if waiting is not None and job in waiting:
+            waiting.remove(job)
+            return True
+        sent = self._received(model, unreceived)
+        for i, other in enumerate(sent):
+            if other == job:
+                sent[i] = None
+                return True
+        return False
 
-    def add_taker(self, model: str, taker: T, count: int = 1) -> None:
-        self._takers.setdefault(model, deque()).append((taker, count))
+    def ask(self, model: str, count: int, unreceived: int = 0) -> None:
+        """``model``'s thread asks for ``count`` more jobs (negative: fewer)."""
+        self._credit[model] = self.credit(model) + count
+        self._received(model, unreceived)
 
-    def drop_takers(self, model: str) -> list[T]:
-        """Forget ``model``'s idle takers (its thread has stopped); they are handed back."""
-        return [taker for taker, _ in self._takers.pop(model, ())]
+    def forget(self, model: str) -> None:
+        """``model``'s thread (or its channel) is gone: no credit, nothing sent to remember."""
+        self._credit.pop(model, None)
+        self._sent.pop(model, None)
 
-    def take_now(self, model: str, count: int) -> list[J]:
-        """Up to ``count`` of the oldest waiting jobs, at once."""
-        waiting = self._waiting.get(model)
-        out: list[J] = []
-        while waiting and len(out) < count:
-            out.append(waiting.popleft())
-        return out
+    def dispatch(self) -> Iterator[tuple[str, list[J]]]:
+        """The oldest waiting jobs to send now, per model, within each one's credit."""
+        for model, credit in self._credit.items():
+            waiting = self._waiting.get(model)
+            if credit > 0 and waiting:
+                jobs = [waiting.popleft() for _ in range(min(credit, len(waiting)))]
+                self._credit[model] = credit - len(jobs)
+                self._sent.setdefault(model, deque()).extend(jobs)
+                yield model, jobs
 
     def requeue(self, model: str, jobs: list[J]) -> None:
-        """Put jobs that could not be handed out back at the head of their FIFO, in order."""
-        self._waiting.setdefault(model, deque()).extendleft(reversed(jobs))
+        """Jobs ``dispatch`` named that could not be sent go back to the head of their FIFO, in
+        order, and their credit back to their model."""
+        sent = self._sent.get(model)
+        for job in reversed(jobs):
+            if sent and sent[-1] == job:
+                sent.pop()
+            self._waiting.setdefault(model, deque()).appendleft(job)
+        if model in self._credit:
+            self._credit[model] += len(jobs)
 
-    def dispatch(self) -> Iterator[tuple[str, T, list[J]]]:
-        """Hand idle takers the oldest waiting jobs, up to each one's count."""
-        for model, takers in self._takers.items():
-            while takers and self._waiting.get(model):
-                taker, count = takers.popleft()
-                yield model, taker, self.take_now(model, count)
+    def retire(self, model: str) -> list[J]:
+        """``model`` has stopped: forget it, and hand back every job waiting for it."""
+        self.forget(model)
+        return list(self._waiting.pop(model, ()))
 
-    def drain(self) -> tuple[list[T], list[J]]:
-        """Everything still held, for shutdown."""
-        takers = [t for q in self._takers.values() for t, _ in q]
+    def drain(self) -> list[J]:
+        """Every waiting job, for shutdown."""
         jobs = [j for q in self._waiting.values() for j in q]
-        self._takers.clear()
         self._waiting.clear()
-        return takers, jobs
+        self._credit.clear()
+        self._sent.clear()
+        return jobs
+
+    def _received(self, model: str, unreceived: int) -> deque[J | None]:
+        """What was sent to ``model``, trimmed to the ``unreceived`` last: the others were
+        received."""
+        sent = self._sent.setdefault(model, deque())
+        while len(sent) > unreceived:
+            sent.popleft()
+        return sent

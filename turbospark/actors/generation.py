@@ -1,11 +1,17 @@
 """The generation queue actor: a bounded FIFO per model between routes and model threads.
 
-Inbox messages: ``Submit`` (a route's job), ``Withdraw`` (the route left before the job started),
-``Take`` (a model thread wants jobs: waiting when its batch is empty, answered at once when it
-runs one), ``Retire`` (a model thread has stopped, unloaded or at shutdown: its waiting jobs, and
-later ones, are answered ``ShuttingDown``), ``Open`` (the resolver loads that model again).  Admission answers on the job's own reply channel at once:
-``Queued(ahead)``, or ``Failed(QueueFull)`` when ``max_queue`` jobs already wait, so a full
-queue costs the caller nothing but this message.  A withdrawn job leaves the FIFO immediately.
+Inbox messages: ``Submit`` (a route's job), ``Withdraw`` (the route left before the job
+started), ``Take`` (a model thread asks for more jobs, or fewer, pushed into its jobs channel),
+``Retire`` (a model thread has stopped, unloaded or at shutdown: its waiting jobs, and later
+ones, are answered ``ShuttingDown``), ``Open`` (the resolver loads that model again).
+
+Admission answers at once, on the job's own reply channel, only when it refuses:
+``Failed(QueueFull)`` when ``max_queue`` jobs already wait, so a full queue costs the caller
+nothing but this message.  An admitted job is pushed into its model's jobs channel as soon as
+the model has asked for more than it was sent (``send_nowait``: the channel holds what the model
+asked for), oldest first; until then it waits here.  A withdrawn job that waits here, or that
+sits in its model's channel not yet received, is dropped at once and its reply channel closed
+(the model thread skips a job so answered); one the thread has received is left to the thread.
 """
 
 from __future__ import annotations
@@ -21,7 +27,6 @@ from ..messages import (
     Generated,
     GenerationJob,
     Open,
-    Queued,
     QueueDepth,
     QueueRejected,
     Retire,
@@ -35,6 +40,8 @@ from ._mailbox import answer
 __all__ = ["QueueMessage", "generation_queue"]
 
 QueueMessage = Submit | Withdraw | Take | Retire | Open
+
+Jobs = trio.MemorySendChannel[GenerationJob]
 
 
 def _cancelled_while_queued(job: GenerationJob) -> Generated:
@@ -54,73 +61,78 @@ def _cancelled_while_queued(job: GenerationJob) -> Generated:
 
 @attrs.define
 class _Queue:
-    policy: FifoPolicy[GenerationJob, trio.MemorySendChannel[list[GenerationJob]]]
+    policy: FifoPolicy[GenerationJob]
     emit: Callable[[object], None]
     retired: set[str] = attrs.field(factory=set)
+    channels: dict[str, Jobs] = attrs.field(factory=dict)  # each model thread's jobs channel
 
     def handle(self, msg: QueueMessage) -> None:
         if isinstance(msg, Submit):
             self._submit(msg.job)
+        elif isinstance(msg, Take):
+            self._take(msg)
+        elif isinstance(msg, Withdraw):
+            if self.policy.withdraw(msg.job.model, msg.job, self._unreceived(msg.job.model)):
+                self._dropped(msg.job)
         elif isinstance(msg, Open):
             self.retired.discard(msg.model)
-        elif isinstance(msg, Retire):
+        else:
             self.retired.add(msg.model)
-            for taker in self.policy.drop_takers(msg.model):  # that thread is gone
-                taker.close()
-            for job in self.policy.take_now(msg.model, self.policy.depth(msg.model)):
+            if (channel := self.channels.pop(msg.model, None)) is not None:
+                channel.close()  # that thread is gone
+            for job in self.policy.retire(msg.model):
                 answer(job.reply, Failed(ShuttingDown()))
             self._depth(msg.model)
-        elif isinstance(msg, Withdraw):
-            if self.policy.withdraw(msg.job.model, msg.job):
-                self._dropped(msg.job)
-        elif msg.wait:
-            self.policy.add_taker(msg.model, msg.reply, msg.count)
-        else:
-            jobs = self.policy.take_now(msg.model, msg.count)
-            try:
-                msg.reply.send_nowait(jobs)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self.policy.requeue(msg.model, jobs)  # that model thread is gone (shutdown)
-            msg.reply.close()
-            if jobs:
-                self._depth(msg.model)
         self._dispatch()
 
     def _submit(self, job: GenerationJob) -> None:
         if job.model in self.retired:
             answer(job.reply, Failed(ShuttingDown()))
             return
-        ahead = self.policy.admit(job.model, job)
-        if ahead is None:
+        if self.policy.admit(job.model, job) is None:
             self.emit(QueueRejected(job.request_id, job.model))
             answer(job.reply, Failed(QueueFull(job.model, self.policy.limit)))
             return
-        try:
-            job.reply.send_nowait(Queued(ahead))
-        except trio.BrokenResourceError:  # the route left while its Submit was in flight
+        if job.reply.statistics().open_receive_channels == 0:  # the route left while its Submit was in flight
             self.policy.withdraw(job.model, job)
             self._dropped(job)
         else:
             self._depth(job.model)
 
+    def _take(self, msg: Take) -> None:
+        if msg.jobs is not self.channels.get(msg.model):
+            if msg.jobs.statistics().open_receive_channels == 0:
+                return  # from a model thread that has stopped since
+            self.policy.forget(msg.model)  # a new thread for this model
+            self.channels[msg.model] = msg.jobs
+        self.policy.ask(msg.model, msg.count, self._unreceived(msg.model))
+
+    def _unreceived(self, model: str) -> int:
+        """How many jobs sent to ``model`` still sit in its channel."""
+        channel = self.channels.get(model)
+        return channel.statistics().current_buffer_used if channel is not None else 0
+
     def _dropped(self, job: GenerationJob) -> None:
-        """A waiting job whose client left: it never runs, and its slot is free now."""
+        """A job whose client left before its model thread had it: it never runs, and its
+        place is free now."""
         self.emit(_cancelled_while_queued(job))
         job.reply.close()
         self._depth(job.model)
 
     def _dispatch(self) -> None:
-        again = False
-        for model, taker, jobs in list(self.policy.dispatch()):
-            try:
-                taker.send_nowait(jobs)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self.policy.requeue(model, jobs)  # that model thread is gone: the next taker
-                again = True
-            taker.close()
+        for model, jobs in list(self.policy.dispatch()):
+            channel = self.channels[model]
+            for i, job in enumerate(jobs):
+                try:
+                    channel.send_nowait(job)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+                    # that model thread has stopped (WouldBlock: never, the channel holds
+                    # what the thread asked for): the jobs wait for the next one
+                    self.policy.requeue(model, jobs[i:])
+                    self.policy.forget(model)
+                    del self.channels[model]
+                    break
             self._depth(model)
-        if again:
-            self._dispatch()
 
     def _depth(self, model: str) -> None:
         self.emit(QueueDepth(model, self.policy.depth(model)))
@@ -141,6 +153,7 @@ async def generation_queue(
             async for msg in inbox:
                 queue.handle(msg)
         finally:
-            takers, jobs = queue.policy.drain()
-            for channel in (*takers, *(job.reply for job in jobs)):
+            for channel in queue.channels.values():
                 channel.close()
+            for job in queue.policy.drain():
+                job.reply.close()

@@ -1,10 +1,22 @@
-"""The model actor: owns one model's pinned OS thread, from load to shutdown.
+"""The model actor: owns one model's pinned OS thread, from load to shutdown, and its jobs channel.
 
 ``model_actor`` starts the thread (``trio.to_thread.run_sync`` once, never abandoned: an
 abandoned MLX thread would keep computing and holding memory), waits until the thread has loaded
-the backend, and only then reports ready through ``task_status.started(ModelInfo)``.  The thread
-pulls jobs from the generation queue with ``Take``: waiting for the first when its batch is empty,
-and without waiting, for as many as it has room for, while a batch runs.
+the backend, and only then reports ready through ``task_status.started(ModelInfo)``.
+
+Jobs reach the thread through the model's own jobs channel (``JobIntake``): the model holds the
+receive end, the generation queue the send end, which it gets in the model's ``Take`` messages.
+``Take(count)`` asks the queue for ``count`` more jobs (a negative count, for fewer): the queue
+pushes a job as soon as it is admitted while the model has asked for more than it was sent, so
+the channel never holds more than the model asked for, at most ``max_batch`` jobs.  The thread
+takes them in its step's one crossing with ``receive_nowait``, up to its free slots, and asks
+again only when its room changes (jobs ended, one waits for room): no round trip per step.  With
+nothing to run it waits on the channel.
+
+A job the queue withdrew while it sat in the channel (its client left) has been answered by the
+queue, which closed its reply channel: the thread skips it.  When the model stops, the jobs
+still in its channel are answered ``ShuttingDown`` here, the channel closes (the queue puts back
+what it could not push, and ``Retire`` answers it).
 """
 
 from __future__ import annotations
@@ -23,7 +35,7 @@ from ..model.backend import Backend
 from ._mailbox import answer
 from .generation import QueueMessage
 
-__all__ = ["ModelInfo", "model_actor"]
+__all__ = ["JobIntake", "ModelInfo", "model_actor"]
 
 
 @attrs.frozen
@@ -38,6 +50,102 @@ class ModelInfo:
     tokenizer: Tokenizer
 
 
+def answered(job: GenerationJob) -> bool:
+    """The queue has answered ``job`` already (withdrawn: its reply channel is closed)."""
+    return job.reply.statistics().open_send_channels == 0
+
+
+class JobIntake:
+    """A model's end of its jobs channel, used on the Trio thread only (inside the model
+    thread's crossings, and by the actor when the model stops).
+
+    ``asked`` is how many jobs the model has asked for and not received; the queue's credit for
+    it plus what waits in the channel comes to the same once the queue has read every ``Take``.
+    It goes below zero when the model asks for fewer after the queue has already pushed them."""
+
+    def __init__(self, model: str, queue: trio.MemorySendChannel[QueueMessage], room: int) -> None:
+        self.model = model
+        self.queue = queue
+        self.send, self.recv = trio.open_memory_channel[GenerationJob](room)
+        self.asked = 0
+        self.closed = False  # the queue has gone (shutdown)
+
+    def exchange(self, want: int, take: bool) -> list[GenerationJob] | None:
+        """Up to ``want`` jobs already in the channel (when ``take``); then ask the queue for
+        ``want`` more, or for none when jobs were just taken: the thread does not know yet
+        what room they leave, and says so in its next crossing (before any of their prefill)."""
+        received, jobs = self._drain(want) if take else (0, [])
+        self._ask(0 if received else want)
+        return None if self.closed and not jobs else jobs
+
+    async def wait(self, want: int) -> list[GenerationJob] | None:
+        """The batch is empty: ask for ``want`` and wait for the first job, with whatever came
+        along with it (up to ``want``)."""
+        while not self.closed:
+            await self._ask_now(want)
+            if self.closed:
+                break
+            try:
+                first = await self.recv.receive()
+            except trio.EndOfChannel:
+                self.closed = True
+                break
+            self.asked -= 1
+            _, jobs = self._drain(want - 1)
+            if not answered(first):
+                jobs.insert(0, first)
+            self._ask(0)
+            if jobs:
+                return jobs
+        return None
+
+    def close(self) -> list[GenerationJob]:
+        """The model has stopped: the jobs left in the channel and not answered yet, which the
+        caller must answer; the channel closes, so the queue sends no more."""
+        _, jobs = self._drain(self.recv.statistics().current_buffer_used)
+        self.recv.close()
+        self.send.close()
+        return jobs
+
+    def _drain(self, limit: int) -> tuple[int, list[GenerationJob]]:
+        received, jobs = 0, []
+        while received < limit:
+            try:
+                job = self.recv.receive_nowait()
+            except trio.WouldBlock:
+                break
+            except trio.EndOfChannel:
+                self.closed = True
+                break
+            received += 1
+            self.asked -= 1
+            if not answered(job):
+                jobs.append(job)
+        return received, jobs
+
+    def _ask(self, target: int) -> None:
+        if self.closed or target == self.asked:
+            return
+        try:
+            self.queue.send_nowait(Take(self.model, self.send, target - self.asked))
+        except trio.WouldBlock:
+            return  # the queue's inbox is full: asked again at the next crossing
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.closed = True
+            return
+        self.asked = target
+
+    async def _ask_now(self, target: int) -> None:
+        if target == self.asked:
+            return
+        try:
+            await self.queue.send(Take(self.model, self.send, target - self.asked))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.closed = True
+            return
+        self.asked = target
+
+
 async def model_actor(
     model_id: str,
     make_backend: Callable[[], Backend],
@@ -48,24 +156,7 @@ async def model_actor(
     task_status: trio.TaskStatus[ModelInfo] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``model_id`` until cancelled.  ``queue`` is this actor's own clone."""
-
-    async def take(count: int, wait: bool) -> list[GenerationJob] | None:
-        job_send, job_recv = trio.open_memory_channel[list[GenerationJob]](1)
-        with job_recv:
-            try:
-                await queue.send(Take(model_id, job_send, count, wait))
-                return await job_recv.receive()
-            except (trio.EndOfChannel, trio.ClosedResourceError, trio.BrokenResourceError):
-                return None
-            finally:
-                # Cancelled (shutdown) just as the queue handed jobs over: answer them.
-                try:
-                    orphans = job_recv.receive_nowait()
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    orphans = []
-                for orphan in orphans:
-                    answer(orphan.reply, Failed(ShuttingDown()))
-
+    intake = JobIntake(model_id, queue, limits.max_batch)
     ready_send, ready_recv = trio.open_memory_channel[Backend](1)
     with queue, ready_recv:
         try:
@@ -75,7 +166,7 @@ async def model_actor(
                         trio.to_thread.run_sync,
                         serve_model,
                         make_backend,
-                        take,
+                        intake,
                         emit,
                         ready_send.send_nowait,
                         limits,
@@ -95,6 +186,8 @@ async def model_actor(
                     )
                 )
         finally:
+            for job in intake.close():  # pushed to it, never taken
+                answer(job.reply, Failed(ShuttingDown()))
             try:
                 queue.send_nowait(Retire(model_id))  # nobody takes this model's jobs any more
             except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):

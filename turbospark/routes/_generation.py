@@ -25,7 +25,6 @@ from ..messages import (
     Failed,
     Finished,
     GenerationJob,
-    Queued,
     Reply,
     Started,
     TextPrompt,
@@ -39,7 +38,7 @@ from ..web.app import request_scope, system
 
 __all__ = ["Completion", "Replies", "collect", "events", "gather", "generate_turn", "start", "turn"]
 
-# Room for Queued, Started and Failed beyond one Delta per token of the budget and one Finished,
+# Room for Started and Failed beyond one Delta per token of the budget and one Finished,
 # for each choice: the model thread never has to wait for a slow reader.
 REPLY_SLACK = 8
 
@@ -103,18 +102,19 @@ async def start(
     started = False
     try:
         await sys_.submit(job)
-        async for msg in reply_recv:
-            if isinstance(msg, Started):
-                if admit is not None:
-                    admit(msg)
-                started = True
-                if on_started is not None:
-                    on_started(msg)
-                return reply_recv
-            if isinstance(msg, Failed):
-                raise msg.error
-            assert isinstance(msg, Queued), msg
-        raise ShuttingDown()
+        try:
+            msg = await reply_recv.receive()  # Started, or Failed
+        except trio.EndOfChannel:
+            raise ShuttingDown() from None
+        if isinstance(msg, Failed):
+            raise msg.error
+        assert isinstance(msg, Started), msg
+        if admit is not None:
+            admit(msg)
+        started = True
+        if on_started is not None:
+            on_started(msg)
+        return reply_recv
     finally:
         if not started:
             sys_.withdraw(job)

@@ -1,0 +1,118 @@
+"""What a job's prompt becomes on the model thread: token ids, checked before it may run.
+
+``render_prompt`` renders a chat with the model's template (or takes raw text) and encodes it;
+the model thread and ``count_tokens`` both count with it, so they agree exactly.
+``encode_prompt`` adds the context-window check, ``prepare`` every other check a job must pass
+before it waits for room (a grammar llguidance cannot enforce, ``logit_bias`` ids, ``n``
+against the batch and the KV budget).  Whatever they raise is that job's answer.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ..errors import ContextOverflow, RequestInvalid
+from ..messages import ChatPrompt, GenerationJob, TextPrompt
+from ._admission import Admission
+from .backend import Backend
+from .tokenizer import Tokenizer
+
+__all__ = ["Prepared", "encode_prompt", "prepare", "render_prompt"]
+
+
+def render_prompt(
+    tok: Tokenizer,
+    prompt: ChatPrompt | TextPrompt,
+    limit: int | None = None,
+    *,
+    special_tokens_in_content: bool = False,
+) -> tuple[list[int], bool]:
+    """A prompt's token ids, and whether it leaves the model inside a reasoning span.  The
+    model thread and ``count_tokens`` both count with this, so they agree exactly.  Special-token
+    text in a message's content stays plain text unless ``special_tokens_in_content``.
+
+    With ``limit``, a prompt of surely more tokens is refused (``ContextOverflow``) without
+    being encoded in full (see ``Tokenizer.surely_longer``): a 25 MiB prompt would otherwise
+    hold the model thread, and every stream it runs, for seconds."""
+    if isinstance(prompt, ChatPrompt):
+        text = tok.render_chat(
+            prompt.messages, tools=prompt.tools or None, template_kwargs=prompt.template_kwargs
+        )
+        _within(tok, text, limit)
+        if special_tokens_in_content:
+            return tok.encode(text), tok.opens_reasoning(text)
+        contents = [m["content"] for m in prompt.messages if isinstance(m.get("content"), str)]
+        return tok.encode_rendered(text, contents), tok.opens_reasoning(text)
+    assert isinstance(prompt, TextPrompt)
+    _within(tok, prompt.text, limit)
+    return tok.encode(prompt.text, add_bos=tok.add_bos_token), False
+
+
+def _within(tok: Tokenizer, text: str, limit: int | None) -> None:
+    if limit is not None and tok.surely_longer(text, limit):
+        raise ContextOverflow(
+            f"The prompt has more than {limit} tokens, more than this model can read. Shorten the prompt.",
+            param="messages",
+        )
+
+
+def encode_prompt(
+    backend: Backend, job: GenerationJob, *, special_tokens_in_content: bool = False
+) -> tuple[list[int], bool]:
+    """The prompt's token ids, and whether it leaves the model inside a reasoning span."""
+    ids, in_reasoning = render_prompt(
+        backend.tokenizer, job.prompt, backend.context_window,
+        special_tokens_in_content=special_tokens_in_content,
+    )
+    if not ids:
+        raise RequestInvalid("the prompt is empty", param="messages")
+    budget = job.params.max_tokens
+    if job.clamp and len(ids) < backend.context_window:
+        budget = min(budget, backend.context_window - len(ids))
+    if len(ids) + budget > backend.context_window:
+        raise ContextOverflow(
+            f"This model's context window is {backend.context_window} tokens; the prompt has "
+            f"{len(ids)} tokens and max_tokens asks for {budget} more. Shorten the prompt or "
+            "lower max_tokens.",
+            param="max_tokens",
+        )
+    return ids, in_reasoning
+
+
+@attrs.frozen
+class Prepared:
+    """A job that passed every check: its budget cut to what the context leaves (a clamping
+    job), its prompt's ids, and what each of its choices may grow to."""
+
+    job: GenerationJob
+    ids: list[int]
+    in_reasoning: bool  # the prompt opened a reasoning span
+    grow: int  # prompt and budget, in tokens
+
+
+def prepare(
+    backend: Backend, job: GenerationJob, admission: Admission, *, special_tokens_in_content: bool = False
+) -> Prepared:
+    """Tokenise ``job`` and check it can ever run here; raises what its client is answered."""
+    ids, in_reasoning = encode_prompt(backend, job, special_tokens_in_content=special_tokens_in_content)
+    room = backend.context_window - len(ids)
+    if job.params.max_tokens > room:  # a clamping job: its budget is what the context leaves
+        job = attrs.evolve(job, params=attrs.evolve(job.params, max_tokens=room))
+    grow = len(ids) + job.params.max_tokens
+    if job.params.grammar is not None:  # compiled now: a schema it cannot enforce is a 400
+        backend.tokenizer.grammars.compile(job.params.grammar)
+    vocab = backend.tokenizer.vocab_size
+    if any(not 0 <= i < vocab for i, _ in job.params.logit_bias):
+        raise RequestInvalid(
+            f"logit_bias names a token id outside this model's vocabulary (0-{vocab - 1})",
+            param="logit_bias")
+    if job.n > admission.max_batch:
+        raise RequestInvalid(
+            f"n is {job.n}, but this model runs at most {admission.max_batch} "
+            "sequences at once", param="n")
+    if job.n > 1 and admission.cost([grow] * job.n) > admission.kv_budget:
+        raise RequestInvalid(
+            f"{job.n} choices of {len(ids)} prompt tokens and up to "
+            f"{job.params.max_tokens} new tokens each need more KV-cache memory than "
+            "this model may use; lower n or max_tokens", param="n")
+    return Prepared(job, ids, in_reasoning, grow)
