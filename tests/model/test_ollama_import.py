@@ -224,8 +224,15 @@ def test_a_gguf_without_a_chat_template(tmp_path: Path, store: ModelStore, monke
 
 def test_available_lists_what_the_store_holds(ollama: Path, tiny_gguf: Path) -> None:
     lay_out(ollama, "registry.ollama.ai/library/tuned/latest", tiny_gguf, adapter=b"lora")
+    other = lay_out(ollama, "registry.ollama.ai/library/other/latest", tiny_gguf)
+    config = json.dumps({"model_family": "mamba", "file_type": "F16"}).encode()
+    digest = hashlib.sha256(config).hexdigest()
+    (ollama / "blobs" / f"sha256-{digest}").write_bytes(config)
+    manifest = json.loads(other.read_text())
+    other.write_text(json.dumps({**manifest, "config": {**manifest["config"], "digest": f"sha256:{digest}"}}))
     listed = {str(entry.name): entry for entry in available()}
-    assert sorted(listed) == ["tiny:1b", "tiny:latest", "tuned:latest"]
+    assert sorted(listed) == ["other:latest", "tiny:1b", "tiny:latest", "tuned:latest"]
+    assert listed["other:latest"].problem.startswith("architecture 'mamba' is not supported")
     assert (listed["tiny:1b"].family, listed["tiny:1b"].quantization, listed["tiny:1b"].problem) == ("llama", "Q4_0", "")
     assert listed["tiny:1b"].size > tiny_gguf.stat().st_size
     assert "LoRA adapter" in listed["tuned:latest"].problem

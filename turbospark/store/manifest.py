@@ -5,7 +5,11 @@ The manifest says ``name``, ``kind`` (``generation``, ``embedding``, ``speech-to
 ``text-to-speech``; absent in older manifests: generation), ``source``, ``source_sha256``,
 ``format``, ``architecture``, ``dtype``, ``context_length``, ``created`` and
 ``turbospark_version``.  Every importer (GGUF, Hugging Face, encoder, audio) writes it through
-:func:`new_manifest`.
+:func:`new_manifest`.  Some sources add a key: ``quantization`` (a Hugging Face or
+``mlx-community`` directory kept quantized, ``dtype: native``: its ``config.json`` block) and
+``ollama`` (a model from Ollama's store: its Ollama ``name``, ``manifest_digest`` (also the
+``source_sha256``), ``model_digest``, the ``template``, ``system`` and ``params`` it came with,
+and what of them was ``honoured`` and ``not_honoured``, in words).
 """
 
 from __future__ import annotations

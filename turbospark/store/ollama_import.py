@@ -232,6 +232,8 @@ def _manifests(root: Path) -> Iterator[tuple[OllamaName, Path]]:
 
 def available(root: Path | None = None) -> list[Listed]:
     """Every model in Ollama's store at ``root``, whether it can be imported or not."""
+    from .gguf_import import SUPPORTED_ARCHITECTURES  # mlx, which naming a model needs not load
+
     root = ollama_root() if root is None else root
     out = []
     for name, path in _manifests(root):
@@ -243,13 +245,16 @@ def available(root: Path | None = None) -> list[Listed]:
         except (OSError, ValueError, AttributeError, ModelImportError):
             pass
         size = sum(int(layer.get("size", 0)) for layer in manifest.get("layers", []) if isinstance(layer, dict))
+        config = config if isinstance(config, dict) else {}
+        family = str(config.get("model_family", ""))
         try:
             find(str(name), root)
             problem = ""
         except ModelImportError as exc:
             problem = str(exc)
-        config = config if isinstance(config, dict) else {}
-        out.append(Listed(name, size, str(config.get("model_family", "")), str(config.get("file_type", "")), problem))
+        if not problem and family and family not in SUPPORTED_ARCHITECTURES:
+            problem = f"architecture {family!r} is not supported ({', '.join(SUPPORTED_ARCHITECTURES)} are)"
+        out.append(Listed(name, size, family, str(config.get("file_type", "")), problem))
     return out
 
 
