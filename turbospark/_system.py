@@ -23,7 +23,9 @@ tree keeps serving the routes until the root nursery (``server.serve``) ends aft
 
 from __future__ import annotations
 
+import contextvars
 import time
+from contextlib import ExitStack
 from collections.abc import Mapping, Sequence
 from typing import Any
 from functools import partial
@@ -53,9 +55,33 @@ from .model.encoder import EncoderSpec
 from .audio.engines import AudioSpec
 from .actors.lifecycle import Loadable, loadable_for
 from .actors.registry import Capability, ModelEntry, Registry
-from .web.scope import current_scope
 
-__all__ = ["BackendSpec", "EncoderSpec", "System", "run_system"]
+__all__ = [
+    "BackendSpec", "EncoderSpec", "System", "current_scope", "enter_request_scope", "request_scope",
+    "run_system",
+]
+
+# --- the request scope -------------------------------------------------------------------------
+# An ``ExitStack`` that lives exactly as long as the current HTTP request (body included, or until
+# its client leaves). ``web/app.py`` sets it for every request; whatever a request holds (reply
+# channels, the model leases ``System.resolve`` grants) is put there and let go when it ends.
+_request_scope: contextvars.ContextVar[ExitStack] = contextvars.ContextVar("turbospark_request_scope")
+
+
+def request_scope() -> ExitStack:
+    """The exit stack of the current HTTP request (closed when its connection scope ends)."""
+    return _request_scope.get()
+
+
+def current_scope() -> ExitStack | None:
+    """The current request's exit stack, or None outside a request."""
+    return _request_scope.get(None)
+
+
+def enter_request_scope(stack: ExitStack) -> contextvars.Token[ExitStack]:
+    """Make ``stack`` the current request's scope (``web/app.py``, once per request)."""
+    return _request_scope.set(stack)
+
 
 
 @attrs.frozen

@@ -28,11 +28,10 @@ from quart_trio.wrappers.request import TrioRequest
 from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
-from .._system import System
+from .._system import System, enter_request_scope, request_scope
 from ..errors import Forbidden, TurboSparkError, Unauthorized
 from .origins import host_allowed, origin_allowed
 from ..messages import RequestFinished, RequestStarted
-from .scope import _scope, request_scope
 
 __all__ = [
     "Family",
@@ -76,11 +75,11 @@ class _ScopedConnection(TrioASGIHTTPConnection):
         in_flight: InFlight = self.app.in_flight  # type: ignore[attr-defined]
         in_flight.enter()
         with ExitStack() as stack:
-            token = _scope.set(stack)
+            token = enter_request_scope(stack)
             try:
                 await super().__call__(receive, _shielded(send))
             finally:
-                _scope.reset(token)
+                token.var.reset(token)
                 in_flight.exit()
 
 
