@@ -25,7 +25,7 @@ from typing import Protocol
 
 import attrs
 
-from ..turns.structured import Grammar
+from .constraint import Grammar
 from .tokenizer import Tokenizer
 
 __all__ = [

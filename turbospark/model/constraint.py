@@ -19,16 +19,30 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 
+import attrs
 import llguidance
 import llguidance.numpy as llg_numpy
 import numpy as np
 
 from ..errors import RequestInvalid
-from ..turns.structured import Grammar
 
-__all__ = ["Grammars", "Matcher"]
+__all__ = ["Grammar", "Grammars", "Matcher"]
 
 _CACHED = 64  # compiled grammars kept per model
+
+
+@attrs.frozen
+class Grammar:
+    """A constraint on a sequence's output, as a Lark grammar for llguidance (``%json{..}``
+    embeds a JSON Schema).  ``what`` names the request field it enforces, for error messages."""
+
+    lark: str
+    what: str
+    shortest: tuple[str, ...] = ()  # the shortest outputs it accepts (lower bounds), one per way
+
+    # ``shortest`` is written so that no output the grammar accepts is shorter than all of them;
+    # the model thread counts their tokens (``Grammars.least_tokens``) to refuse a budget that
+    # cannot hold any finished output.
 
 
 class Matcher:

@@ -21,10 +21,10 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import attrs
 import jsonschema
 
 from ..errors import RequestInvalid
+from ..model.constraint import Grammar
 
 __all__ = [
     "Grammar",
@@ -39,20 +39,6 @@ __all__ = [
 
 MAX_IMAGES = 64
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-
-
-@attrs.frozen
-class Grammar:
-    """A constraint on a sequence's output, as a Lark grammar for llguidance (``%json{..}``
-    embeds a JSON Schema).  ``what`` names the request field it enforces, for error messages."""
-
-    lark: str
-    what: str
-    shortest: tuple[str, ...] = ()  # the shortest outputs it accepts (lower bounds), one per way
-
-    # ``shortest`` is written so that no output the grammar accepts is shorter than all of them;
-    # the model thread counts their tokens (``Grammars.least_tokens``) to refuse a budget that
-    # cannot hold any finished output.
 
 
 def function_tools(tools: Sequence[Any] | None, *, param: str = "tools") -> tuple[dict[str, Any], ...]:
