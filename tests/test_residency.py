@@ -293,6 +293,8 @@ def test_ollama_names_are_exact_with_latest_optional() -> None:
     assert registry.find("claude-turbospark-llama") is chat
     assert registry.find("llama:7b") is None and registry.find("lla") is None
     assert registry.lookup("llama:latest") is None  # the OpenAI surface names exactly
+    # as Ollama: a name that matches nothing as written is tried in lower case
+    assert registry.find("Llama") is chat and registry.find("LLAMA:latest") is chat
     assert registry.resolve_exact("bge:latest", "embedding") is embed
     with pytest.raises(ModelNotFound):
         registry.resolve_exact("other", "chat")

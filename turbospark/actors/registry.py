@@ -107,11 +107,16 @@ class Registry:
         return None
 
     def find(self, name: str) -> ModelEntry | None:
-        """Ollama's lookup: exact id or alias, ``name:latest`` as ``name``."""
-        entry = self.lookup(name)
-        if entry is None and name.endswith(LATEST):
-            entry = self.lookup(untagged(name))
-        return entry
+        """Ollama's lookup: exact id or alias, ``name:latest`` as ``name``; as Ollama, a name
+        that matches nothing as written is tried in lower case (the store keeps Ollama names
+        lower-cased)."""
+        for candidate in dict.fromkeys((name, name.lower())):
+            entry = self.lookup(candidate)
+            if entry is None and candidate.endswith(LATEST):
+                entry = self.lookup(untagged(candidate))
+            if entry is not None:
+                return entry
+        return None
 
     def resolve_exact(self, name: str, want: Capability) -> ModelEntry:
         """``find``, or Ollama's 404; a model that cannot do ``want`` is a 400."""

@@ -126,6 +126,8 @@ def stored_model(name: str | None, kind: str = "generation", *, whole: bool = Fa
             stored = found
         elif name in catalogue.CATALOGUE:
             stored = pull(name, store)
+        elif name.startswith("ollama:"):  # a model in Ollama's own store, imported once
+            stored = store.import_source(name)
         elif Path(name).exists():
             stored = store.import_source(Path(name))
         else:
