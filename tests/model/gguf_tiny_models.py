@@ -54,6 +54,7 @@ class TinyModel:
     types: Mapping[str, Q] = attrs.field(factory=dict)  #: GGUF tensor stem ("attn_q", "token_embd"...) -> type
     keys: Mapping[str, Any] = attrs.field(factory=dict)  #: extra "{arch}.*" metadata (suffix -> value)
     n_ctx: int = 256  #: llama.cpp context for the comparison
+    pre: str | None = None  #: replaces the vocabulary's tokenizer.ggml.pre
     std: float = 0.1  #: weight scale
 
     def type_of(self, stem: str) -> Q:
@@ -110,8 +111,10 @@ def _byte_vocab() -> dict[str, Any]:
     }
 
 
-def _tokenizer_keys(writer: gguf.GGUFWriter, vocab_gguf: Path) -> int:
-    md = _byte_vocab() if vocab_gguf.name == "ggml-vocab-bytes.gguf" else read_gguf(vocab_gguf).metadata
+def _tokenizer_keys(writer: gguf.GGUFWriter, vocab_gguf: Path, pre: str | None) -> int:
+    md = dict(_byte_vocab() if vocab_gguf.name == "ggml-vocab-bytes.gguf" else read_gguf(vocab_gguf).metadata)
+    if pre is not None:
+        md["tokenizer.ggml.pre"] = pre
     for key, value in md.items():
         if not key.startswith("tokenizer."):
             continue
@@ -145,7 +148,7 @@ def write_tiny(model: TinyModel, path: Path, vocab_dir: Path, seed: int = 0) -> 
     arch, hd = model.arch, model.head_dim
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny {model.name}")
-    n_vocab = _tokenizer_keys(writer, vocab_dir / f"ggml-vocab-{model.vocab}.gguf")
+    n_vocab = _tokenizer_keys(writer, vocab_dir / f"ggml-vocab-{model.vocab}.gguf", model.pre)
     writer.add_context_length(model.context)
     writer.add_embedding_length(model.hidden)
     writer.add_block_count(model.layers)
