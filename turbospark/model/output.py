@@ -230,6 +230,7 @@ class OutputParser:
         self._block = ""  # a tool-call block or a Harmony header being read
         self._call_name: str | None = None  # Harmony: the function a commentary call names
         self._opened = dialect.tool_start  # the start marker of the block being read
+        self._after = "content"  # the mode a block returns to
         self.calls: list[ToolCall] = []
 
     # --- markers by state ------------------------------------------------------------------
@@ -247,16 +248,11 @@ class OutputParser:
         if d.harmony:
             # a forced call (constrained decoding) is written as a <tool_call> block
             return (H_CHANNEL, H_END, H_START, H_RETURN, *((TOOL_START,) if self.tools else ()))
+        # a call may be written inside reasoning too: it is a call, not reasoning text
+        starts = (d.tool_start, *((TOOL_START,) if d.tool_start != TOOL_START else ())) if self.tools else ()
         if self._mode == "reasoning":
-            return (THINK_END,)
-        found: list[str] = []
-        if not self._started:
-            found.append(THINK_START)
-        if self.tools:
-            found.append(d.tool_start)
-            if d.tool_start != TOOL_START:
-                found.append(TOOL_START)
-        return tuple(found)
+            return (THINK_END, *starts)
+        return (*((THINK_START,) if not self._started else ()), *starts)
 
     # --- feeding ---------------------------------------------------------------------------
 
@@ -324,8 +320,8 @@ class OutputParser:
             self._mode = "content"
         elif marker == H_START:
             self._mode = "skip"
-        else:  # a tool-call start
-            self._mode, self._block, self._started = "block", "", True
+        else:  # a tool-call start; after the block, back to content or reasoning
+            self._after, self._mode, self._block, self._started = self._mode, "block", "", True
             self._opened = marker
         return Parts()
 
@@ -333,11 +329,12 @@ class OutputParser:
 
     def _close_block(self, start: str, end: str = "") -> Parts:
         inner, self._block = self._block, ""
-        self._mode = "content"
-        opened = getattr(self, "_opened", start)
+        self._mode, opened = self._after, self._opened
         dialect = self.dialect if opened == self.dialect.tool_start else Dialect()
         calls = _parse_block(dialect, inner, self.tools)
         if not calls or any(name not in self.names for name, _ in calls):
+            if self._mode == "reasoning":
+                return Parts(reasoning=f"{opened}{inner}{end}")
             return Parts(content=f"{opened}{inner}{end}")  # released for the rescue to read
         return Parts(calls=tuple(self._call(name, args) for name, args in calls))
 
