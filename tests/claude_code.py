@@ -35,8 +35,10 @@ def _claude() -> Path:
     return binary
 
 
-async def run_claude(base_url: str, prompt: str, *, timeout: float = 240) -> str:
-    """``claude --bare -p PROMPT`` against ``base_url``; its standard output."""
+async def run_claude(base_url: str, prompt: str, *, timeout: float = 240, tools: str = "",
+                     extra: tuple[str, ...] = ()) -> str:
+    """``claude --bare -p PROMPT`` against ``base_url``; its standard output.  ``tools``: the
+    built-in tools it may use (none by default); ``extra``: more arguments (``--allowedTools``)."""
     binary = await trio.to_thread.run_sync(_claude)
     env = {
         **os.environ,
@@ -48,7 +50,7 @@ async def run_claude(base_url: str, prompt: str, *, timeout: float = 240) -> str
     }
     with trio.fail_after(timeout):
         done = await trio.run_process(
-            [str(binary), "--bare", "-p", prompt, "--system-prompt", "Be brief.", "--tools", ""],
+            [str(binary), "--bare", "-p", prompt, "--system-prompt", "Be brief.", "--tools", tools, *extra],
             env=env, capture_stdout=True, capture_stderr=True, check=False, stdin=subprocess.DEVNULL,
         )
     assert done.returncode == 0, done.stderr.decode()[-2000:]

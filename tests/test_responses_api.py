@@ -71,16 +71,19 @@ async def test_text_after_a_call_opens_a_new_message_item(start_server, client) 
     assert output[1]["name"] == "get_weather" and json.loads(output[1]["arguments"]) == {"city": "Oslo"}
 
 
-async def test_buffered_tool_turn_events(start_server, client) -> None:
+async def test_a_rescued_call_streams_after_the_text_before_it(start_server, client) -> None:
     script = 'Checking. {"name": "get_weather", "arguments": {"city": "Oslo"}}'
     server = await start_server([ScriptedBackend(script=script)])
     r = await client.post(f"{server.url}{PATH}", json={"input": "Oslo?", "tools": [TOOL], "stream": True})
-    assert names(r.text) == [
-        "response.created",
-        "response.output_item.added", "response.function_call_arguments.delta",
-        "response.function_call_arguments.done", "response.output_item.done",
-        "response.completed",
-    ]  # the rescued call replaces the text it was written in
+    seen = names(r.text)
+    assert seen[:4] == [
+        "response.created", "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta",
+    ]  # the text goes out as written; the bare JSON is held until it is decided
+    call = seen.index("response.function_call_arguments.delta") - 1
+    assert seen[call] == "response.output_item.added"
+    assert seen[call + 1 : call + 4] == ["response.function_call_arguments.delta"] * 3  # in pieces
+    assert seen[-3:] == ["response.function_call_arguments.done", "response.output_item.done", "response.completed"]
 
 
 async def test_two_turns_with_previous_response_id_and_the_sdk(start_server) -> None:

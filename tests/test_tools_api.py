@@ -34,7 +34,7 @@ async def test_a_call_written_as_bare_json_is_rescued(start_server, client) -> N
     r = await client.post(f"{server.url}{PATH}", json=chat_body(tools=[WEATHER]))
     choice = r.json()["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
-    assert choice["message"]["content"] == ""  # the markup is not content
+    assert choice["message"]["content"] == "Let me check. "  # sent as written; the markup is not content
     (call,) = choice["message"]["tool_calls"]
     assert call["type"] == "function" and call["id"].startswith("call_")
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
@@ -80,7 +80,7 @@ async def test_a_native_call_streams_buffered_and_the_sdk_reassembles_it(start_s
     await sdk.close()
 
 
-async def test_buffered_frames_come_in_order(start_server, client) -> None:
+async def test_tool_turn_frames_come_in_order(start_server, client) -> None:
     script = '<think>Hm.</think>Sure. <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
     server = await start_server([ScriptedBackend(script=script)])
     body = chat_body(tools=[WEATHER], stream=True, stream_options={"include_usage": True})
@@ -89,11 +89,19 @@ async def test_buffered_frames_come_in_order(start_server, client) -> None:
     chunks = [json.loads(d) for _, d in frames[:-1]]
     deltas = [c["choices"][0]["delta"] if c["choices"] else "usage" for c in chunks]
     assert deltas[0] == {"role": "assistant", "content": ""}
-    assert deltas[1] == {"reasoning_content": "Hm.", "reasoning": "Hm."}
-    assert deltas[2] == {"content": "Sure. "}
-    assert deltas[3]["tool_calls"][0]["index"] == 0 and deltas[3]["tool_calls"][0]["function"]["name"] == "get_weather"
-    assert deltas[4] == {} and chunks[4]["choices"][0]["finish_reason"] == "tool_calls"
-    assert deltas[5] == "usage"
+    kinds = [next(iter(d)) if isinstance(d, dict) and d else d for d in deltas[1:]]
+    # reasoning and content as written, then the call (its start, its argument pieces), the finish
+    first_call = kinds.index("tool_calls")
+    assert set(kinds[:first_call]) == {"reasoning_content", "content"}
+    assert kinds.index("content") > max(i for i, k in enumerate(kinds) if k == "reasoning_content")
+    assert "".join(d.get("reasoning_content", "") for d in deltas[1:-2]) == "Hm."
+    assert "".join(d.get("content", "") for d in deltas[1:-2] if isinstance(d, dict)) == "Sure. "
+    calls = [d["tool_calls"][0] for d in deltas[1:-2] if "tool_calls" in d]
+    assert calls[0]["index"] == 0 and calls[0]["function"]["name"] == "get_weather"
+    assert len(calls) >= 3 and {c["index"] for c in calls} == {0}
+    assert json.loads("".join(c["function"]["arguments"] for c in calls)) == {"city": "Oslo"}
+    assert deltas[-2] == {} and chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    assert deltas[-1] == "usage"
 
 
 async def test_tool_choice_none_removes_the_tools(start_server, client) -> None:

@@ -17,7 +17,7 @@ from turbospark.model.output import ToolCall
 from turbospark.turns.guardrails import Guardrails
 from turbospark.turns.holdback import Holdback, Release, Span
 from turbospark.turns.turn_events import (
-    ArgumentsDelta, CallEnd, CallStart, Collected, Finish, Reasoning, Retried, Text, Usage,
+    CallEnd, CallStart, Collected, Finish, Reasoning, Retried, Text, Usage,
     arguments_object, split_arguments,
 )
 from turbospark.turns.turn_stream import TurnStream

@@ -2,36 +2,33 @@
 generation core as chat (decisions/0013-anthropic-surface.md).
 
 The HTTP side only: parse, translate (``anthropic_request``), start the generation, and send the
-response whole or as its events (``anthropic_events``).  ``count_tokens`` renders the same prompt
-with the model's tokenizer, off the model thread: no queue, no generation.  A streamed tool turn
-under the guardrails is generated whole (pings meanwhile) and then framed as blocks; any other
-stream is live.
+response whole or as its events (``anthropic_events``), both framed from the same turn events
+of the turn driver (``_turn``): with tools offered, text streams as the model writes it and a
+``tool_use`` block's input as ``input_json_delta`` pieces, pings while anything is held back.
+``count_tokens`` renders the same prompt with the model's tokenizer, off the model thread: no
+queue, no generation.
 """
 
 from __future__ import annotations
 
-import logging
 import secrets
-from collections.abc import AsyncIterator
-from contextlib import aclosing
 from functools import partial
 
 import trio
 from quart import Blueprint, Response, g, request
 
-from ..errors import GenerationFailed, RequestInvalid, TurboSparkError
-from ..messages import Failed, RequestRouted, Started
+from ..errors import RequestInvalid
+from ..messages import RequestRouted, Started
 from ..model._worker import render_prompt
 from ..web.app import exception_body, json_response, system
 from ..wire.anthropic import MessagesRequest
 from ..wire.codec import parse_json, structure
-from ._generation import Completion, Replies, collect, events, start, turn
 from ._openai import DEGRADATION_HEADER, degradation, stream_response
+from ._turn import RETRIES_HEADER, TurnPlan, framed, open_turn
 from .anthropic_events import MessageStream
 from .anthropic_request import default_max_tokens, normalise, plan, sampling_params, unhonoured
 
 blueprint = Blueprint("anthropic", __name__)
-log = logging.getLogger("turbospark")
 
 
 @blueprint.post("/v1/messages/count_tokens")
@@ -65,76 +62,23 @@ async def messages() -> Response:
     p.labels += unhonoured(body)
     asked = body.max_tokens or default_max_tokens(entry.context_window)
     params = sampling_params(body, p, defaults=entry.sampling_defaults, max_tokens=asked)
-    prompt = p.prompt
     began: list[Started] = []
-    replies = await start(
-        request_id=g.record.id, model=entry.id, prompt=prompt, params=params, clamp=True,
-        on_started=began.append,
-    )
+    turn_plan = TurnPlan(entry.id, p.prompt, params, call_required=p.call_required, parallel=p.parallel, clamp=True)
+    turn = await open_turn(turn_plan, request_id=g.record.id, guardrails=sys_.settings.guardrails,
+                           on_started=began.append)
     if began and asked > entry.context_window - began[0].prompt_tokens:
         p.labels.append("max_tokens_clamped")  # cut to what the context window leaves
-    message = MessageStream("msg_" + secrets.token_hex(12), body.model or entry.id, p.cache_marked)
-    keepalive = sys_.settings.keepalive_interval
-    guardrails = sys_.settings.guardrails
-    steps = (
-        turn(replies, request_id=g.record.id, model=entry.id, prompt=prompt, params=params, n=1,
-             call_required=p.call_required, guardrails=guardrails, parallel=p.parallel,
-             keepalive=keepalive, clamp=True)
-        if p.tools and guardrails.active else None
-    )
-    first = began[0] if began else None
+    message = MessageStream("msg_" + secrets.token_hex(12), body.model or entry.id, p.cache_marked,
+                            began[0] if began else None)
     if body.stream:
-        frames = _buffered(message, first, steps) if steps is not None else _live(message, first, replies, keepalive)
-        response = stream_response(frames)
+        response = stream_response(framed(
+            turn, message, keepalive=sys_.settings.keepalive_interval,
+            error=lambda exc: message.error(exception_body(exc, "anthropic")),
+        ))
     else:
-        if steps is not None:
-            async with aclosing(steps) as items:
-                done = [d async for d in items if d is not None][0]
-        else:
-            done = await collect(replies)
-        response = json_response(message.whole(done.reasoning[0], done.texts[0], done.calls[0], done.finished[0]))
+        response = json_response(message.whole(await turn.collect()))
+        if turn.retries:
+            response.headers[RETRIES_HEADER] = str(turn.retries)
     if header := degradation(p.labels, p.images):
         response.headers[DEGRADATION_HEADER] = header
     return response
-
-
-def _error(message: MessageStream, exc: TurboSparkError) -> bytes:
-    return message.error(exception_body(exc, "anthropic"))
-
-
-async def _live(message: MessageStream, began: Started | None, replies: Replies, keepalive: float) -> AsyncIterator[bytes]:
-    for frame in message.start(began):
-        yield frame
-    async for msg in events(replies, keepalive=keepalive):
-        if isinstance(msg, Failed):
-            yield _error(message, msg.error)
-        else:
-            for frame in message.feed(msg):
-                yield frame
-
-
-async def _buffered(message: MessageStream, began: Started | None,
-                    steps: AsyncIterator[Completion | None]) -> AsyncIterator[bytes]:
-    """A tool turn: generated whole under the guardrails (pings meanwhile), then its blocks."""
-    for frame in message.start(began):
-        yield frame
-    done = None
-    try:
-        async with aclosing(steps) as items:  # type: ignore[type-var]
-            async for item in items:
-                if item is None:
-                    for frame in message.feed(None):
-                        yield frame
-                else:
-                    done = item
-    except TurboSparkError as exc:  # a retry the queue refused, a generation that failed
-        yield _error(message, exc)
-        return
-    except Exception:
-        error = GenerationFailed.new()
-        log.exception("a tool turn failed (error id %s)", error.error_id)
-        yield _error(message, error)
-        return
-    assert done is not None
-    for frame in message.turn(done.reasoning[0], done.texts[0], done.calls[0], done.finished[0]):
-        yield frame

@@ -4,9 +4,11 @@
 server-sent events: ``message_start`` (its usage split as the end will split it), ``ping``,
 then content blocks (``content_block_start``, ``content_block_delta``...,
 ``content_block_stop``: ``thinking``, ``text`` and ``tool_use``, one index each), then
-``message_delta`` with the stop reason and the real usage, and ``message_stop``.  It is fed
-``Delta`` and ``Finished`` messages (``feed``) or a finished turn's parts (``turn``) and returns
-the frames to send; the route does the I/O.
+``message_delta`` with the stop reason and the real usage, and ``message_stop``.  It is fed a
+turn's events (``turns/turn_events``: a call streams as ``input_json_delta`` pieces, text and
+calls in the order the model wrote them) and returns the frames to send; ``whole`` builds the
+same blocks from the events collected.  A retried turn says so in ``usage.retries``; usage counts
+every attempt.
 
 Usage splits the prompt into disjoint parts from the prefix cache: ``cache_read_input_tokens``
 were reused; when the request marks anything with ``cache_control`` the rest was written to the
@@ -15,13 +17,15 @@ cache (``cache_creation_input_tokens``), otherwise it is plain ``input_tokens``.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
-from ..messages import Delta, Finished, Started, ToolCall
+from ..messages import Started, ToolCall
+from ..turns.turn_events import (
+    ArgumentsDelta, CallEnd, CallStart, Collected, Finish, Reasoning, Text, TurnEvent, Usage,
+    arguments_object,
+)
 from ..web import sse as _sse
 
 __all__ = ["PING", "MessageStream", "stop_reason", "tool_use", "usage"]
@@ -29,39 +33,37 @@ __all__ = ["PING", "MessageStream", "stop_reason", "tool_use", "usage"]
 PING = _sse.event("ping", {"type": "ping"})
 
 
-def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int, cache_marked: bool) -> dict[str, Any]:
+def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int, cache_marked: bool,
+          retries: int = 0) -> dict[str, Any]:
     fresh = prompt_tokens - cached_tokens
-    return {
+    out = {
         "input_tokens": 0 if cache_marked else fresh,
         "cache_creation_input_tokens": fresh if cache_marked else 0,
         "cache_read_input_tokens": cached_tokens,
         "output_tokens": output_tokens,
     }
+    return out | ({"retries": retries} if retries else {})
 
 
-def stop_reason(fin: Finished, called: bool) -> str:
-    if called:
+def stop_reason(fin: Finish) -> str:
+    if fin.called and fin.reason != "length":
         return "tool_use"
     if fin.stop_reason == "StopString":
         return "stop_sequence"
-    return "max_tokens" if fin.finish_reason == "length" else "end_turn"
+    return "max_tokens" if fin.reason == "length" else "end_turn"
 
 
 def tool_use(call: ToolCall) -> dict[str, Any]:
-    """A call as a ``tool_use`` block (arguments that do not parse as an empty input)."""
-    try:
-        arguments = json.loads(call.arguments)
-    except json.JSONDecodeError:
-        arguments = {}
-    return {"type": "tool_use", "id": _tool_id(call), "name": call.name, "input": arguments}
+    """A call as a ``tool_use`` block."""
+    return {"type": "tool_use", "id": _tool_id(call.id), "name": call.name, "input": arguments_object(call.arguments)}
 
 
-def _tool_id(call: ToolCall) -> str:
-    return "toolu_" + call.id.removeprefix("call_")
+def _tool_id(call_id: str) -> str:
+    return "toolu_" + call_id.removeprefix("call_")
 
 
-def _finished_usage(fin: Finished, cache_marked: bool) -> dict[str, Any]:
-    return usage(fin.prompt_tokens, fin.cached_tokens, fin.completion_tokens, cache_marked)
+def _usage(u: Usage, cache_marked: bool) -> dict[str, Any]:
+    return usage(u.prompt_tokens, u.cached_tokens, u.completion_tokens, cache_marked, u.retries)
 
 
 @attrs.define
@@ -71,9 +73,10 @@ class MessageStream:
     id: str
     model: str
     cache_marked: bool
+    began: Started | None = None  # the first generation's start (the prompt, its cache hit)
     index: int = 0
     open: str | None = None  # the type of the block being streamed
-    called: bool = False  # whether a tool_use block was sent
+    finish: Finish | None = None
 
     def envelope(self, content: list[dict[str, Any]], stop_reason: str | None,
                  stop_sequence: str | None, usage: dict[str, Any]) -> dict[str, Any]:
@@ -83,22 +86,27 @@ class MessageStream:
             "usage": usage,
         }
 
-    def whole(self, reasoning: str, text: str, calls: Sequence[ToolCall], fin: Finished) -> dict[str, Any]:
-        """The ``message`` object of a finished turn, sent whole."""
+    def whole(self, done: Collected) -> dict[str, Any]:
+        """The ``message`` object of a turn's events, collected: its blocks in order."""
+        (choice,) = done.choices
         content: list[dict[str, Any]] = []
-        if reasoning:
-            content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
-        if text:
-            content.append({"type": "text", "text": text})
-        content += [tool_use(c) for c in calls]
-        return self.envelope(content, stop_reason(fin, bool(calls)), fin.stop_sequence,
-                             _finished_usage(fin, self.cache_marked))
+        for kind, value in choice.parts:
+            if kind == "reasoning":
+                content.append({"type": "thinking", "thinking": value, "signature": ""})
+            elif kind == "text":
+                content.append({"type": "text", "text": value})
+            else:
+                content.append(tool_use(value))
+        assert choice.finish is not None and done.usage is not None
+        return self.envelope(content, stop_reason(choice.finish), choice.finish.stop_sequence,
+                             _usage(done.usage, self.cache_marked))
 
     # --- the stream ------------------------------------------------------------------------
 
-    def start(self, began: Started | None) -> list[bytes]:
+    def opening(self) -> list[bytes]:
         """``message_start``, its usage split as the end will split it (the prefix-cache hit the
         model reported when it started), then a ``ping``."""
+        began = self.began
         prompt, cached = (began.prompt_tokens, began.cached_tokens) if began is not None else (0, 0)
         return [
             _sse.event("message_start", {
@@ -108,48 +116,44 @@ class MessageStream:
             PING,
         ]
 
-    def feed(self, msg: Delta | Finished | None) -> list[bytes]:
-        """The frames for one reply of a live generation (``None``: a quiet keep-alive interval)."""
-        if msg is None:
-            return [PING]
-        if isinstance(msg, Delta):
-            return self.parts(msg.reasoning, msg.text, msg.tool_calls)
-        return self.end(msg)
+    def tick(self) -> list[bytes]:
+        return [PING]
 
-    def turn(self, reasoning: str, text: str, calls: Sequence[ToolCall], fin: Finished) -> list[bytes]:
-        """A turn generated whole (under the guardrails): its blocks, then its end."""
-        return self.parts(reasoning, text, calls) + self.end(fin)
+    def feed(self, event: TurnEvent) -> list[bytes]:
+        """The frames for one event of the turn."""
+        if isinstance(event, Reasoning):
+            out = [] if self.open == "thinking" else self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            return [*out, self._delta({"type": "thinking_delta", "thinking": event.text})]
+        if isinstance(event, Text):
+            out = [] if self.open == "text" else self._open("text", {"type": "text", "text": ""})
+            return [*out, self._delta({"type": "text_delta", "text": event.text})]
+        if isinstance(event, CallStart):
+            block = {"type": "tool_use", "id": _tool_id(event.id), "name": event.name, "input": {}}
+            return self._open("tool_use", block)
+        if isinstance(event, ArgumentsDelta):
+            return [self._delta({"type": "input_json_delta", "partial_json": event.text})]
+        if isinstance(event, CallEnd):
+            return self.close()
+        if isinstance(event, Finish):
+            self.finish = event
+        elif isinstance(event, Usage):
+            return self.end(event)
+        return []
 
-    def parts(self, reasoning: str, text: str, calls: Sequence[ToolCall]) -> list[bytes]:
-        out: list[bytes] = []
-        if reasoning:
-            if self.open != "thinking":
-                out += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-            out.append(self._delta({"type": "thinking_delta", "thinking": reasoning}))
-        if text:
-            if self.open != "text":
-                out += self._open("text", {"type": "text", "text": ""})
-            out.append(self._delta({"type": "text_delta", "text": text}))
-        for call in calls:
-            self.called = True
-            out += self._open("tool_use", {"type": "tool_use", "id": _tool_id(call), "name": call.name, "input": {}})
-            out.append(self._delta({"type": "input_json_delta", "partial_json": call.arguments}))
-            out += self.close()
-        return out
-
-    def end(self, fin: Finished) -> list[bytes]:
+    def end(self, u: Usage) -> list[bytes]:
+        assert self.finish is not None
         out = self.close()
         out.append(_sse.event("message_delta", {
             "type": "message_delta",
-            "delta": {"stop_reason": stop_reason(fin, self.called), "stop_sequence": fin.stop_sequence},
-            "usage": _finished_usage(fin, self.cache_marked),
+            "delta": {"stop_reason": stop_reason(self.finish), "stop_sequence": self.finish.stop_sequence},
+            "usage": _usage(u, self.cache_marked),
         }))
         out.append(_sse.event("message_stop", {"type": "message_stop"}))
         return out
 
-    def error(self, body: dict[str, Any]) -> bytes:
+    def error(self, body: dict[str, Any]) -> list[bytes]:
         """The ``error`` event ending a failed stream; ``body`` is the error in Anthropic's shape."""
-        return _sse.event("error", body)
+        return [_sse.event("error", body)]
 
     def close(self) -> list[bytes]:
         """Close the open block (a thinking block gets its empty signature first)."""

@@ -20,6 +20,7 @@ from ..errors import RequestInvalid
 from ..messages import ChatPrompt
 from ..model.backend import SamplingParams
 from ..turns.chat import TemplateMessage, apply_default_system
+from ..turns.sampling import sampling
 from ..turns.structured import check_images, function_tools, grammar_for, select_tools
 from ..wire.anthropic import CountTokensRequest, MessagesRequest
 
@@ -102,15 +103,10 @@ def default_max_tokens(context_window: int) -> int:
 def sampling_params(body: MessagesRequest, p: Plan, *, defaults: Mapping[str, float], max_tokens: int) -> SamplingParams:
     """Each sampling field from the request, else the model's default; the tools' grammar (one
     call at most: the guardrails keep the first when parallel calls are refused)."""
-    given = {
-        name: value
-        for name in ("temperature", "top_p", "top_k")
-        if (value := getattr(body, name)) is not None
-    }
-    return SamplingParams(
-        stop=tuple(s for s in body.stop_sequences or () if s),
+    return sampling(
+        defaults, {name: getattr(body, name) for name in ("temperature", "top_p", "top_k")},
+        max_tokens=max_tokens, stop=tuple(s for s in body.stop_sequences or () if s),
         grammar=grammar_for(tools=p.tools, call_required=p.call_required, parallel=False),
-        **{**defaults, **given, "max_tokens": max_tokens},
     )
 
 

@@ -1,14 +1,13 @@
 """``POST /v1/chat/completions``: the OpenAI chat contract, streaming and not.
 
-Content, reasoning and tool calls come typed from the model thread.  A request that offers tools
-(with the guardrails on) is generated whole before anything is sent, so that a missed call can be
-rescued and a bad one retried; its stream is then framed from the finished turn.  Any other
-stream is sent as the model writes it.
+The HTTP side: parse, translate the conversation, plan the turn, and send it through the turn
+driver (``_turn``): live as ``chat.completion.chunk`` objects, or whole, both framed from the
+same events (``openai_chat_events``).  With tools offered, content and reasoning stream as the
+model writes them; only what may begin a call is held until it is decided.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from quart import Blueprint, Response, g, request
@@ -16,29 +15,15 @@ from quart import Blueprint, Response, g, request
 from ..turns.chat import TemplateMessage, apply_default_system, image_urls, text_of, tool_call
 from ..wire.codec import parse_json, structure
 from ..errors import RequestInvalid
-from ..messages import ChatPrompt, Delta, Finished, RequestRouted, TokenLogprob, ToolCall
+from ..messages import ChatPrompt, RequestRouted
 from ..turns.structured import check_images, function_tools, grammar_for, json_demand, select_tools
 from ..wire.openai import ChatCompletionRequest
-from ..web import sse as _sse
-from ..web.app import json_response, system
-from ._generation import Completion, collect, generate_turn, start
-from ._openai import (
-    DEGRADATION_HEADER,
-    Envelope,
-    chat_logprobs,
-    sampling_params,
-    sse_response,
-    stream_response,
-    usage,
-)
+from ..web.app import exception_body, json_response, system
+from ._openai import DEGRADATION_HEADER, degradation, sampling_params, stream_response
+from ._turn import RETRIES_HEADER, TurnPlan, framed, open_turn
+from .openai_chat_events import ChatStream, Envelope, chat_whole
 
 blueprint = Blueprint("openai_chat", __name__)
-
-DROPPED_IMAGES = (
-    "this server's model has no vision tower, so image content parts were ignored; "
-    "run it against an install whose checkpoint carries one"
-)
-
 
 def _messages(body: ChatCompletionRequest) -> tuple[list[TemplateMessage], int]:
     """The conversation for the template, and how many images it carried (validated; the
@@ -74,7 +59,7 @@ def _history_call(call: Any, at: int) -> dict[str, Any]:
     return tool_call(call)
 
 
-def _degradation(body: ChatCompletionRequest, images: int) -> str | None:
+def _unhonoured(body: ChatCompletionRequest) -> list[str]:
     """Fields accepted but not honoured.  Identifiers (``user``, ``safety_identifier``,
     ``prompt_cache_key``, ``metadata``) change nothing by definition; ``service_tier`` ``auto``
     and ``default`` are what every request gets."""
@@ -87,10 +72,7 @@ def _degradation(body: ChatCompletionRequest, images: int) -> str | None:
         labels.append("modalities")
     if body.stream_options and body.stream_options.include_obfuscation:
         labels.append("include_obfuscation")
-    header = ", ".join(labels)
-    if images:
-        header = f"{header}; {DROPPED_IMAGES}" if header else DROPPED_IMAGES
-    return header or None
+    return labels
 
 
 def _template_kwargs(body: ChatCompletionRequest) -> dict[str, Any]:
@@ -103,23 +85,6 @@ def _template_kwargs(body: ChatCompletionRequest) -> dict[str, Any]:
         kwargs["enable_thinking"] = effort not in ("none", "minimal")
     kwargs.update(body.chat_template_kwargs or {})
     return kwargs
-
-
-def call_wire(call: ToolCall, *, index: int | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"index": call.index} if index is None else {"index": index}
-    return out | {"id": call.id, "type": "function",
-                  "function": {"name": call.name, "arguments": call.arguments}}
-
-
-def _message(text: str, reasoning: str, calls: Sequence[ToolCall]) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": text}
-    if reasoning:
-        message["reasoning_content"] = message["reasoning"] = reasoning
-    if calls:
-        message["tool_calls"] = [
-            {k: v for k, v in call_wire(c).items() if k != "index"} for c in calls
-        ]
-    return message
 
 
 @blueprint.post("/v1/chat/completions")
@@ -150,103 +115,19 @@ async def chat_completions() -> Response:
         grammar=grammar,
     )
     env = Envelope.new("chatcmpl", body.model or entry.id, entry.fingerprint)
-    guardrails = sys_.settings.guardrails
-    if tools and guardrails.active:
-        done = await generate_turn(
-            request_id=g.record.id, model=entry.id, prompt=prompt, params=params, n=n,
-            call_required=required, guardrails=guardrails,
-            parallel=body.parallel_tool_calls is not False,
-        )
-        response = _buffered_stream(env, body, done, logprobs) if body.stream else _whole(env, done, logprobs)
+    plan = TurnPlan(entry.id, prompt, params, n, call_required=required, parallel=body.parallel_tool_calls is not False)
+    turn = await open_turn(plan, request_id=g.record.id, guardrails=sys_.settings.guardrails)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        framer = ChatStream(env, n, logprobs, include_usage)
+        response = stream_response(framed(
+            turn, framer, keepalive=sys_.settings.keepalive_interval,
+            error=lambda exc: framer.error(exception_body(exc, "openai")),
+        ))
     else:
-        replies = await start(request_id=g.record.id, model=entry.id, prompt=prompt, params=params, n=n)
-        if body.stream:
-            response = _live_stream(env, body, replies, n, logprobs)
-        else:
-            response = _whole(env, await collect(replies, n), logprobs)
-    if header := _degradation(body, images):
+        response = json_response(chat_whole(env, await turn.collect(), logprobs))
+        if turn.retries:
+            response.headers[RETRIES_HEADER] = str(turn.retries)
+    if header := degradation(_unhonoured(body), images):
         response.headers[DEGRADATION_HEADER] = header
     return response
-
-
-def _finish_reason(fin: Finished, called: bool) -> str:
-    return "tool_calls" if called else fin.finish_reason
-
-
-def _whole(env: Envelope, done: Completion, logprobs: int | None) -> Response:
-    choices = [
-        {
-            "index": i,
-            "message": _message(text, reasoning, calls),
-            "logprobs": chat_logprobs(entries) if logprobs is not None else None,
-            "finish_reason": _finish_reason(fin, bool(calls)),
-        }
-        for i, (text, reasoning, calls, fin, entries) in enumerate(
-            zip(done.texts, done.reasoning, done.calls, done.finished, done.logprobs, strict=True)
-        )
-    ]
-    return json_response(env.wrap("chat.completion", choices) | {"usage": usage(done.finished)})
-
-
-def _chunk(
-    env: Envelope, delta: dict[str, Any], index: int, finish: str | None = None,
-    entries: Sequence[TokenLogprob] = (), logprobs: int | None = None,
-) -> dict[str, Any]:
-    reported = chat_logprobs(entries) if logprobs is not None and entries else None
-    choice = {"index": index, "delta": delta, "logprobs": reported, "finish_reason": finish}
-    return env.wrap("chat.completion.chunk", [choice])
-
-
-def _live_stream(env: Envelope, body: ChatCompletionRequest, replies: Any, n: int, logprobs: int | None) -> Response:
-    def pieces(d: Delta, entries: list[TokenLogprob]) -> list[dict[str, Any]]:
-        deltas: list[dict[str, Any]] = []
-        if d.reasoning:
-            deltas.append({"reasoning_content": d.reasoning, "reasoning": d.reasoning})
-        if d.text:
-            deltas.append({"content": d.text})
-        if d.tool_calls:
-            deltas.append({"tool_calls": [call_wire(c) for c in d.tool_calls]})
-        return [
-            _chunk(env, delta, d.index, None, entries if k == 0 else (), logprobs)
-            for k, delta in enumerate(deltas)
-        ]
-
-    return sse_response(
-        replies,
-        body,
-        keepalive=system().settings.keepalive_interval,
-        n=n,
-        opening=[_chunk(env, {"role": "assistant", "content": ""}, i) for i in range(n)],
-        pieces=pieces,
-        finish=lambda fin, called, entries: _chunk(
-            env, {}, fin.index, _finish_reason(fin, called), entries, logprobs
-        ),
-    )
-
-
-def _buffered_stream(env: Envelope, body: ChatCompletionRequest, done: Completion, logprobs: int | None) -> Response:
-    """A finished turn framed as a stream: per choice its role, reasoning, content and calls,
-    then its finish; then the usage (when asked) and ``[DONE]``."""
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-
-    async def frames() -> AsyncIterator[bytes]:
-        last: dict[str, Any] = {}
-        for i, (text, reasoning, calls, fin, entries) in enumerate(
-            zip(done.texts, done.reasoning, done.calls, done.finished, done.logprobs, strict=True)
-        ):
-            yield _sse.data(_chunk(env, {"role": "assistant", "content": ""}, i))
-            deltas: list[dict[str, Any]] = []
-            if reasoning:
-                deltas.append({"reasoning_content": reasoning, "reasoning": reasoning})
-            if text:
-                deltas.append({"content": text})
-            deltas += [{"tool_calls": [call_wire(call)]} for call in calls]
-            for k, delta in enumerate(deltas):  # the turn's log-probabilities ride on its first chunk
-                yield _sse.data(_chunk(env, delta, i, None, entries if k == 0 else (), logprobs))
-            last = _chunk(env, {}, i, _finish_reason(fin, bool(calls)), () if deltas else entries, logprobs)
-            yield _sse.data(last)
-        if include_usage:
-            yield _sse.data(last | {"choices": [], "usage": usage(done.finished)})
-        yield _sse.DONE
-
-    return stream_response(frames())

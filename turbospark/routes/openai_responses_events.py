@@ -5,20 +5,25 @@ and ``function_call`` items, in the order the model wrote them.  ``ResponseStrea
 response: its items built whole (``whole``), or streamed as ``response.created``, then per item
 ``response.output_item.added``, its deltas and its done events, ``response.output_item.done``,
 and at the end ``response.completed`` (or ``response.failed``), every event numbered by
-``sequence_number``.  It is fed ``Delta`` messages (``feed``) or a finished turn's parts
-(``parts``) and returns the frames to send; the route does the I/O and stores the final object.
+``sequence_number``.  It is fed a turn's events (``turns/turn_events``: a call streams as
+``response.function_call_arguments.delta`` pieces) and returns the frames to send; ``whole``
+builds the same items from the events collected.  The final object goes to ``keep`` (the route
+stores it); a retried turn says so in ``usage.retries``.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
-from ..messages import Delta, Finished, ToolCall
+from ..messages import ToolCall
+from ..turns.turn_events import (
+    ArgumentsDelta, CallEnd, CallStart, Collected, Finish, Reasoning, Retried, Text, TurnEvent, Usage,
+)
 from ..web import sse as _sse
 from ..wire.openai import ResponsesRequest
 
@@ -29,18 +34,21 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
-def usage(fin: Finished) -> dict[str, Any]:
-    return {
-        "input_tokens": fin.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": fin.cached_tokens},
-        "output_tokens": fin.completion_tokens,
+def usage(u: Usage) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "input_tokens": u.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": u.cached_tokens},
+        "output_tokens": u.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": fin.prompt_tokens + fin.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
     }
+    if u.retries:
+        out["retries"] = u.retries
+    return out
 
 
-def status(fin: Finished) -> str:
-    return "incomplete" if fin.finish_reason == "length" else "completed"
+def status(fin: Finish) -> str:
+    return "incomplete" if fin.reason == "length" else "completed"
 
 
 # --- output items ---------------------------------------------------------------------------
@@ -77,14 +85,16 @@ class ResponseStream:
     body: ResponsesRequest
     created_at: int = attrs.field(factory=lambda: int(time.time()))
     output: list[dict[str, Any]] = attrs.field(factory=list)
+    keep: Callable[[dict[str, Any]], None] | None = None  # handed the final object
     seq: int = 0
     open: dict[str, Any] | None = None  # the item being streamed
     open_text: str = ""
+    finish: Finish | None = None
 
     def envelope(self, status: str, usage: dict[str, Any] | None = None,
-                 finished: Finished | None = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
+                 finished: Finish | None = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
         b = self.body
-        incomplete = finished is not None and finished.finish_reason == "length"
+        incomplete = finished is not None and finished.reason == "length"
         return {
             "id": self.id, "object": "response", "type": "response", "created_at": self.created_at,
             "status": status, "model": self.model,
@@ -106,17 +116,27 @@ class ResponseStream:
             "usage": usage,
         }
 
-    def final(self, fin: Finished) -> dict[str, Any]:
-        """The finished response object (what is stored and sent whole)."""
-        return self.envelope(status(fin), usage(fin), fin)
+    def final(self, u: Usage) -> dict[str, Any]:
+        """The finished response object (what is stored and sent whole), handed to ``keep``."""
+        assert self.finish is not None
+        final = self.envelope(status(self.finish), usage(u), self.finish)
+        if self.keep is not None:
+            self.keep(final)
+        return final
 
-    def whole(self, reasoning: str, text: str, calls: Sequence[ToolCall]) -> None:
-        """The items of a finished generation, without events."""
-        if reasoning:
-            self.output.append(_reasoning_item(new_id("rs"), reasoning))
-        if text:
-            self.output.append(_message_item(new_id("msg"), text))
-        self.output.extend(_call_item(c) for c in calls)
+    def whole(self, done: Collected) -> dict[str, Any]:
+        """The response object of a turn's events, collected."""
+        (choice,) = done.choices
+        for kind, value in choice.parts:
+            if kind == "reasoning":
+                self.output.append(_reasoning_item(new_id("rs"), value))
+            elif kind == "text":
+                self.output.append(_message_item(new_id("msg"), value))
+            else:
+                self.output.append(_call_item(value))
+        self.finish = choice.finish
+        assert done.usage is not None
+        return self.final(done.usage)
 
     # --- events: one output-index cursor for every item ---------------------------------
 
@@ -137,21 +157,41 @@ class ResponseStream:
         return self.event("response.failed", response=self.envelope("failed", error=error)
                           | {"status_details": {"error": error}})
 
-    def feed(self, msg: Delta | None) -> list[bytes]:
-        """The frames for one reply of a live generation (``None``: a quiet keep-alive interval)."""
-        if msg is None:
-            return [_sse.KEEPALIVE]
-        return self.parts(msg.reasoning, msg.text, msg.tool_calls)
+    def opening(self) -> list[bytes]:
+        return [self.created()]
 
-    def parts(self, reasoning: str, text: str, calls: Sequence[ToolCall]) -> list[bytes]:
-        out: list[bytes] = []
-        if reasoning:
-            out += self.reasoning(reasoning)
-        if text:
-            out += self.text(text)
-        for call in calls:
-            out += self.call(call)
-        return out
+    def tick(self) -> list[bytes]:
+        return [_sse.KEEPALIVE]
+
+    def error(self, body: dict[str, Any]) -> list[bytes]:
+        """``response.failed``: ``body`` is the error in OpenAI's shape."""
+        return [self.failed(body["error"])]
+
+    def feed(self, event: TurnEvent) -> list[bytes]:
+        """The frames for one event of the turn."""
+        if isinstance(event, Text):
+            return self.text(event.text)
+        if isinstance(event, Reasoning):
+            return self.reasoning(event.text)
+        if isinstance(event, CallStart):
+            out = self.close()
+            self.open = _call_item(ToolCall(event.index, event.id, event.name, ""), "in_progress")
+            self.open_text = ""
+            return [*out, self.event("response.output_item.added", output_index=self._index(), item=self.open)]
+        if isinstance(event, ArgumentsDelta):
+            assert self.open is not None
+            self.open_text += event.text
+            return [self.event("response.function_call_arguments.delta", item_id=self.open["id"],
+                               output_index=self._index(), delta=event.text)]
+        if isinstance(event, CallEnd):
+            return self.call(event.call)
+        if isinstance(event, Finish):
+            self.finish = event
+        elif isinstance(event, Usage):
+            return [*self.close(), self.completed(self.final(event))]
+        elif isinstance(event, Retried):
+            pass
+        return []
 
     def text(self, delta: str) -> list[bytes]:
         out = []
@@ -184,19 +224,15 @@ class ResponseStream:
         return out
 
     def call(self, call: ToolCall) -> list[bytes]:
-        out = self.close()
-        index = self._index()
-        item = _call_item(call)
-        out += [
-            self.event("response.output_item.added", output_index=index, item=_call_item(call, "in_progress")),
-            self.event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                       delta=call.arguments),
+        """A call's end: its arguments done, its item done (its deltas went before)."""
+        index, item = self._index(), _call_item(call)
+        self.open = None
+        self.output.append(item)
+        return [
             self.event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                        arguments=call.arguments),
             self.event("response.output_item.done", output_index=index, item=item),
         ]
-        self.output.append(item)
-        return out
 
     def close(self) -> list[bytes]:
         """Close the open item: its done events, then it joins the output."""
