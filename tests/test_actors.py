@@ -138,6 +138,20 @@ async def test_a_job_withdrawn_in_its_model_channel_is_dropped_and_never_taken(
     assert len([e for e in events if isinstance(e, Generated)]) == 1
 
 
+async def test_room_that_frees_takes_a_waiting_job_in_the_same_crossing(
+    nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
+) -> None:
+    queue = await start_queue(nursery, 4)
+    intake = JobIntake("m", queue, 4)
+    assert intake.exchange(0, take=True) == []  # a full batch asks for nothing
+    job, _ = make_job(0)
+    await queue.send(Submit(job))
+    await trio.testing.wait_all_tasks_blocked()
+    assert intake.exchange(0, take=True) == []  # it waits in the queue
+    assert ids(await intake.settle(2)) == [job.request_id]  # two slots free: taken at once
+    assert intake.asked == 0  # the room it leaves is said once the job is admitted
+
+
 async def test_an_idle_model_waits_for_its_first_job(
     nursery: trio.Nursery, autojump_clock: trio.testing.MockClock
 ) -> None:

@@ -164,11 +164,13 @@ class Withdraw:
 class Take:
     """A model thread asks for ``count`` more jobs (negative: that many fewer than it asked for
     before), to be pushed into ``jobs``, its own jobs channel (the model holds the receive end;
-    the queue never pushes more than the model asked for and was not sent)."""
+    the queue never pushes more than the model asked for and was not sent).  ``pushed``, when
+    given, is closed once the queue has pushed what it could."""
 
     model: str
     jobs: trio.MemorySendChannel[GenerationJob]
     count: int
+    pushed: trio.MemorySendChannel[None] | None = None
 
 
 @attrs.frozen

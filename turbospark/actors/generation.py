@@ -1,9 +1,10 @@
 """The generation queue actor: a bounded FIFO per model between routes and model threads.
 
 Inbox messages: ``Submit`` (a route's job), ``Withdraw`` (the route left before the job
-started), ``Take`` (a model thread asks for more jobs, or fewer, pushed into its jobs channel),
-``Retire`` (a model thread has stopped, unloaded or at shutdown: its waiting jobs, and later
-ones, are answered ``ShuttingDown``), ``Open`` (the resolver loads that model again).
+started), ``Take`` (a model thread asks for more jobs, or fewer, pushed into its jobs channel;
+its ``pushed`` channel, if any, is closed once they are), ``Retire`` (a model thread has
+stopped, unloaded or at shutdown: its waiting jobs, and later ones, are answered
+``ShuttingDown``), ``Open`` (the resolver loads that model again).
 
 Admission answers at once, on the job's own reply channel, only when it refuses:
 ``Failed(QueueFull)`` when ``max_queue`` jobs already wait, so a full queue costs the caller
@@ -84,6 +85,8 @@ class _Queue:
                 answer(job.reply, Failed(ShuttingDown()))
             self._depth(msg.model)
         self._dispatch()
+        if isinstance(msg, Take) and msg.pushed is not None:
+            msg.pushed.close()
 
     def _submit(self, job: GenerationJob) -> None:
         if job.model in self.retired:

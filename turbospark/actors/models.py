@@ -10,8 +10,10 @@ receive end, the generation queue the send end, which it gets in the model's ``T
 pushes a job as soon as it is admitted while the model has asked for more than it was sent, so
 the channel never holds more than the model asked for, at most ``max_batch`` jobs.  The thread
 takes them in its step's one crossing with ``receive_nowait``, up to its free slots, and asks
-again only when its room changes (jobs ended, one waits for room): no round trip per step.  With
-nothing to run it waits on the channel.
+again only when its room changes: no round trip per step.  When room grows (jobs ended) that
+crossing waits until the queue has pushed what it could (``Take.pushed``), so a job waiting for
+a slot joins at once, as it would with a round trip per step; with nothing to run, the thread
+waits on the channel.
 
 A job the queue withdrew while it sat in the channel (its client left) has been answered by the
 queue, which closed its reply channel: the thread skips it.  When the model stops, the jobs
@@ -21,6 +23,7 @@ what it could not push, and ``Retire`` answers it).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from functools import partial
 
@@ -77,6 +80,14 @@ class JobIntake:
         received, jobs = self._drain(want) if take else (0, [])
         self._ask(0 if received else want)
         return None if self.closed and not jobs else jobs
+
+    async def settle(self, want: int) -> list[GenerationJob] | None:
+        """The batch has more room than it last said: ask for it, wait until the queue has
+        pushed what it could (the one round trip, when jobs end, not every step), then take as
+        ``exchange`` does.  A job waiting for a slot joins the step right after the slot frees."""
+        if want > self.asked and not self.closed:
+            await self._ask_now(want, settle=True)
+        return self.exchange(want, take=True)
 
     async def wait(self, want: int) -> list[GenerationJob] | None:
         """The batch is empty: ask for ``want`` and wait for the first job, with whatever came
@@ -135,15 +146,22 @@ class JobIntake:
             return
         self.asked = target
 
-    async def _ask_now(self, target: int) -> None:
+    async def _ask_now(self, target: int, *, settle: bool = False) -> None:
         if target == self.asked:
             return
-        try:
-            await self.queue.send(Take(self.model, self.send, target - self.asked))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.closed = True
-            return
-        self.asked = target
+        pushed_send, pushed = trio.open_memory_channel[None](0)
+        with pushed:
+            try:
+                await self.queue.send(
+                    Take(self.model, self.send, target - self.asked, pushed_send if settle else None)
+                )
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.closed = True
+                return
+            self.asked = target
+            if settle:
+                with contextlib.suppress(trio.EndOfChannel):
+                    await pushed.receive()
 
 
 async def model_actor(

@@ -24,8 +24,9 @@ loop and its crossings.
   sequence, whoever shares the batch.
 - New jobs come through the model's ``Intake`` (its end of its jobs channel, see
   ``actors/models.py``), in the same crossing: the jobs the queue has already pushed, up to the
-  batch's free slots, taken with ``receive_nowait``; no round trip to the queue.  Only with
-  nothing to run does the crossing wait (``from_thread.run``) for a job to arrive.
+  batch's free slots, taken with ``receive_nowait``; no round trip to the queue.  Two crossings
+  wait (``from_thread.run``): the one after the batch's room grew (jobs ended), until the queue
+  has pushed what it could for it, and, with nothing to run, the one that waits for a job.
 - ``check_cancelled()`` runs before every step: shutdown stops the loop within one step, and
   every sequence still running or waiting is answered ``Failed(ShuttingDown)``.
 - It never waits on a client: the route sizes the reply buffer to hold every message a job can
@@ -58,10 +59,13 @@ class Intake(Protocol):
 
     ``want`` is how many more jobs the batch has room for now (0: none, while a job waits for
     room).  ``exchange`` hands over, when ``take``, up to ``want`` jobs that are there already,
-    and tells the queue how many more it may send; ``wait`` (the batch is empty) returns once
-    at least one job is there.  Both return None once the queue has closed (shutdown)."""
+    and tells the queue how many more it may send; ``settle`` (the room grew) first waits until
+    the queue has sent what it could; ``wait`` (the batch is empty) returns once at least one
+    job is there.  All return None once the queue has closed (shutdown)."""
 
     def exchange(self, want: int, take: bool) -> list[GenerationJob] | None: ...
+
+    def settle(self, want: int) -> Awaitable[list[GenerationJob] | None]: ...
 
     def wait(self, want: int) -> Awaitable[list[GenerationJob] | None]: ...
 
@@ -119,6 +123,7 @@ class _Loop:
         self.intake = intake
         self.emit = emit
         self.queue_open = True
+        self.told = 0  # the room last told to the intake (none right after taking jobs)
 
     def run(self) -> None:
         batch = self.batch
@@ -156,8 +161,11 @@ class _Loop:
         jobs, news, events = self.batch.outgoing()
         if wait:
             gone, taken = trio.from_thread.run(self._trio_wait, events, news, want)
+        elif take and want > self.told and self.queue_open:
+            gone, taken = trio.from_thread.run(self._trio_settle, events, news, want)
         else:
             gone, taken = trio.from_thread.run_sync(self._trio_exchange, events, news, want, take)
+        self.told = 0 if taken else want
         self.batch.departed(jobs, gone)
         if taken is None:
             self.queue_open = False  # the queue closed: shutdown is under way
@@ -169,6 +177,12 @@ class _Loop:
     ) -> tuple[list[int], list[GenerationJob] | None]:
         gone = deliver(self.emit, events, news)
         return gone, self.intake.exchange(want, take) if self.queue_open else []
+
+    async def _trio_settle(
+        self, events: list[object], news: list[News], want: int
+    ) -> tuple[list[int], list[GenerationJob] | None]:
+        gone = deliver(self.emit, events, news)
+        return gone, await self.intake.settle(want)
 
     async def _trio_wait(
         self, events: list[object], news: list[News], want: int
