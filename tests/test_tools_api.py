@@ -252,7 +252,6 @@ async def test_a_json_answer_is_compact_and_closed(start_server, client) -> None
     assert list(json.loads(content)) == ["name"] and " " not in content.replace("Ada", "")
 
 
-@pytest.mark.xfail(strict=True, reason="the model thread does not yet pass max_tokens to Grammars.compile (budget=)")
 async def test_a_budget_too_small_for_any_valid_call_is_a_400(start_server, client) -> None:
     server = await start_server([ScriptedBackend(script=RAMBLING)])
     r = await client.post(f"{server.url}{PATH}", json=chat_body(tools=[LANGCHAIN], tool_choice="required", max_tokens=5))

@@ -99,8 +99,9 @@ def prepare(
     if job.params.max_tokens > room:  # a clamping job: its budget is what the context leaves
         job = attrs.evolve(job, params=attrs.evolve(job.params, max_tokens=room))
     grow = len(ids) + job.params.max_tokens
-    if job.params.grammar is not None:  # compiled now: a schema it cannot enforce is a 400
-        backend.tokenizer.grammars.compile(job.params.grammar)
+    if job.params.grammar is not None:  # compiled now: a schema it cannot enforce, or a budget
+        # too small for its shortest finished output, is a 400
+        backend.tokenizer.grammars.compile(job.params.grammar, budget=job.params.max_tokens)
     vocab = backend.tokenizer.vocab_size
     if any(not 0 <= i < vocab for i, _ in job.params.logit_bias):
         raise RequestInvalid(
