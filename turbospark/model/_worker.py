@@ -47,9 +47,8 @@ from ..messages import GenerationJob
 from ._admission import Admission
 from ._batch import Batch, News
 from .backend import Backend
-from .prompt import encode_prompt, render_prompt
 
-__all__ = ["Intake", "Limits", "deliver", "encode_prompt", "render_prompt", "serve_model"]
+__all__ = ["Intake", "Limits", "deliver", "serve_model"]
 
 log = logging.getLogger("turbospark.model")
 
