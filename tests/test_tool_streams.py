@@ -207,3 +207,48 @@ async def test_claude_code_runs_its_tool_and_prints_the_answer(start_server, tmp
                            extra=("--allowedTools", "Read", "--add-dir", str(tmp_path)))
     assert f"The file says {secret}." in out
     assert backend.counters.generations >= 2  # the call, then the answer with the tool's result
+
+
+async def test_the_openai_agents_sdk_runs_a_tool_from_a_streamed_call(start_server) -> None:
+    """The Agents SDK, streaming, on chat completions and on Responses: it joins the call's
+    argument deltas, runs the function and answers with its result."""
+    import asyncio
+
+    import pytest
+
+    agents = pytest.importorskip("agents")
+    ran: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """Current weather for a city."""
+        ran.append(city)
+        return f"{city}: 12 degrees and cloudy"
+
+    class WeatherThenAnswer(ScriptedBackend):
+        def insert(self, seq, prompt, params):  # type: ignore[no-untyped-def]
+            answered = "12 degrees and cloudy" in self.tokenizer.decode(prompt)
+            self._script = self.tokenizer.encode("It is 12 degrees in Oslo." if answered else "Checking. " + CALL)
+            return super().insert(seq, prompt, params)
+
+    server = await start_server([WeatherThenAnswer(context_window=32_000, prefill_chunk=4096)])
+
+    def run(api: str) -> str:
+        async def go() -> str:
+            client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x")
+            model = (agents.OpenAIChatCompletionsModel if api == "chat" else agents.OpenAIResponsesModel)(
+                model="scripted", openai_client=client)
+            agent = agents.Agent(name="weather", instructions="Be brief.", tools=[get_weather], model=model)
+            result = agents.Runner.run_streamed(agent, "What is the weather in Oslo?")
+            async for _ in result.stream_events():
+                pass
+            await client.close()
+            return str(result.final_output)
+
+        agents.set_tracing_disabled(True)
+        return asyncio.run(go())
+
+    for api in ("chat", "responses"):
+        answer = await trio.to_thread.run_sync(run, api)
+        assert answer == "It is 12 degrees in Oslo." and ran[-1] == "Oslo", api
+    assert len(ran) == 2
