@@ -252,3 +252,24 @@ async def test_the_openai_agents_sdk_runs_a_tool_from_a_streamed_call(start_serv
         answer = await trio.to_thread.run_sync(run, api)
         assert answer == "It is 12 degrees in Oslo." and ran[-1] == "Oslo", api
     assert len(ran) == 2
+
+
+async def test_a_client_that_leaves_while_a_call_is_held_stops_it_within_a_step(start_server) -> None:
+    from turbospark.messages import Generated
+
+    from ._support import raw_post, read_until, wait_for
+
+    long_call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "' + "Oslo " * 200 + '"}}\n</tool_call>'
+    backend = ScriptedBackend(script="Sure. " + long_call, token_delay=0.01)
+    server = await start_server([backend])
+    events = server.system.subscribe()
+    sock = await raw_post(server.url, "/v1/chat/completions", chat_body(tools=[WEATHER], stream=True))
+    await read_until(sock, b'"content":"Sure')
+    await wait_for(lambda: backend.counters.decode_steps >= 20)  # inside the call, held back
+    at_close = backend.counters.decode_steps
+    await sock.aclose()
+    with trio.fail_after(10):
+        async for event in events:
+            if isinstance(event, Generated):
+                break
+    assert event.stop_reason == "Cancelled" and backend.counters.decode_steps - at_close <= 2
