@@ -9,7 +9,7 @@ import pytest
 
 from turbospark.wire.embedding_checks import check_dimensions, check_inputs, encode_vector, inputs_of, shorten
 from turbospark.errors import RequestInvalid
-from turbospark.model._embed_pool import EmbeddingPool, bucket_of
+from turbospark.threads._embed_pool import EmbeddingPool, bucket_of
 from turbospark.actors.registry import ModelEntry, Registry
 
 

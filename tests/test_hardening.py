@@ -107,7 +107,7 @@ async def test_oversized_bodies_are_413_in_shape(start_server) -> None:
 
 def test_role_injection_is_plain_text_by_default() -> None:
     from turbospark.messages import ChatPrompt
-    from turbospark.model.prompt import render_prompt
+    from turbospark.threads.prompt import render_prompt
     from turbospark.model.scripted import shipped_tokenizer
 
     tok = shipped_tokenizer()

@@ -9,7 +9,7 @@ import pytest
 from turbospark.actors._fifo import FifoPolicy
 from turbospark.wire.codec import structure
 from turbospark.errors import ModelNotFound, NoModel, RequestInvalid
-from turbospark.model._admission import Admission
+from turbospark.threads._admission import Admission
 from turbospark.model.backend import PrefillProgress, SamplingParams
 from turbospark.model.output import OutputParser
 from turbospark.model.scripted import shipped_tokenizer

@@ -48,8 +48,8 @@ from .turns.conversations import ResponseStore
 from .errors import QueueFull, ShuttingDown, TurboSparkError
 from .actors.observer import Event
 from .messages import EmbeddingJob, GenerationJob, QueueRejected, Submit, Withdraw
-from .model._embed_worker import EmbeddingLimits
-from .model._worker import Limits
+from .threads.encoder_thread import EmbeddingLimits
+from .threads.model_thread import Limits
 from .model.backend import BackendSpec
 from .model.encoder import EncoderSpec
 from .audio.engines import AudioSpec

@@ -22,7 +22,7 @@ import trio
 
 from ..errors import ShuttingDown
 from ..messages import EmbeddingJob, Failed
-from ..model._embed_worker import EmbeddingLimits, serve_encoder
+from ..threads.encoder_thread import EmbeddingLimits, serve_encoder
 from ..model.encoder import Encoder
 from ._mailbox import answer
 

@@ -33,7 +33,7 @@ import trio
 from ..errors import ShuttingDown
 from ..messages import Failed, GenerationJob, Retire, Take
 from ..model.tokenizer import Tokenizer
-from ..model._worker import Limits, serve_model
+from ..threads.model_thread import Limits, serve_model
 from ..model.backend import Backend
 from ._mailbox import answer
 from .generation import QueueMessage

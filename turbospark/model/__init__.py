@@ -1,2 +1,6 @@
-"""Backends: the sync side that runs on each model's own thread (no Trio imports except
-``_worker``)."""
+"""The models themselves, synchronous and Trio-free: the batched engine protocol (``backend``), the
+MLX engine (``mlx_backend`` with ``mlx_sampling``, ``prefix_cache``, ``mlx_load``) and the scripted
+one, tokenizers and chat templates (``tokenizer``, ``tool_preamble``), reading a sequence's output
+(``output``, ``sequence``, ``stops``), constraints (``constraint``), and the encoders (``encoder``,
+``bert``). Everything here runs on a model's own thread (``threads/``). It may import ``errors``
+and the package's data; never ``messages``, ``actors``, ``store`` or anything above."""

@@ -19,7 +19,7 @@ from quart import Blueprint, Response, g, request
 
 from ..errors import RequestInvalid
 from ..messages import RequestRouted, Started
-from ..model.prompt import render_prompt
+from ..threads.prompt import render_prompt
 from ..web.app import exception_body, json_response, system
 from ..wire.anthropic import MessagesRequest
 from ..wire.codec import parse_json, structure

@@ -14,7 +14,7 @@ before every forward pass, for the next batch:
   instead of waiting for the whole of the big one, and inputs of one job run in their own order.
 - ``remove`` forgets a job (its client left, or it failed): its inputs never run.
 
-Nothing here knows about Trio, threads or MLX; ``model/_embed_worker.py`` drives it.
+Nothing here knows about Trio, threads or MLX; ``encoder_thread`` drives it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``Batch`` owns everything the thread knows about its jobs: those waiting for room (taken, not
 yet admitted), those running (their choices in the engine), and those ended with replies still
-to deliver.  The thread loop (``_worker``) calls it between crossings:
+to deliver.  The thread loop (``model_thread``) calls it between crossings:
 
 - ``accept``: a new job is prepared (``prompt.prepare``) and waits for room, or is answered at
   once with what it failed;
@@ -34,10 +34,10 @@ from ..errors import GenerationFailed, ShuttingDown, TurboSparkError
 from ..messages import BatchState, Delta, Failed, Finished, GenerationBegan, GenerationJob, Reply, Started, TokenLogprob
 from ._admission import Admission
 from ._jobs import Choice, Job, generated
-from .backend import Backend, StepOutput
-from .output import OutputParser
+from ..model.backend import Backend, StepOutput
+from ..model.output import OutputParser
 from .prompt import prepare
-from .sequence import SequenceState, StopReason
+from ..model.sequence import SequenceState, StopReason
 
 __all__ = ["Batch", "News"]
 

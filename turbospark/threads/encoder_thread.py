@@ -41,8 +41,8 @@ import trio
 from ..errors import GenerationFailed, RequestInvalid, ShuttingDown, TurboSparkError
 from ..messages import EmbeddingBatch, Embedded, EmbeddingJob, EmbeddingOutcome, EmbeddingReply, Failed, Vectors
 from ._embed_pool import EmbeddingPool
-from ._worker import deliver
-from .encoder import Encoder
+from .model_thread import deliver
+from ..model.encoder import Encoder
 
 __all__ = ["EmbeddingLimits", "serve_encoder"]
 

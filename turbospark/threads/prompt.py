@@ -14,8 +14,8 @@ import attrs
 from ..errors import ContextOverflow, RequestInvalid
 from ..messages import ChatPrompt, GenerationJob, TextPrompt
 from ._admission import Admission
-from .backend import Backend
-from .tokenizer import Tokenizer
+from ..model.backend import Backend
+from ..model.tokenizer import Tokenizer
 
 __all__ = ["Prepared", "encode_prompt", "prepare", "render_prompt"]
 

@@ -46,7 +46,7 @@ import trio
 from ..messages import GenerationJob
 from ._admission import Admission
 from ._batch import Batch, News
-from .backend import Backend
+from ..model.backend import Backend
 
 __all__ = ["Intake", "Limits", "deliver", "serve_model"]
 

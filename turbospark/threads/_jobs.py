@@ -2,7 +2,7 @@
 
 A job is one request: one sequence, or ``n`` sequences (choices) that share its prompt's
 prefill and its reply channel.  Plain records, no I/O: the batch (``_batch``) changes them, the
-crossing (``_worker``) carries their outboxes to Trio.
+crossing (``model_thread``) carries their outboxes to Trio.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 import attrs
 
 from ..messages import Generated, GenerationJob, Reply
-from .backend import SamplingParams
-from .sequence import SequenceState, StopReason
+from ..model.backend import SamplingParams
+from ..model.sequence import SequenceState, StopReason
 
 __all__ = ["Choice", "Job", "generated"]
 
