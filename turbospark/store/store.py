@@ -39,6 +39,7 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -130,155 +131,141 @@ class ModelStore(StoreDirectory):
         name = check_name(name if name is not None else resolved.default_name)
         if label is not None:
             resolved = attrs.evolve(resolved, label=label)
-        shown = progress_from(progress)
         with self.scratch() as work:
+            job = _Job(resolved, work, name, progress_from(progress), extra_files)
             if resolved.format == "gguf":
-                return self._import_gguf(resolved, work, name, dtype, shown, extra_files, sha256)
+                return self._import_gguf(job, dtype or default_dtype(), sha256)
             if resolved.format == "ollama":
-                return self._import_ollama(resolved, work, name, dtype, shown, extra_files)
+                return self._import_ollama(job, dtype or default_dtype())
             if resolved.format == "encoder":
-                return self._import_encoder(resolved, work, name, dtype, shown, extra_files)
-            return self._import_hf(resolved, work, name, dtype, shown, extra_files)
+                return self._import_encoder(job, dtype or "float32")  # small enough that float32 costs nothing
+            return self._import_hf(job, dtype or default_dtype())
+
+    def _build(
+        self,
+        job: _Job,
+        *,
+        sha256: str,
+        dtype: str,
+        fmt: str,
+        convert: Callable[[Path], _Built],
+        check: Callable[[Path], None],
+        kind: str = "generation",
+    ) -> StoredModel:
+        """The model ``job.name`` from bytes with digest ``sha256`` in ``dtype``: the stored one when it
+        was built from those already, else ``convert(model_dir)`` writes it, and it is checked and
+        moved into place with its manifest."""
+        if (existing := self.matching(job.name, sha256=sha256, dtype=dtype)) is not None:
+            return self.ensure_runtime_files(existing)
+        model_dir = job.work / "model"
+        model_dir.mkdir()
+        built = convert(model_dir)
+        manifest = new_manifest(
+            name=job.name,
+            source=job.source.label,
+            sha256=sha256,
+            fmt=fmt,
+            architecture=built.architecture,
+            dtype=dtype,
+            context_length=built.context_length,
+            kind=kind,
+        )
+        manifest.update(built.more)
+        return self.install(model_dir, manifest, extra_files=job.extra_files, check=check)
 
     # -- one per source format ----------------------------------------------------------------------
 
-    def _import_gguf(
-        self,
-        source: Source,
-        work: Path,
-        name: str,
-        dtype: str | None,
-        progress: Progress,
-        extra_files: Sequence[Path],
-        known_sha256: str | None,
-    ) -> StoredModel:
-        if len(source.paths) == 1:
-            gguf_path = source.paths[0]
-            sha256 = known_sha256 or hash_files([gguf_path], progress=progress)
+    def _import_gguf(self, job: _Job, dtype: str, known_sha256: str | None) -> StoredModel:
+        paths = job.source.paths
+        if len(paths) == 1:
+            gguf_path = paths[0]
+            sha256 = known_sha256 or hash_files([gguf_path], progress=job.progress)
         else:
-            gguf_path = work / "source.gguf"
-            total = sum(p.stat().st_size for p in source.paths)
+            gguf_path = job.work / "source.gguf"
+            total = sum(p.stat().st_size for p in paths)
             with gguf_path.open("wb") as out:
-                sha256 = copy_and_hash(
-                    opened(source.paths), total=total, out=out, progress=progress, desc="assembling"
-                )
-        dtype = dtype or default_dtype()
-        if (existing := self.matching(name, sha256=sha256, dtype=dtype)) is not None:
-            return self.ensure_runtime_files(existing)
-        model_dir = work / "model"
-        model_dir.mkdir()
-        converted = convert_gguf(gguf_path, model_dir, dtype=dtype, progress=progress.bars)
-        manifest = new_manifest(
-            name=name,
-            source=source.label,
-            sha256=sha256,
-            fmt="gguf",
-            architecture=converted.architecture,
-            dtype=dtype,
-            context_length=converted.context_length,
-        )
-        return self.install(model_dir, manifest, extra_files=extra_files, check=_generation_check(sha256))
+                sha256 = copy_and_hash(opened(paths), total=total, out=out, progress=job.progress, desc="assembling")
 
-    def _import_hf(
-        self,
-        source: Source,
-        work: Path,
-        name: str,
-        dtype: str | None,
-        progress: Progress,
-        extra_files: Sequence[Path],
-    ) -> StoredModel:
-        src = source.paths[0]
+        def convert(model_dir: Path) -> _Built:
+            converted = convert_gguf(gguf_path, model_dir, dtype=dtype, progress=job.progress.bars)
+            return _Built(converted.architecture, converted.context_length)
+
+        return self._build(
+            job, sha256=sha256, dtype=dtype, fmt="gguf", convert=convert, check=_generation_check(sha256)
+        )
+
+    def _import_hf(self, job: _Job, dtype: str) -> StoredModel:
+        src = job.source.paths[0]
         try:
             config = json.loads((src / "config.json").read_text())
         except ValueError as exc:
             raise ModelImportError(f"{src / 'config.json'} is not valid JSON ({exc})") from None
         architecture = check_architecture(config)
-        dtype = dtype or default_dtype()
-        sha256 = directory_sha256(src, progress=progress)
-        if (existing := self.matching(name, sha256=sha256, dtype=dtype)) is not None:
-            return self.ensure_runtime_files(existing)
-        model_dir = work / "model"
-        model_dir.mkdir()
-        config = convert_hf(src, model_dir, dtype=dtype, progress=progress)
-        context = config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings")
-        manifest = new_manifest(
-            name=name,
-            source=source.label,
-            sha256=sha256,
-            fmt="hf",
-            architecture=architecture,
-            dtype=dtype,
-            context_length=context,
-        )
-        if dtype == "native" and is_quantized(config):
-            quantization = config.get("quantization") or config.get("quantization_config")
-            manifest["quantization"] = quantization if isinstance(quantization, dict) else True
-        return self.install(model_dir, manifest, extra_files=extra_files, check=_generation_check(sha256))
+        sha256 = directory_sha256(src, progress=job.progress)
 
-    def _import_ollama(
-        self,
-        source: Source,
-        work: Path,
-        name: str,
-        dtype: str | None,
-        progress: Progress,
-        extra_files: Sequence[Path],
-    ) -> StoredModel:
-        model = source.ollama
+        def convert(model_dir: Path) -> _Built:
+            config = convert_hf(src, model_dir, dtype=dtype, progress=job.progress)
+            context = config.get("max_position_embeddings") or config.get("text_config", {}).get(
+                "max_position_embeddings"
+            )
+            more: dict[str, Any] = {}
+            if dtype == "native" and is_quantized(config):
+                quantization = config.get("quantization") or config.get("quantization_config")
+                more["quantization"] = quantization if isinstance(quantization, dict) else True
+            return _Built(architecture, context, more)
+
+        return self._build(job, sha256=sha256, dtype=dtype, fmt="hf", convert=convert, check=_generation_check(sha256))
+
+    def _import_ollama(self, job: _Job, dtype: str) -> StoredModel:
+        model = job.source.ollama
         assert model is not None
-        dtype = dtype or default_dtype()
-        sha256 = model.manifest_digest.removeprefix("sha256:")
-        if (existing := self.matching(name, sha256=sha256, dtype=dtype)) is not None:
-            return self.ensure_runtime_files(existing)
-        gguf_sha256 = hash_files([model.gguf], progress=progress)
-        if f"sha256:{gguf_sha256}" != model.gguf_digest:
-            raise ModelImportError(f"Ollama's blob {model.gguf} is damaged: its bytes hash to sha256:{gguf_sha256}")
-        model_dir = work / "model"
-        model_dir.mkdir()
-        converted = convert_gguf(model.gguf, model_dir, dtype=dtype, progress=progress.bars)
-        manifest = new_manifest(
-            name=name,
-            source=source.label,
-            sha256=sha256,
-            fmt="gguf",
-            architecture=converted.architecture,
-            dtype=dtype,
-            context_length=converted.context_length,
-        )
-        manifest["ollama"] = apply_layers(model_dir, model)
-        return self.install(model_dir, manifest, extra_files=extra_files, check=_generation_check(gguf_sha256))
 
-    def _import_encoder(
-        self,
-        source: Source,
-        work: Path,
-        name: str,
-        dtype: str | None,
-        progress: Progress,
-        extra_files: Sequence[Path],
-    ) -> StoredModel:
-        src = source.paths[0]
-        dtype = dtype or "float32"  # small enough that float32 costs nothing anywhere
+        def convert(model_dir: Path) -> _Built:
+            gguf_sha256 = hash_files([model.gguf], progress=job.progress)
+            if f"sha256:{gguf_sha256}" != model.gguf_digest:
+                raise ModelImportError(f"Ollama's blob {model.gguf} is damaged: its bytes hash to sha256:{gguf_sha256}")
+            converted = convert_gguf(model.gguf, model_dir, dtype=dtype, progress=job.progress.bars)
+            return _Built(converted.architecture, converted.context_length, {"ollama": apply_layers(model_dir, model)})
+
+        # the catalogue knows the GGUF by its own digest, not by the Ollama manifest's
+        check = _generation_check(model.gguf_digest.removeprefix("sha256:"))
+        sha256 = model.manifest_digest.removeprefix("sha256:")
+        return self._build(job, sha256=sha256, dtype=dtype, fmt="gguf", convert=convert, check=check)
+
+    def _import_encoder(self, job: _Job, dtype: str) -> StoredModel:
+        src = job.source.paths[0]
         if dtype in ("q8", "q4"):
             raise ModelImportError(f"an embedding model is stored in a float dtype, not {dtype}")
-        sha256 = directory_sha256(src, progress=progress)
-        if (existing := self.matching(name, sha256=sha256, dtype=dtype)) is not None:
-            return existing
-        model_dir = work / "model"
-        model_dir.mkdir()
-        spec = convert_encoder(src, model_dir, dtype=dtype, progress=progress)
-        manifest = new_manifest(
-            name=name,
-            source=source.label,
-            sha256=sha256,
-            fmt="hf",
-            architecture="bert",
-            dtype=dtype,
-            context_length=spec["max_tokens"],
-            kind="embedding",
+        sha256 = directory_sha256(src, progress=job.progress)
+
+        def convert(model_dir: Path) -> _Built:
+            spec = convert_encoder(src, model_dir, dtype=dtype, progress=job.progress)
+            return _Built("bert", spec["max_tokens"])
+
+        return self._build(
+            job, sha256=sha256, dtype=dtype, fmt="hf", convert=convert, check=check_encoder_loads, kind="embedding"
         )
-        return self.install(model_dir, manifest, extra_files=extra_files, check=check_encoder_loads)
+
+
+@attrs.frozen
+class _Job:
+    """One import under way: its source, the scratch directory it builds in, the name it is stored
+    under, where it shows progress and the files copied in verbatim."""
+
+    source: Source
+    work: Path
+    name: str
+    progress: Progress
+    extra_files: Sequence[Path]
+
+
+@attrs.frozen
+class _Built:
+    """What a conversion tells the manifest: the architecture, the context length, further fields."""
+
+    architecture: str
+    context_length: int | None
+    more: dict[str, Any] = attrs.field(factory=dict)
 
 
 def _generation_check(sha256: str) -> Callable[[Path], None]:
