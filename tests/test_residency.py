@@ -172,6 +172,21 @@ def test_eviction_waits_for_busy_models_and_takes_the_least_recently_used() -> N
     assert load(budget.ended(one, None, 3.0)).id == "two"
 
 
+def test_a_load_that_needs_two_victims_stops_two_and_no_more_as_they_end() -> None:
+    policy = Residency(slots=4, max_models=3)
+    models = {}
+    for i, name in enumerate(("alpha", "beta", "gamma")):
+        models[name], held = serve(policy, loadable(name), float(i))
+        policy.release(held, 10.0 + i)
+    policy.max_models = 2  # three loaded (pinned at start) with room for two: one load needs two to go
+    out = ask(policy, loadable("delta"), 20.0)
+    assert out == [Stop(models["alpha"]), Stop(models["beta"])]
+    assert policy.ended(models["alpha"], None, 21.0) == [Unloaded(models["alpha"], "evicted")]  # gamma stays
+    out = policy.ended(models["beta"], None, 22.0)
+    assert out == [Unloaded(models["beta"], "evicted"), Load(policy.models["delta"])]
+    assert set(policy.loaded()) == {"gamma"}
+
+
 def test_a_model_bigger_than_the_budget_loads_alone() -> None:
     policy = Residency(slots=1, max_memory=50)
     assert load(ask(policy, loadable("huge", size=500), 0.0)).id == "huge"

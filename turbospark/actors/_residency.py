@@ -304,12 +304,14 @@ class Residency:
         else:
             model.expires = now + model.keep_alive
 
-    def _residents(self) -> list[Resident]:
+    def _residents(self, *, leaving: bool = True) -> list[Resident]:
+        """The models that take room; with ``leaving``, those stopping too (busy until ended)."""
         out = [
             Resident(m.id, m.loadable.size, bool(m.leases) or m.state != "ready", m.loadable.pinned, m.last_used)
             for m in self.models.values() if m.state in ("loading", "ready")
         ]
-        out += [Resident(m.id, m.loadable.size, True, m.loadable.pinned, m.last_used) for m in self.leaving.values()]
+        if leaving:
+            out += [Resident(m.id, m.loadable.size, True, m.loadable.pinned, m.last_used) for m in self.leaving.values()]
         return out
 
     def _advance(self, now: float, out: list[Decision]) -> None:
@@ -320,14 +322,15 @@ class Residency:
                 continue
             if model.id in self.leaving:
                 continue  # its previous instance is still stopping
-            victims = evictions(
-                self._residents(), model.loadable.size, max_models=self.max_models, max_memory=self.max_memory
-            )
+            # the victims are chosen as if the models already stopping had gone (they will), so
+            # that a load waiting for them does not stop more; it starts once they have ended
+            size, limits = model.loadable.size, {"max_models": self.max_models, "max_memory": self.max_memory}
+            victims = evictions(self._residents(leaving=False), size, **limits)
             if victims is None:
                 continue
-            if victims:
-                for victim in victims:
-                    self._stop(self.models[victim], "evicted", out)
+            for victim in victims:
+                self._stop(self.models[victim], "evicted", out)
+            if victims or evictions(self._residents(), size, **limits) != []:
                 continue  # loads once they have ended
             self._start(model, now, out)
 
