@@ -118,6 +118,19 @@ def _norm(out: dict[str, np.ndarray], src: str, dst: str, v: dict[str, np.ndarra
     out[f"{dst}.weight"], out[f"{dst}.bias"] = v[f"{src}/gamma"], v[f"{src}/beta"]
 
 
+def _block(out: dict[str, np.ndarray], src: str, dst: str, v: dict[str, np.ndarray], *, cross: bool) -> None:
+    """One transformer block: self-attention, then (in the decoder, ``cross``) attention over the
+    audio, then the MLP; each with its layer norm."""
+    _attention(out, f"{src}/self_attention", f"{dst}.attn", v, cross=False)
+    _norm(out, f"{src}/self_attention/layer_norm", f"{dst}.attn_ln", v)
+    if cross:
+        _attention(out, f"{src}/attention", f"{dst}.cross_attn", v, cross=True)
+        _norm(out, f"{src}/attention/layer_norm", f"{dst}.cross_attn_ln", v)
+    _norm(out, f"{src}/ffn/layer_norm", f"{dst}.mlp_ln", v)
+    for a, b in (("linear_0", "mlp1"), ("linear_1", "mlp2")):
+        out[f"{dst}.{b}.weight"], out[f"{dst}.{b}.bias"] = v[f"{src}/ffn/{a}/weight"], v[f"{src}/ffn/{a}/bias"]
+
+
 def _layers(v: dict[str, np.ndarray], side: str) -> int:
     return len({k.split("/")[1] for k in v if re.match(rf"{side}/layer_\d+/", k)})
 
@@ -138,24 +151,12 @@ def convert_ct2_whisper(src: Path, out_dir: Path) -> dict[str, Any]:
     w["encoder.conv2.bias"] = v["encoder/conv2/bias"]
     n_enc, n_dec = _layers(v, "encoder"), _layers(v, "decoder")
     for i in range(n_enc):
-        s, d = f"encoder/layer_{i}", f"encoder.blocks.{i}"
-        _attention(w, f"{s}/self_attention", f"{d}.attn", v, cross=False)
-        _norm(w, f"{s}/self_attention/layer_norm", f"{d}.attn_ln", v)
-        _norm(w, f"{s}/ffn/layer_norm", f"{d}.mlp_ln", v)
-        for a, b in (("linear_0", "mlp1"), ("linear_1", "mlp2")):
-            w[f"{d}.{b}.weight"], w[f"{d}.{b}.bias"] = v[f"{s}/ffn/{a}/weight"], v[f"{s}/ffn/{a}/bias"]
+        _block(w, f"encoder/layer_{i}", f"encoder.blocks.{i}", v, cross=False)
     _norm(w, "encoder/layer_norm", "encoder.ln_post", v)
     w["decoder.token_embedding.weight"] = v["decoder/embeddings/weight"]
     w["decoder.positional_embedding"] = v["decoder/position_encodings/encodings"]
     for i in range(n_dec):
-        s, d = f"decoder/layer_{i}", f"decoder.blocks.{i}"
-        _attention(w, f"{s}/self_attention", f"{d}.attn", v, cross=False)
-        _norm(w, f"{s}/self_attention/layer_norm", f"{d}.attn_ln", v)
-        _attention(w, f"{s}/attention", f"{d}.cross_attn", v, cross=True)
-        _norm(w, f"{s}/attention/layer_norm", f"{d}.cross_attn_ln", v)
-        _norm(w, f"{s}/ffn/layer_norm", f"{d}.mlp_ln", v)
-        for a, b in (("linear_0", "mlp1"), ("linear_1", "mlp2")):
-            w[f"{d}.{b}.weight"], w[f"{d}.{b}.bias"] = v[f"{s}/ffn/{a}/weight"], v[f"{s}/ffn/{a}/bias"]
+        _block(w, f"decoder/layer_{i}", f"decoder.blocks.{i}", v, cross=True)
     _norm(w, "decoder/layer_norm", "decoder.ln", v)
     vocab, state = v["decoder/embeddings/weight"].shape
     config = {
