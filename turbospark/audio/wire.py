@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -30,9 +30,12 @@ __all__ = [
     "Unsupported",
     "UnsupportedMedia",
     "UploadTooLarge",
-    "check_speech",
+    "check_fields",
+    "check_flag",
     "check_generate",
+    "check_speech",
     "render_transcript",
+    "required_model",
     "transcription_options",
 ]
 
@@ -94,7 +97,23 @@ class TranscriptionOptions:
     run_async: bool
 
 
-def _flag(value: str, name: str) -> bool:
+def check_fields(fields: Mapping[str, Any], allowed: Container[str], *, what: str = "field") -> None:
+    """Refuse the first of ``fields`` (a JSON body, form fields, a query string) not ``allowed``."""
+    for key in fields:
+        if key not in allowed:
+            raise RequestInvalid(f'the {what} "{key}" is not supported by this server', param=key)
+
+
+def required_model(fields: Mapping[str, Any]) -> str:
+    """The ``model`` a request names (a string, not blank), stripped."""
+    model = _field(fields, "model", str, "a string")
+    if not model or not model.strip():
+        raise RequestInvalid("model is required", param="model")
+    return model.strip()
+
+
+def check_flag(value: str, name: str) -> bool:
+    """A boolean form field or query parameter: true or 1, false, 0 or empty."""
     v = value.strip().lower()
     if v in ("true", "1"):
         return True
@@ -118,20 +137,16 @@ def transcription_options(fields: Mapping[str, str]) -> TranscriptionOptions:
     """The options of a transcription request, from its form fields or query string."""
     allowed = {"model", "language", "response_format", "stream", "async", "prompt", "temperature",
                "timestamp_granularities[]", "timestamp_granularities"}  # fmt: skip
-    for key in fields:
-        if key not in allowed:
-            raise RequestInvalid(f'the field "{key}" is not supported by this server', param=key)
-    model = (fields.get("model") or "").strip()
-    if not model:
-        raise RequestInvalid("model is required", param="model")
+    check_fields(fields, allowed)
+    model = required_model(fields)
     fmt = fields.get("response_format") or "json"
     if fmt not in RESPONSE_FORMATS:
         raise RequestInvalid(
             f'response_format "{fmt}" is not supported; use json, verbose_json, text, srt or vtt',
             param="response_format",
         )
-    stream = _flag(fields.get("stream", ""), "stream")
-    run_async = _flag(fields.get("async", ""), "async")
+    stream = check_flag(fields.get("stream", ""), "stream")
+    run_async = check_flag(fields.get("async", ""), "async")
     if stream and run_async:
         raise RequestInvalid("stream and async cannot both be true", param="stream")
     if (fields.get("prompt") or "").strip():
@@ -218,17 +233,17 @@ def _field(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], wh
     return value
 
 
-def check_speech(body: Any) -> SpeechRequest:
-    """``POST /v1/audio/speech``'s body, in the original server's order of checks."""
+def _json_model(body: Any, allowed: Container[str]) -> str:
+    """The model a JSON request ``body`` names, once it is an object with no field outside ``allowed``."""
     if not isinstance(body, dict):
         raise RequestInvalid("the request body must be a JSON object")
-    allowed = {"model", "input", "text", "voice", "speed", "response_format", "stream", "instructions"}
-    for key in body:
-        if key not in allowed:
-            raise RequestInvalid(f'the field "{key}" is not supported by this server', param=key)
-    model = _field(body, "model", str, "a string")
-    if not model or not model.strip():
-        raise RequestInvalid("model is required", param="model")
+    check_fields(body, allowed)
+    return required_model(body)
+
+
+def check_speech(body: Any) -> SpeechRequest:
+    """``POST /v1/audio/speech``'s body, in the original server's order of checks."""
+    model = _json_model(body, {"model", "input", "text", "voice", "speed", "response_format", "stream", "instructions"})
     if "input" in body and "text" in body:
         raise RequestInvalid("send input or text, not both", param="input")
     text = _field(body, "input", str, "a string") if "input" in body else _field(body, "text", str, "a string")
@@ -253,7 +268,7 @@ def check_speech(body: Any) -> SpeechRequest:
         raise RequestInvalid(
             'stream needs response_format "pcm" (a WAV header carries the length)', param="stream"
         )
-    return SpeechRequest(model.strip(), text, voice, speed, fmt, stream)
+    return SpeechRequest(model, text, voice, speed, fmt, stream)
 
 
 @attrs.frozen
@@ -269,15 +284,8 @@ class GenerateRequest:
 
 def check_generate(body: Any) -> GenerateRequest:
     """``POST /v1/audio/generate`` (music)'s body."""
-    if not isinstance(body, dict):
-        raise RequestInvalid("the request body must be a JSON object")
     allowed = {"model", "prompt", "lyrics", "audio_length", "num_inference_steps", "seed", "response_format", "async"}
-    for key in body:
-        if key not in allowed:
-            raise RequestInvalid(f'the field "{key}" is not supported by this server', param=key)
-    model = _field(body, "model", str, "a string")
-    if not model or not model.strip():
-        raise RequestInvalid("model is required", param="model")
+    model = _json_model(body, allowed)
     prompt = _field(body, "prompt", str, "a string")
     if prompt is None or not prompt.strip():
         raise RequestInvalid("prompt must not be blank", param="prompt")
@@ -294,7 +302,7 @@ def check_generate(body: Any) -> GenerateRequest:
     if fmt != "wav":
         raise RequestInvalid(f'response_format "{fmt}" is not supported; use wav', param="response_format")
     run_async = bool(_field(body, "async", bool, "a boolean"))
-    return GenerateRequest(model.strip(), prompt, lyrics, None if length is None else float(length), steps, seed, run_async)
+    return GenerateRequest(model, prompt, lyrics, None if length is None else float(length), steps, seed, run_async)
 
 
 def check_duration(samples: int, rate: int) -> None:
