@@ -55,6 +55,9 @@ class TinyModel:
     keys: Mapping[str, Any] = attrs.field(factory=dict)  #: extra "{arch}.*" metadata (suffix -> value)
     n_ctx: int = 256  #: llama.cpp context for the comparison
     pre: str | None = None  #: replaces the vocabulary's tokenizer.ggml.pre
+    #: How far logits may differ from llama.cpp's, as a fraction of their largest magnitude (see
+    #: test_gguf_llama_cpp.py): float32 arithmetic; llama.cpp's float16 GELU table; 8-bit activations.
+    tolerance: float = 1e-5
     std: float = 0.1  #: weight scale
 
     def type_of(self, stem: str) -> Q:
@@ -86,6 +89,8 @@ def random_tensor(qtype: Q, rows: int, cols: int, rng: np.random.Generator, std:
         set_scales(1.0)
         unit = float(np.std(gguf.quants.dequantize(blocks.reshape(rows, -1), qtype)))
         set_scales(std / unit)  # the values are linear in the scales
+    elif qtype == Q.IQ1_M:  # the float16 scale is spread over the top nibbles of four uint16: keep it small
+        blocks[..., 55] = (blocks[..., 55] & 0x0F) | 0x10
     return blocks.reshape(rows, -1)
 
 
@@ -250,25 +255,40 @@ CASES = {
         # Qwen 3: q/k norms, a head size other than hidden / heads.
         TinyModel("qwen3", "qwen3", "qwen2", head_dim=32, tied=False, keys={"rope.freq_base": 1000000.0}),
         TinyModel(
-            "gemma2", "gemma2", "llama-spm", std=0.2,
+            "gemma2", "gemma2", "llama-spm", std=0.2, tolerance=1e-3,
             keys={"attention.sliding_window": 4096, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
         ),
         # Gemma 3: six layers (five sliding, one global), a window shorter than the prompts,
         # linear RoPE scaling on the global layers, a separate base for the local ones.
         TinyModel(
-            "gemma3", "gemma3", "llama-spm", layers=6, std=0.2,
+            "gemma3", "gemma3", "llama-spm", layers=6, std=0.2, tolerance=1e-3,
             keys={"attention.sliding_window": 8, "rope.freq_base": 1000000.0, "rope.freq_base_swa": 10000.0,
                   "rope.scaling.type": "linear", "rope.scaling.factor": 8.0},
         ),
         TinyModel("phi3", "phi3", "phi-3", heads=4, kv_heads=4, tied=False, keys={"rope.freq_base": 10000.0}),
-        # K-quants and IQ4_XS (llama.cpp multiplies these with 8-bit activations: looser tolerance).
+        # K-quants and IQ4_XS in every matrix (llama.cpp multiplies them with activations rounded to
+        # 8 bits: a looser tolerance; DEQUANT_CASES check the dequantized values themselves).
         TinyModel(
             "llama-kquants", "llama", "llama-spm", hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=512,
-            tied=False, types=_K_QUANTS, std=0.05,
+            tied=False, types=_K_QUANTS, std=0.05, tolerance=0.1,
         ),
         TinyModel(
             "gemma3-legacy-quants", "gemma3", "llama-spm", hidden=256, heads=4, kv_heads=1, head_dim=64, ffn=512,
-            layers=6, types=_LEGACY_QUANTS, std=0.05, keys={"attention.sliding_window": 512},
+            layers=6, types=_LEGACY_QUANTS, std=0.05, keys={"attention.sliding_window": 512}, tolerance=0.1,
         ),
     )
 }  # fmt: skip
+
+#: Types llama.cpp and ``gguf`` both read; each stored in the embedding only (llama.cpp looks rows up
+#: dequantized, exactly), so logits show whether the import dequantizes as llama.cpp does.
+DEQUANT_TYPES = (
+    Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ2_XXS,
+    Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS, Q.IQ3_S, Q.IQ1_S, Q.IQ1_M, Q.IQ4_NL, Q.IQ4_XS, Q.TQ1_0, Q.TQ2_0, Q.MXFP4,
+)  # fmt: skip
+DEQUANT_CASES = {
+    f"embedding-{qtype.name}": TinyModel(
+        f"embedding-{qtype.name}", "llama", "bytes", hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
+        tied=False, types={"token_embd": qtype}, std=0.05,
+    )
+    for qtype in DEQUANT_TYPES
+}

@@ -230,6 +230,6 @@ def test_refuses_mixture_of_experts(tmp_path: Path) -> None:
 
 def test_random_blocks_have_finite_scales() -> None:
     rng = np.random.default_rng(0)
-    for qtype in (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS):
+    for qtype in (Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS, Q.IQ1_M):
         values = gguf.quants.dequantize(random_tensor(qtype, 4, 256, rng), qtype)
         assert np.isfinite(values).all() and 0 < np.abs(values).max() < 10, qtype.name

@@ -15,11 +15,17 @@ process (``scripts/llama_cpp_reference.py``); nothing here imports it.
   the vocabulary's own special tokens, as a prompt is encoded (``add_special``, ``parse_special``);
   and every pre-tokenizer name the import accepts, swapped into a vocabulary, on all fixture texts.
 
-Tolerance: llama.cpp is run with a float32 KV cache and without flash attention, so on float32
-weights both sides compute in float32 and differ only by summation order: logits agree to
-``F32_TOLERANCE`` of their largest magnitude. On quantized weights llama.cpp multiplies with the
-activations rounded to 8 bits (Q8_0/Q8_K blocks) while the import dequantizes to float32, so the
-logits agree to ``QUANT_TOLERANCE`` of their largest magnitude.
+Tolerance (``TinyModel.tolerance``, a fraction of the largest logit's magnitude): llama.cpp runs
+with a float32 KV cache and without flash attention, so on float32 weights both sides compute in
+float32 and differ only in summation order: 1e-5 (measured: about 1e-6). Gemma's GELU is the
+exception: llama.cpp's CPU GELU reads its input rounded to float16 from a float16 table
+(``GGML_GELU_FP16``), so Gemma 2 and 3 get 1e-3 (measured: 1.6e-4; 1e-6 to 2e-5 with that table
+emulated in MLX). Quantized matrices are multiplied in llama.cpp with the activations rounded to 8
+bits (Q8_0 / Q8_K blocks) but in MLX with float32 activations, so those cases get 0.1 (measured: up
+to 5e-2) and rely on the greedy tokens; the dequantized values themselves are checked exactly by
+the ``embedding-*`` cases, whose only quantized tensor is the embedding, which llama.cpp reads
+dequantized. Greedy tokens must be llama.cpp's wherever its top two logits are further apart than
+twice the logits' difference at that position.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from mlx_lm.utils import load_model
 from tokenizers import Tokenizer
 
 from tests.model.gguf_fixtures import fixture_cases, llama_cpp_sources
-from tests.model.gguf_tiny_models import CASES, Q, TinyModel, write_tiny
+from tests.model.gguf_tiny_models import CASES, DEQUANT_CASES, TinyModel, write_tiny
 from turbospark.store.gguf_import import convert_gguf
 from turbospark.store.gguf_pretokenizers import PRE_TOKENIZERS
 from turbospark.store.gguf_reader import read_gguf
@@ -46,8 +52,6 @@ from turbospark.store.gguf_tokenizer import build_tokenizer
 
 REPO = Path(__file__).parents[2]
 DEFAULT_VENV = REPO / "tests" / ".cache" / "llama-cpp" / "venv"
-F32_TOLERANCE = 1e-4
-QUANT_TOLERANCE = 0.05
 PROMPTS = (
     "The quick brown fox jumps over the lazy dog because it wanted to see what lay beyond",
     "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n\nprint(fib(10))",
@@ -102,10 +106,9 @@ def _mlx_logits(model, tokens: list[int], n_prompt: int) -> np.ndarray:
     return np.array(mx.concatenate(rows).astype(mx.float32))
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_weights_match_llama_cpp(tmp_path: Path, case: str) -> None:
-    tiny = CASES[case]
-    path = tmp_path / f"{case}.gguf"
+def _compare(tmp_path: Path, tiny: TinyModel) -> str:
+    """Import ``tiny``, run it in llama.cpp and MLX, check prompt ids, logits and greedy tokens."""
+    path = tmp_path / f"{tiny.name}.gguf"
     write_tiny(tiny, path, _vocabs())
     (tmp_path / "model").mkdir()
     convert_gguf(path, tmp_path / "model", dtype="float32", progress=False)
@@ -113,8 +116,6 @@ def test_weights_match_llama_cpp(tmp_path: Path, case: str) -> None:
         {"kind": "generate", "model": str(path), "prompts": list(PROMPTS), "n_predict": N_PREDICT, "n_ctx": tiny.n_ctx},
         tmp_path,
     )
-    quantized = any(t not in (Q.F32, Q.F16, Q.BF16) for t in tiny.types.values())
-    tolerance = QUANT_TOLERANCE if quantized else F32_TOLERANCE
     model, _ = load_model(tmp_path / "model")
     tokenizer = Tokenizer.from_file(str(tmp_path / "model" / "tokenizer.json"))
     report = []
@@ -129,17 +130,28 @@ def test_weights_match_llama_cpp(tmp_path: Path, case: str) -> None:
         error = float(np.abs(ours - theirs).max()) / scale
         near_ties = 0
         for j in range(n_prompt - 1, len(tokens) - 1):
-            chosen, top2 = tokens[j + 1], np.sort(theirs[j])[-2:]
-            assert int(np.argmax(theirs[j])) == chosen
-            if int(np.argmax(ours[j])) != chosen:
-                assert top2[1] - top2[0] <= 2 * tolerance * scale, f"prompt {i}, position {j}: greedy token differs"
+            row_error = float(np.abs(ours[j] - theirs[j]).max())
+            ranked = np.sort(theirs[j])
+            assert int(np.argmax(theirs[j])) == tokens[j + 1]
+            if int(np.argmax(ours[j])) != tokens[j + 1]:
+                # Only a near tie may flip: a gap the logits' own difference at that position covers.
+                assert ranked[-1] - ranked[-2] <= 2 * row_error, f"prompt {i}, position {j}: greedy token differs"
                 near_ties += 1
-            top5 = set(np.argsort(theirs[j])[-5:])
-            if np.sort(theirs[j])[-6] < np.sort(theirs[j])[-5] - 2 * tolerance * scale:
-                assert set(np.argsort(ours[j])[-5:]) == top5, f"prompt {i}, position {j}: top 5 differ"
-        report.append(f"prompt {i}: {n_prompt}+{N_PREDICT} tokens, max |dlogit| {error:.1e} of {scale:.1f}, {near_ties} near ties")
-        assert error <= tolerance, f"prompt {i}: logits differ by {error:.2e} of their scale (tolerance {tolerance})"
-    print(f"\n{case}: " + "; ".join(report))
+            if ranked[-6] < ranked[-5] - 2 * row_error:
+                assert set(np.argsort(ours[j])[-5:]) == set(np.argsort(theirs[j])[-5:]), f"prompt {i}, {j}: top 5 differ"
+        report.append(f"{n_prompt}+{N_PREDICT} tokens, {error:.1e} of {scale:.0f}, {near_ties} near ties")
+        assert error <= tiny.tolerance, f"prompt {i}: logits differ by {error:.2e} of their scale (> {tiny.tolerance})"
+    return f"{tiny.name}: " + "; ".join(report)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_weights_match_llama_cpp(tmp_path: Path, case: str) -> None:
+    print("\n" + _compare(tmp_path, CASES[case]))
+
+
+@pytest.mark.parametrize("case", sorted(DEQUANT_CASES))
+def test_dequantization_matches_llama_cpp(tmp_path: Path, case: str) -> None:
+    print("\n" + _compare(tmp_path, DEQUANT_CASES[case]))
 
 
 # -- tokenizers -------------------------------------------------------------------------------------------
