@@ -14,7 +14,7 @@ from ..messages import RequestRouted, TextPrompt
 from ..turns.structured import function_tools, grammar_for, json_demand, select_tools
 from ..wire.openai import CompletionRequest
 from ..web.app import exception_body, json_response, system
-from ._openai import DEGRADATION_HEADER, sampling_params, stream_response
+from ._openai import DEGRADATION_HEADER, degradation, sampling_params, stream_response
 from ._turn import TurnPlan, framed, open_turn
 from .openai_chat_events import CompletionStream, Envelope, completion_whole
 
@@ -34,8 +34,8 @@ def _prompt(body: CompletionRequest) -> str:
     return body.prompt[0]
 
 
-def _degradation(body: CompletionRequest) -> str | None:
-    return "best_of" if body.best_of not in (None, 1) else None
+def _unhonoured(body: CompletionRequest) -> list[str]:
+    return ["best_of"] if body.best_of not in (None, 1) else []
 
 
 @blueprint.post("/v1/completions")
@@ -78,6 +78,6 @@ async def completions() -> Response:
         ))
     else:
         response = json_response(completion_whole(framer, await turn.collect()))
-    if header := _degradation(body):
+    if header := degradation(_unhonoured(body), 0):
         response.headers[DEGRADATION_HEADER] = header
     return response
