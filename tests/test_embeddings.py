@@ -258,7 +258,7 @@ async def test_requests_that_wait_share_one_forward_pass(start_server, client) -
     encoder = GatedEncoder()
     server = await embeddings_server(start_server, encoder)
     events = server.system.subscribe(buffer=1000)
-    inbox = server.system.embedders["scripted-embedding"]
+    inbox = server.system.registry.lookup("scripted-embedding").inbox
     bodies = {
         "a": ["a0"],
         "b": ["b0", "b1"],
@@ -315,7 +315,7 @@ async def test_a_request_that_disconnects_is_dropped_before_its_batch_runs(start
     encoder = GatedEncoder()
     server = await embeddings_server(start_server, encoder)
     events = server.system.subscribe(buffer=1000)
-    inbox = server.system.embedders["scripted-embedding"]
+    inbox = server.system.registry.lookup("scripted-embedding").inbox
     answer: list[httpx.Response] = []
 
     async def first() -> None:
@@ -349,7 +349,7 @@ async def test_a_request_that_disconnects_is_dropped_before_its_batch_runs(start
 async def test_a_full_inbox_is_a_503_queue_full(start_server, client) -> None:
     encoder = GatedEncoder()
     server = await embeddings_server(start_server, encoder, max_queue=1, embedding_batch=1)
-    inbox = server.system.embedders["scripted-embedding"]
+    inbox = server.system.registry.lookup("scripted-embedding").inbox
     statuses: list[int] = []
 
     async def ask() -> None:
@@ -370,7 +370,7 @@ async def test_a_full_inbox_is_a_503_queue_full(start_server, client) -> None:
 async def test_shutdown_answers_waiting_jobs_shutting_down(start_server, client) -> None:
     encoder = GatedEncoder()
     server = await embeddings_server(start_server, encoder)
-    inbox = server.system.embedders["scripted-embedding"]
+    inbox = server.system.registry.lookup("scripted-embedding").inbox
     statuses: dict[str, int] = {}
 
     async def ask(name: str) -> None:
@@ -382,7 +382,7 @@ async def test_shutdown_answers_waiting_jobs_shutting_down(start_server, client)
         nursery.start_soon(ask, "waiting")
         await wait_for(lambda: inbox.statistics().current_buffer_used == 1)
         server.stop.set()
-        scope = server.system.model_scopes[-1]
+        scope = server.system.models_scope
         await wait_for(lambda: scope.cancel_called)
         encoder.gate.set()
     assert statuses == {"running": 200, "waiting": 503}

@@ -4,27 +4,29 @@
     run_system (one nursery)
     ├── observer            inbox: events, RenderMetrics, Subscribe
     ├── generation_queue    inbox: Submit, Withdraw, Take, Retire, Open
-    ├── embedding_actor × M inbox: EmbeddingJob; each owns one pinned encoder thread
-    ├── audio_actor         inbox: ResolveAudio, SubmitAudio, jobs, attach/detach; owns the audio
-    │                       models' worker threads and queues, and the async jobs
-    └── resolver            inbox: Resolve, Abandon, Release, Unload, Running, Refresh; owns
-        │                   the resolution slots, the keep-alive timers and:
+    ├── audio_actor         inbox: ResolveAudio, SubmitAudio, jobs, AttachModel/DetachModel;
+    │                       runs the attached audio models' worker threads and queues, and the
+    │                       async jobs (started when an audio model may be served)
+    └── resolver            inbox: Resolve, Abandon, Release, Unload, Running, Refresh, Adopt;
+        │                   owns the resolution slots, the keep-alive timers and:
         └── models nursery (``System.models_scope``)
-            └── model_actor × loaded, each in its own cancel scope (loaded on demand,
-                                    unloaded when idle); Take goes to the queue
+            └── one life × loaded model, each in its own cancel scope (loaded on demand,
+                unloaded when idle; the models handed to ``serve`` loaded at start and kept):
+                ├── model_actor       a generation model; Take goes to the queue
+                ├── embedding_model   an embedding actor and its inbox (on the model's entry)
+                └── _attached_audio   an audio model, attached to the audio actor meanwhile
 
 Shutdown begins with ``System.stop_models``: the models' scope is cancelled (each model actor's,
 its thread notices at its next ``check_cancelled`` (one step) and answers every sequence it holds
 ``ShuttingDown``; the queue, told by ``Retire``, answers the jobs still waiting.  Embedding actors
 are cancelled the same way: the encoder thread answers what it holds, the actor what waits in its
-inbox.  The rest of the
-tree keeps serving the routes until the root nursery (``server.serve``) ends after HTTP has.
+inbox; so is the audio actor.  The rest of the tree keeps serving the routes until the root
+nursery (``server.serve``) ends after HTTP has.
 """
 
 from __future__ import annotations
 
 import contextvars
-import time
 from contextlib import ExitStack
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -34,18 +36,18 @@ import attrs
 import trio
 
 from .actors._mailbox import call
-from .actors.audio import AudioMessage, audio_actor
-from .actors.embedding import embedding_actor
+from .actors.audio import AttachModel, AudioMessage, DetachModel, audio_actor
+from .actors.embedding import embedding_model
 from .actors.generation import QueueMessage, generation_queue
 from .actors.models import model_actor
 from .actors.observer import Observer, ObserverMessage, RenderMetrics, Subscribe, observer
 from .actors.resolution import (
-    Abandon, Grant, Lifecycle, LoadedModel, Published, Refresh, Release, Resolve, Running, Unload,
+    Abandon, Adopt, Grant, Lifecycle, LoadedModel, Published, Refresh, Release, Resolve, Running, Unload,
 )
 from .actors.resolver import Library, ResolveFn, resolve_in_registry, resolver
 from .config import Settings
 from .turns.conversations import ResponseStore
-from .errors import QueueFull, ShuttingDown, TurboSparkError
+from .errors import ModelLoadFailed, QueueFull, ShuttingDown, TurboSparkError
 from .actors.observer import Event
 from .messages import EmbeddingJob, GenerationJob, QueueRejected, Submit, Withdraw
 from .threads.encoder_thread import EmbeddingLimits
@@ -93,15 +95,16 @@ class System:
     published: Published = attrs.field(factory=Published)
     #: cancelled at shutdown: every model actor (the resolver's nursery) and every load
     models_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    #: each embedding actor's own scope
+    #: cancelled at shutdown with it: the audio actor's own scope
     model_scopes: tuple[trio.CancelScope, ...] = ()
     responses: ResponseStore = attrs.field(factory=ResponseStore)  # for previous_response_id
-    #: each embedding model's inbox, by id
-    embedders: Mapping[str, trio.MemorySendChannel[EmbeddingJob]] = attrs.field(factory=dict)
-    #: the audio jobs actor's inbox (None: no audio model was attached at start, no audio routes)
+    #: the audio jobs actor's inbox (None: no audio model may be served, no audio routes)
     audio: trio.MemorySendChannel[AudioMessage] | None = None
     #: the model store routes manage (pull, delete, copy); None when the server has none
     shelf: Any = None
+    #: the aliases ``POST /v1/audio/models`` may attach, each with how to build its spec
+    #: (pulling it into the store: call it on a worker thread)
+    audio_catalogue: Mapping[str, Any] = attrs.field(factory=dict)
 
     @property
     def registry(self) -> Registry:
@@ -109,9 +112,9 @@ class System:
         return self.published.registry
 
     def stop_models(self) -> None:
-        """Shutdown's first step: every model thread stops within a step and answers what it
-        runs ``ShuttingDown``; the queue answers what waits.  The other actors keep serving the
-        routes until the root nursery ends."""
+        """Shutdown's first step: every model thread (generation, embedding, audio) stops within
+        a step and answers what it runs ``ShuttingDown``; the queue answers what waits.  The
+        other actors keep serving the routes until the root nursery ends."""
         self.models_scope.cancel()
         for scope in self.model_scopes:
             scope.cancel()
@@ -129,9 +132,10 @@ class System:
 
     async def lease(
         self, name: str | None, want: Capability = "chat", *, keep_alive: float | None = None,
-        exact: bool = False,
+        exact: bool = False, scope: ExitStack | None = None,
     ) -> Grant:
-        """``resolve``, with how long the request waited for a load."""
+        """``resolve``, with how long the request waited for a load.  The lease is held until
+        ``scope`` closes (default: the current request's)."""
         reply_send, reply_recv = trio.open_memory_channel[Grant | TurboSparkError](1)
         msg = Resolve(name, want, reply_send, keep_alive, exact)
         result: Grant | TurboSparkError | None = None
@@ -151,7 +155,7 @@ class System:
         if isinstance(result, TurboSparkError):
             raise result
         if result.lease is not None:
-            scope = current_scope()
+            scope = scope if scope is not None else current_scope()
             if scope is None:
                 self._post(Release(result.lease))
             else:
@@ -179,6 +183,10 @@ class System:
         """Read the library again (after the store changed)."""
         return await call(self.resolver, Refresh)
 
+    async def adopt(self, loadable: Loadable) -> Registry:
+        """Know ``loadable`` too, pinned; it loads when a request names it."""
+        return await call(self.resolver, partial(Adopt, loadable))
+
     async def submit(self, job: GenerationJob) -> None:
         await self.queue.send(Submit(job))
 
@@ -189,11 +197,14 @@ class System:
         except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
             pass  # the model thread's first send will find the closed reply channel instead
 
-    def embed(self, job: EmbeddingJob) -> None:
-        """Hand ``job`` to its embedding model, or refuse it at once: ``QueueFull`` when
-        ``max_queue`` jobs already wait, ``ShuttingDown`` when the model has stopped."""
+    def embed(self, model: ModelEntry, job: EmbeddingJob) -> None:
+        """Hand ``job`` to embedding model ``model`` (its loaded entry), or refuse it at once:
+        ``QueueFull`` when ``max_queue`` jobs already wait, ``ShuttingDown`` when the model has
+        stopped."""
+        if model.inbox is None:
+            raise ShuttingDown()
         try:
-            self.embedders[job.model].send_nowait(job)
+            model.inbox.send_nowait(job)
         except trio.WouldBlock:
             self.emit(QueueRejected(job.request_id, job.model))
             raise QueueFull(job.model, embedding_queue(self.settings)) from None
@@ -220,8 +231,8 @@ async def run_system(
     shelf: Any = None,
     task_status: trio.TaskStatus[System] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """``backends``: models loaded at start and kept (``BackendSpec`` or pinned ``Loadable``)
-    and embedding models; ``library``: every model that may be loaded on demand."""
+    """``backends``: models loaded at start and kept (pinned): generation backends, encoders,
+    audio engines, or ``Loadable``s; ``library``: every model that may be loaded on demand."""
     async with trio.open_nursery() as nursery:
         obs_send, obs_recv = trio.open_memory_channel[ObserverMessage](4096)
         await nursery.start(partial(observer, obs_recv, events_path=settings.events_path))
@@ -233,33 +244,29 @@ async def run_system(
             partial(generation_queue, queue_recv, obs.emit, max_queue=settings.max_queue)
         )
 
-        fixed = []
+        pinned = [_pinned(spec) for spec in backends]
         scopes: list[trio.CancelScope] = []
-        embedders: dict[str, trio.MemorySendChannel[EmbeddingJob]] = {}
-        pinned: list[Loadable] = []
-        audio_specs = [spec for spec in backends if isinstance(spec, AudioSpec)]
         audio_send = None
-        if audio_specs:
+        if library is not tuple or any(p.kind in _AUDIO_TASK for p in pinned):
+            # the audio routes exist when an audio model may be served: one given, or a store
             audio_send, audio_recv = trio.open_memory_channel[AudioMessage](256)
             scopes.append(scope := trio.CancelScope())
-            await nursery.start(
-                _in_scope, scope,
-                partial(audio_actor, audio_specs, audio_recv, obs.emit, catalogue=audio_catalogue or {}),
-            )  # fmt: skip
-        for spec in backends:
-            if isinstance(spec, AudioSpec):
-                continue
-            if isinstance(spec, EncoderSpec):
-                fixed.append(await _start_encoder(nursery, spec, settings, obs, scopes, embedders))
-            elif isinstance(spec, Loadable):
-                pinned.append(attrs.evolve(spec, pinned=True))
-            else:
-                pinned.append(loadable_for(spec))
+            await nursery.start(_in_scope, scope, partial(audio_actor, (), audio_recv, obs.emit))
 
         limits = Limits(settings.max_batch, settings.kv_budget, settings.special_tokens_in_content)
+        room = embedding_queue(settings)
+        embedding_limits = EmbeddingLimits(settings.embedding_batch, room)
 
-        async def start_model(model_id: str, make: Any, *, task_status: trio.TaskStatus[Any]) -> None:
-            await model_actor(model_id, make, queue_send.clone(), obs.emit, limits, task_status=task_status)
+        async def start_model(loadable: Loadable, *, task_status: trio.TaskStatus[Any]) -> None:
+            if loadable.kind == "generation":
+                await model_actor(loadable.id, loadable.make, queue_send.clone(), obs.emit, limits,
+                                  task_status=task_status)
+            elif loadable.kind == "embedding":
+                await embedding_model(loadable.id, loadable.make, obs.emit, embedding_limits,
+                                      task_status=task_status)
+            else:
+                spec = AudioSpec(loadable.id, _AUDIO_TASK[loadable.kind], loadable.make)
+                await _attached_audio(audio_send, spec, task_status=task_status)
 
         lifecycle = Lifecycle(
             start_model=start_model, queue=queue_send, emit=obs.emit,
@@ -273,7 +280,7 @@ async def run_system(
         await nursery.start(
             partial(
                 resolver, resolve_recv, resolve_send.clone(), lifecycle=lifecycle, published=published,
-                models_scope=models_scope, library=library, pinned=pinned, fixed=fixed,
+                models_scope=models_scope, library=library, pinned=pinned,
                 slots=settings.max_resolutions, resolve=resolve,
             )
         )
@@ -286,46 +293,57 @@ async def run_system(
                 published=published,
                 models_scope=models_scope,
                 model_scopes=tuple(scopes),
-                embedders=embedders,
                 audio=audio_send,
                 shelf=shelf,
+                audio_catalogue=audio_catalogue or {},
             )
         )
 
 
+#: the audio task of each audio kind
+_AUDIO_TASK: dict[str, Any] = {"speech-to-text": "speech_to_text", "text-to-speech": "text_to_speech"}
+_AUDIO_KIND = {task: kind for kind, task in _AUDIO_TASK.items()}
+#: how long an unloaded audio model's worker may take to stop before its slot is given back
+_DETACH_WAIT = 10.0
+
+
+def _pinned(spec: BackendSpec | EncoderSpec | AudioSpec | Loadable) -> Loadable:
+    """A model handed to ``serve``, as the resolver loads it at start and keeps it."""
+    if isinstance(spec, Loadable):
+        return attrs.evolve(spec, pinned=True)
+    if isinstance(spec, EncoderSpec):
+        return loadable_for(spec, "embedding")
+    if isinstance(spec, AudioSpec):
+        return loadable_for(spec, _AUDIO_KIND[spec.task])
+    return loadable_for(spec)
+
+
 def embedding_queue(settings: Settings) -> int:
-    """Embedding jobs allowed to wait per model (and held by its thread at once)."""
+    """Embedding jobs allowed to wait per model (and held by its thread at once): ``max_queue``,
+    or a forward pass's worth of single-input requests if that is more: many small concurrent
+    requests are what batching is for."""
     return max(settings.max_queue, settings.embedding_batch)
 
 
-async def _start_encoder(
-    nursery: trio.Nursery,
-    spec: EncoderSpec,
-    settings: Settings,
-    obs: Observer,
-    scopes: list[trio.CancelScope],
-    embedders: dict[str, trio.MemorySendChannel[EmbeddingJob]],
-) -> ModelEntry:
-    """Start one embedding actor (ready once its thread has loaded the encoder).
-
-    Its inbox holds ``max_queue`` jobs, or a forward pass's worth of single-input requests if
-    that is more: many small concurrent requests are what batching is for."""
-    room = embedding_queue(settings)
-    send, recv = trio.open_memory_channel[EmbeddingJob](room)
-    limits = EmbeddingLimits(settings.embedding_batch, room)
-    scopes.append(scope := trio.CancelScope())
-    info = await nursery.start(
-        _in_scope, scope, partial(embedding_actor, spec.id, spec.make, recv, obs.emit, limits)
-    )
-    embedders[info.id] = send
-    return ModelEntry(
-        id=info.id,
-        context_window=info.max_tokens,
-        capabilities=frozenset({"embedding"}),
-        created=int(time.time()),
-        fingerprint=info.fingerprint,
-        dimensions=info.dimensions,
-    )
+async def _attached_audio(
+    inbox: trio.MemorySendChannel[AudioMessage] | None, spec: AudioSpec, *, task_status: trio.TaskStatus[Any]
+) -> None:
+    """An audio model's life as the resolver sees it: attached to the audio actor (which runs
+    its worker thread) until cancelled, then detached, waiting for its thread to end."""
+    if inbox is None:
+        raise ModelLoadFailed()
+    try:
+        result = await call(inbox, partial(AttachModel, spec))
+        if isinstance(result, TurboSparkError):
+            raise result
+        task_status.started(result)
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(_DETACH_WAIT):
+            try:
+                await call(inbox, partial(DetachModel, spec.id))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.EndOfChannel):
+                pass  # the audio actor has ended (the server is stopping)
 
 
 async def _in_scope(scope: trio.CancelScope, actor: Any, *, task_status: trio.TaskStatus[Any]) -> None:

@@ -1,7 +1,7 @@
 """The audio jobs actor: owns the audio models, their worker threads and queues, and the jobs.
 
-Inbox: ``ResolveAudio``, ``SubmitAudio``, ``ListAudio``, ``AttachAudio``, ``DetachAudio``,
-``StartJob``, ``GetJob``, ``DeleteJob`` (``turbospark/audio/messages.py``).
+Inbox: ``ResolveAudio``, ``SubmitAudio``, ``ListAudio``, ``StartJob``, ``GetJob``, ``DeleteJob``
+(``turbospark/audio/messages.py``); ``AttachModel``, ``DetachModel`` and ``HeldJob`` (here).
 
     audio_actor (its own nursery)
     ├── worker × models   each starts one pinned thread (trio.to_thread.run_sync, never
@@ -13,15 +13,19 @@ A route's work goes straight on to the model's queue; the worker answers the rou
 reply channel.  An async job's reply channel belongs to its job task: ``DELETE`` cancels that
 task, which closes the channel, so the worker drops the work before it starts or stops it at its
 next step (the original server let running work finish and threw the result away).
-Attaching a model (``POST /v1/audio/models``) loads it on a new worker without blocking the
-inbox; detaching one with running jobs is refused (409).
+Which audio models are attached is the resolver's to decide (decision 0016): it attaches a model
+when a request needs it (``AttachModel``: a new worker, started without blocking the inbox,
+answered once the engine is loaded) and detaches it when idle (``DetachModel``: answered once its
+thread has ended).  An async job holds a lease on its model for as long as it runs (``HeldJob``:
+the actor lets the lease go when the job ends), so a model is never detached under a job.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -32,13 +36,11 @@ from ..errors import ModelNotFound, NotFound, RequestInvalid, ShuttingDown, Turb
 from ..audio.engines import AudioSpec, Engine, Task
 from ..audio.jobs import JobStore
 from ..audio.messages import (
-    AttachAudio,
     AudioBusyEvent,
     AudioInfo,
     AudioModelsChanged,
     AudioWork,
     DeleteJob,
-    DetachAudio,
     GetJob,
     JobsChanged,
     ListAudio,
@@ -53,11 +55,40 @@ from ..audio.wire import OPENAI_STT_NAMES, OPENAI_TTS_NAMES
 from ..audio.worker import serve_audio
 from ._mailbox import answer
 
-__all__ = ["AudioBusy", "AudioMessage", "Conflict", "Gone", "audio_actor"]
+__all__ = ["AttachModel", "AudioBusy", "AudioMessage", "Conflict", "DetachModel", "Gone", "HeldJob", "audio_actor"]
 
 log = logging.getLogger("turbospark.audio")
 
-AudioMessage = ResolveAudio | SubmitAudio | ListAudio | AttachAudio | DetachAudio | StartJob | GetJob | DeleteJob
+
+
+@attrs.frozen
+class AttachModel:
+    """Load ``spec`` on a worker of its own; answered with its ``AudioInfo`` or the error."""
+
+    spec: AudioSpec
+    reply: trio.MemorySendChannel[AudioInfo | TurboSparkError]
+
+
+@attrs.frozen
+class DetachModel:
+    """Stop ``model``'s worker; answered (None) once its thread has ended."""
+
+    model: str
+    reply: trio.MemorySendChannel[None]
+
+
+@attrs.frozen
+class HeldJob:
+    """``start``, whose sender holds a lease on the job's model: ``release`` lets it go, called
+    once when the job ends (or is refused)."""
+
+    start: StartJob
+    release: Callable[[], None]
+
+
+AudioMessage = (
+    ResolveAudio | SubmitAudio | ListAudio | AttachModel | DetachModel | StartJob | HeldJob | GetJob | DeleteJob
+)
 
 _TASK_WORDS = {"speech_to_text": "speech-to-text", "text_to_speech": "text-to-speech", "music_generation": "music"}
 
@@ -90,6 +121,31 @@ class _Model:
     info: AudioInfo
     queue: trio.MemorySendChannel[AudioWork]
     scope: trio.CancelScope
+    ended: trio.Event  # set once its thread has ended
+
+
+@contextmanager
+def _refusing_at_exit(inbox: trio.MemoryReceiveChannel[Any]) -> Iterator[None]:
+    """What still waits in the inbox when the actor ends is answered: the server is stopping."""
+    try:
+        yield
+    finally:
+        while True:
+            try:
+                msg = inbox.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+            if isinstance(msg, HeldJob):
+                msg.release()
+                msg = msg.start
+            if isinstance(msg, SubmitAudio):
+                answer(msg.work.reply, WorkFailed(ShuttingDown()))
+            elif isinstance(msg, DetachModel):
+                answer(msg.reply, None)
+            elif isinstance(msg, ListAudio):
+                answer(msg.reply, [])
+            else:
+                answer(msg.reply, ShuttingDown())
 
 
 async def audio_actor(
@@ -97,14 +153,14 @@ async def audio_actor(
     inbox: trio.MemoryReceiveChannel[Any],
     emit: Callable[[object], None],
     *,
-    catalogue: Mapping[str, Callable[[], AudioSpec]] = {},
     queue_size: int = 4,
     jobs: JobStore | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve audio until cancelled.  ``catalogue``: the aliases ``POST /v1/audio/models`` may
-    attach, each with how to build its spec (pulling it into the store, on a worker thread)."""
+    """Serve audio until cancelled, with ``specs`` attached from the start (tests; ``serve``
+    attaches its models through the resolver)."""
     models: dict[str, _Model] = {}
+    attaching: dict[str, trio.Event] = {}  # set once the attach has ended
     store = jobs or JobStore()
     job_scopes: dict[str, trio.CancelScope] = {}
 
@@ -118,6 +174,7 @@ async def audio_actor(
         queue_send, queue_recv = trio.open_memory_channel[AudioWork](queue_size)
         ready_send, ready_recv = trio.open_memory_channel[Engine](1)
         scope = trio.CancelScope()
+        ended = trio.Event()
 
         async def take() -> AudioWork | None:
             try:
@@ -136,12 +193,12 @@ async def audio_actor(
                     )  # fmt: skip
                     engine = await ready_recv.receive()
                     info = AudioInfo(
-                        id=engine.model_id, task=engine.task, created=int(time.time()),
+                        id=spec.id, task=engine.task, created=int(time.time()),
                         voices=tuple(getattr(engine, "voices", ())), sample_rate=int(getattr(engine, "sample_rate", 0)),
                     )  # fmt: skip
                     if info.id in models:
                         raise RuntimeError(f"two audio models answer to the name '{info.id}'")
-                    models[info.id] = _Model(info, queue_send, scope)
+                    models[info.id] = _Model(info, queue_send, scope, ended)
                     changed()
                     task_status.started(info)
             finally:
@@ -156,6 +213,7 @@ async def audio_actor(
                     except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                         break
                     answer(work.reply, WorkFailed(ShuttingDown()))
+                ended.set()
 
     def resolve(name: str, task: Task) -> AudioInfo:
         entry = models.get(name)
@@ -186,59 +244,86 @@ async def audio_actor(
         except TurboSparkError as exc:
             answer(work.reply, WorkFailed(exc))
 
-    async def run_job(msg: StartJob, job: Any, recv: trio.MemoryReceiveChannel[WorkReply], *,
-                      task_status: trio.TaskStatus[None]) -> None:  # fmt: skip
+    async def run_job(msg: StartJob, job: Any, recv: trio.MemoryReceiveChannel[WorkReply],
+                      release: Callable[[], None], *, task_status: trio.TaskStatus[None]) -> None:  # fmt: skip
         scope = job_scopes[job.id] = trio.CancelScope()
         pcm: list[bytes] = []
-        with scope, recv:
-            task_status.started()
-            # A job waits for room in its model's queue (the job store bounds how many wait)
-            entry = models.get(msg.work.model)
-            try:
-                if entry is None:
-                    raise _not_found(msg.work.model)
-                await entry.queue.send(msg.work)
-            except (trio.ClosedResourceError, trio.BrokenResourceError):
-                answer(msg.work.reply, WorkFailed(ShuttingDown()))
-            except TurboSparkError as exc:
-                answer(msg.work.reply, WorkFailed(exc))
-            try:
-                async for reply in recv:
-                    if isinstance(reply, WorkFailed):
-                        store.fail(job, reply.error.status, reply.error.message, trio.current_time())
-                        break
-                    if isinstance(reply, WorkDone):
-                        body, content_type = msg.render(reply.transcript if reply.transcript else b"".join(pcm))
-                        store.succeed(job, body, content_type, trio.current_time())
-                        break
-                    pcm.append(reply.pcm)
-                else:
-                    store.fail(job, 503, ShuttingDown().message, trio.current_time())
-            except Exception as exc:  # a result that cannot be rendered fails its job alone
-                log.exception("audio job %s failed", job.id)
-                store.fail(job, 500, f"internal error: {type(exc).__name__}", trio.current_time())
-        job_scopes.pop(job.id, None)
-        jobs_changed()
-
-    async def attach(msg: AttachAudio, nursery: trio.Nursery) -> None:
         try:
-            make_spec = catalogue.get(msg.alias)
-            if make_spec is None:
-                raise NotFound(
-                    f"no audio model called '{msg.alias}': attach one of {', '.join(sorted(catalogue)) or 'none'}",
-                    param="model", code="model_not_found",
-                )  # fmt: skip
-            spec = await trio.to_thread.run_sync(make_spec)
-            if spec.id in models:
-                result: AudioInfo | TurboSparkError = models[spec.id].info
-            else:
-                result = await nursery.start(run_worker, spec)
+            with scope, recv:
+                task_status.started()
+                # A job waits for room in its model's queue (the job store bounds how many wait)
+                entry = models.get(msg.work.model)
+                try:
+                    if entry is None:
+                        raise _not_found(msg.work.model)
+                    await entry.queue.send(msg.work)
+                except (trio.ClosedResourceError, trio.BrokenResourceError):
+                    answer(msg.work.reply, WorkFailed(ShuttingDown()))
+                except TurboSparkError as exc:
+                    answer(msg.work.reply, WorkFailed(exc))
+                try:
+                    async for reply in recv:
+                        if isinstance(reply, WorkFailed):
+                            store.fail(job, reply.error.status, reply.error.message, trio.current_time())
+                            break
+                        if isinstance(reply, WorkDone):
+                            body, content_type = msg.render(reply.transcript if reply.transcript else b"".join(pcm))
+                            store.succeed(job, body, content_type, trio.current_time())
+                            break
+                        pcm.append(reply.pcm)
+                    else:
+                        store.fail(job, 503, ShuttingDown().message, trio.current_time())
+                except Exception as exc:  # a result that cannot be rendered fails its job alone
+                    log.exception("audio job %s failed", job.id)
+                    store.fail(job, 500, f"internal error: {type(exc).__name__}", trio.current_time())
+            job_scopes.pop(job.id, None)
+            jobs_changed()
+        finally:
+            release()
+
+    async def attach(msg: AttachModel, nursery: trio.Nursery) -> None:
+        attaching[msg.spec.id] = done = trio.Event()
+        try:
+            if msg.spec.id in models:
+                raise RuntimeError(f"two audio models answer to the name '{msg.spec.id}'")
+            result: AudioInfo | TurboSparkError = await nursery.start(run_worker, msg.spec)
         except TurboSparkError as exc:
             result = exc
         except Exception as exc:
-            log.exception("attaching audio model %s failed", msg.alias)
-            result = TurboSparkError(f"cannot attach '{msg.alias}': {exc}")
+            log.exception("loading audio model %s failed", msg.spec.id)
+            result = TurboSparkError(f"cannot load '{msg.spec.id}': {exc}")
+        finally:
+            del attaching[msg.spec.id]
+            done.set()
         answer(msg.reply, result)
+
+    async def detach(model_id: str, reply: trio.MemorySendChannel[None]) -> None:
+        try:
+            if (loading := attaching.get(model_id)) is not None:
+                await loading.wait()  # an attach its asker left: what it loaded goes too
+            entry = models.pop(model_id, None)
+            if entry is not None:
+                entry.scope.cancel()
+                changed()
+                await entry.ended.wait()
+        finally:
+            answer(reply, None)
+
+    async def start_job(msg: StartJob, release: Callable[[], None], now: float, nursery: trio.Nursery) -> None:
+        if msg.work.model not in models:
+            release()
+            answer(msg.reply, _not_found(msg.work.model))
+        elif not store.has_room():
+            release()
+            emit(AudioBusyEvent(msg.work.model))
+            answer(msg.reply, AudioBusy())
+        else:
+            job = store.add(msg.kind, msg.work.model, created=int(time.time()), now=now)
+            send, recv = trio.open_memory_channel[WorkReply](64)
+            work = attrs.evolve(msg.work, reply=send)
+            await nursery.start(run_job, attrs.evolve(msg, work=work), job, recv, release)
+            jobs_changed()
+            answer(msg.reply, job.describe())
 
     async with trio.open_nursery() as nursery:
         for spec in specs:
@@ -246,7 +331,7 @@ async def audio_actor(
         changed()
         jobs_changed()
         task_status.started()
-        with inbox:
+        with inbox, _refusing_at_exit(inbox):
             async for msg in inbox:
                 now = trio.current_time()
                 if isinstance(msg, SubmitAudio):
@@ -258,32 +343,14 @@ async def audio_actor(
                         answer(msg.reply, exc)
                 elif isinstance(msg, ListAudio):
                     answer(msg.reply, [m.info for m in models.values()])
-                elif isinstance(msg, AttachAudio):
+                elif isinstance(msg, AttachModel):
                     nursery.start_soon(attach, msg, nursery)
-                elif isinstance(msg, DetachAudio):
-                    entry = models.get(msg.model)
-                    if entry is None:
-                        answer(msg.reply, _not_found(msg.model))
-                    elif store.running_for(msg.model):
-                        answer(msg.reply, Conflict(f"model '{msg.model}' has running jobs; cancel them first"))
-                    else:
-                        entry.scope.cancel()
-                        del models[msg.model]
-                        changed()
-                        answer(msg.reply, None)
+                elif isinstance(msg, DetachModel):
+                    nursery.start_soon(detach, msg.model, msg.reply)
                 elif isinstance(msg, StartJob):
-                    if msg.work.model not in models:
-                        answer(msg.reply, _not_found(msg.work.model))
-                    elif not store.has_room():
-                        emit(AudioBusyEvent(msg.work.model))
-                        answer(msg.reply, AudioBusy())
-                    else:
-                        job = store.add(msg.kind, msg.work.model, created=int(time.time()), now=now)
-                        send, recv = trio.open_memory_channel[WorkReply](64)
-                        work = attrs.evolve(msg.work, reply=send)
-                        await nursery.start(run_job, attrs.evolve(msg, work=work), job, recv)
-                        jobs_changed()
-                        answer(msg.reply, job.describe())
+                    await start_job(msg, lambda: None, now, nursery)
+                elif isinstance(msg, HeldJob):
+                    await start_job(msg.start, msg.release, now, nursery)
                 elif isinstance(msg, GetJob):
                     found = store.get(msg.job_id, now)
                     if found is None:

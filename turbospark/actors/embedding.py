@@ -7,9 +7,14 @@ it has loaded the encoder, and only then reports ready with ``task_status.starte
 The thread takes jobs from the inbox through ``take``: waiting for the first when it has nothing
 to do, and without waiting, all that wait (up to what it may hold), before every forward pass.
 
-At shutdown (its cancel scope cancelled) the thread answers what it holds ``ShuttingDown``, and
-the actor answers the jobs still in the inbox the same way, then closes it: a later job finds it
-closed and its route answers ``ShuttingDown`` too.
+At shutdown or unload (its cancel scope cancelled) the thread answers what it holds
+``ShuttingDown``, and the actor answers the jobs still in the inbox the same way, then closes it:
+a later job finds it closed and its route answers ``ShuttingDown`` too.  (The resolver unloads an
+embedding model only when no request holds a lease on it, so in practice only shutdown does.)
+
+``embedding_model`` is how the resolver runs one (``Lifecycle.start_model``, by way of
+``_system``): it makes the inbox and hands its send end on, in the ``EncoderInfo`` it reports
+ready with, to the model's registry entry.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from ..threads.encoder_thread import EmbeddingLimits, serve_encoder
 from ..model.encoder import Encoder
 from ._mailbox import answer
 
-__all__ = ["EncoderInfo", "embedding_actor"]
+__all__ = ["EncoderInfo", "embedding_actor", "embedding_model"]
 
 
 @attrs.frozen
@@ -37,6 +42,8 @@ class EncoderInfo:
     dimensions: int
     max_tokens: int
     fingerprint: str
+    #: the actor's inbox (``embedding_model`` fills it in)
+    inbox: trio.MemorySendChannel[EmbeddingJob] | None = attrs.field(default=None, eq=False, repr=False)
 
 
 async def embedding_actor(
@@ -96,3 +103,20 @@ async def embedding_actor(
                 except (trio.WouldBlock, trio.EndOfChannel):
                     break
                 answer(job.reply, Failed(ShuttingDown()))
+
+
+async def embedding_model(
+    model_id: str,
+    make_encoder: Callable[[], Encoder],
+    emit: Callable[[object], None],
+    limits: EmbeddingLimits,
+    *,
+    task_status: trio.TaskStatus[EncoderInfo] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """One embedding model from load to unload: its inbox (``limits.max_jobs`` jobs wait; a full
+    one is a 503 at once) and its actor; ready with the ``EncoderInfo`` that carries the inbox."""
+    send, recv = trio.open_memory_channel[EmbeddingJob](limits.max_jobs)
+    with send:
+        async with trio.open_nursery() as nursery:
+            info = await nursery.start(partial(embedding_actor, model_id, make_encoder, recv, emit, limits))
+            task_status.started(attrs.evolve(info, inbox=send))

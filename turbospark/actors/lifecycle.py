@@ -1,9 +1,11 @@
 """What a loadable model is, how long it stays, and which idle ones make room (sans-io).
 
-- ``Loadable``: a model the server may load on demand (a stored model, or a scripted backend
-  handed to ``serve``: ``loadable_for``), with what is known about it before it is loaded:
-  capabilities, context window, the memory it takes, and its card for ``/api/show``;
-  ``entry_for``: its registry row, before it is loaded or from what its thread reported.
+- ``Loadable``: a model the server may load on demand (a stored model, or a backend, encoder or
+  audio engine handed to ``serve``: ``loadable_for``), of one ``kind`` (generation, embedding,
+  speech-to-text, text-to-speech), with what is known about it before it is loaded:
+  capabilities, context window, the memory it takes, and its ``ModelCard`` (what its files say:
+  architecture, parameters, quantization, what it can do; the store reads it, ``store/card.py``);
+  ``entry_for``: its registry row, before it is loaded or from what its actor reported.
 - ``parse_keep_alive``: Ollama's ``keep_alive`` (seconds as a number, a Go duration such as
   ``"5m"`` or ``"1h30m"``, a number in a string; negative: forever; ``0``: unload after the
   request) as seconds, ``math.inf`` for forever; ``parse_size``: ``--max-loaded-memory``.
@@ -20,7 +22,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -29,9 +31,12 @@ from .registry import Capability, ModelEntry, alias_for
 
 __all__ = [
     "FOREVER",
+    "KINDS",
+    "Kind",
     "Loadable",
     "ModelCard",
     "Resident",
+    "described",
     "entry_for",
     "evictions",
     "loadable_for",
@@ -42,9 +47,20 @@ __all__ = [
 FOREVER = math.inf
 
 
+#: What a model does, as the store's manifests say it.
+Kind = Literal["generation", "embedding", "speech-to-text", "text-to-speech"]
+KINDS: tuple[Kind, ...] = ("generation", "embedding", "speech-to-text", "text-to-speech")
+#: The registry capability of each kind that is not a generation model.
+_CAPABILITY: dict[str, Capability] = {
+    "embedding": "embedding", "speech-to-text": "speech_to_text", "text-to-speech": "text_to_speech",
+}
+
+
 @attrs.frozen
 class ModelCard:
-    """What ``/api/show`` and ``/api/tags`` say about a model (Ollama's field names)."""
+    """What a model's files say about it, for ``/api/show``, ``/api/tags`` and ``/v1/models``
+    (Ollama's field names).  ``capabilities`` are Ollama's words (``completion``, ``tools``,
+    ``thinking``, ``embedding``) and the audio tasks (``speech_to_text``, ``text_to_speech``)."""
 
     format: str = "mlx"
     family: str = ""
@@ -55,11 +71,16 @@ class ModelCard:
     model_info: Mapping[str, Any] = attrs.field(factory=dict)
     digest: str = ""
     modified_at: float = 0.0  # seconds since the epoch
+    architecture: str = ""
+    parameter_count: int = 0
+    context_length: int = 0
+    capabilities: tuple[str, ...] = ()
 
 
 @attrs.frozen(eq=False)
 class Loadable:
-    """A model that can be loaded: ``make`` builds its backend on its own model thread."""
+    """A model that can be loaded: ``make`` builds its backend (an encoder, an audio engine) on
+    its own thread."""
 
     id: str
     make: Callable[[], Any]
@@ -68,33 +89,65 @@ class Loadable:
     size: int  # bytes it holds once loaded (its weights)
     card: ModelCard = attrs.field(factory=ModelCard)
     pinned: bool = False  # named on --model (or handed to serve): loaded at start, kept
+    kind: Kind = "generation"
+    #: known only by how to build it (a spec handed to ``serve``): what the library knows of a
+    #: model of that id (its card and size) describes it
+    bare: bool = False
 
 
-def loadable_for(spec: Any) -> Loadable:
-    """A backend handed to ``serve`` directly (tests, scripted runs): loaded at start, kept."""
+def loadable_for(spec: Any, kind: Kind = "generation") -> Loadable:
+    """A backend, encoder or audio engine handed to ``serve`` directly (``--model scripted``,
+    ``--embedding-model``, ``--stt-model``, tests): loaded at start, kept."""
+    if kind == "generation":
+        return Loadable(
+            id=spec.id, make=spec.make, capabilities=frozenset({"chat", "completion"}),
+            context_window=0, size=0, pinned=True, bare=True,
+            card=ModelCard(format="scripted", family="scripted", capabilities=("completion", "tools")),
+        )
+    capability = _CAPABILITY[kind]
     return Loadable(
-        id=spec.id, make=spec.make, capabilities=frozenset({"chat", "completion"}),
-        context_window=0, size=0, pinned=True, card=ModelCard(format="scripted", family="scripted"),
+        id=spec.id, make=spec.make, capabilities=frozenset({capability}), context_window=0, size=0,
+        pinned=True, kind=kind, bare=True, card=ModelCard(format="", capabilities=(capability,)),
     )
 
 
+def described(pinned: Loadable, known: Loadable | None) -> Loadable:
+    """A pinned model, with what the library knows of it when it was handed over bare."""
+    if not pinned.bare or known is None or known.kind != pinned.kind:
+        return pinned
+    return attrs.evolve(known, make=pinned.make, pinned=True)
+
+
 def entry_for(loadable: Loadable, info: Any | None = None, *, now: float) -> ModelEntry:
-    """The registry row of a model: from what its thread reported once loaded (``info``), else
-    from what the library knows; ``now`` (wall clock) dates a model the library does not."""
+    """The registry row of a model: from what its actor reported once loaded (``info``: a model
+    thread's ``ModelInfo``, an ``EncoderInfo``, an ``AudioInfo``), else from what the library
+    knows; ``now`` (wall clock) dates a model the library does not."""
     created = int(loadable.card.modified_at or now)
+    generative = loadable.kind == "generation"
+    aliases = (alias_for(loadable.id),) if generative else ()
     if info is None:
         return ModelEntry(
             id=loadable.id,
             context_window=loadable.context_window,
             capabilities=loadable.capabilities,
-            aliases=(alias_for(loadable.id),),
+            aliases=aliases,
             created=created,
+        )
+    if loadable.kind == "embedding":
+        return ModelEntry(
+            id=loadable.id, context_window=info.max_tokens, capabilities=loadable.capabilities,
+            created=created, fingerprint=info.fingerprint, dimensions=info.dimensions, inbox=info.inbox,
+        )
+    if not generative:  # an audio model: routes reach it through the audio actor
+        return ModelEntry(
+            id=loadable.id, context_window=loadable.context_window, capabilities=loadable.capabilities,
+            created=created, audio=info,
         )
     return ModelEntry(
         id=info.id,
         context_window=info.context_window,
         capabilities=frozenset({"chat", "completion"} if info.has_chat_template else {"completion"}),
-        aliases=(alias_for(info.id),),
+        aliases=aliases,
         created=created,
         sampling_defaults=info.sampling_defaults,
         fingerprint=info.fingerprint,

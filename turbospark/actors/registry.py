@@ -32,12 +32,17 @@ from ..errors import ModelNotFound, NoModel, RequestInvalid
 
 __all__ = ["Capability", "ModelEntry", "Registry", "alias_for", "untagged"]
 
-Capability = Literal["chat", "completion", "embedding"]
+Capability = Literal["chat", "completion", "embedding", "speech_to_text", "text_to_speech"]
 
 #: Ollama's default tag: ``name:latest`` is ``name``.
 LATEST = ":latest"
 
-_WHAT = {"chat": "chat", "completion": "generate", "embedding": "embeddings"}  # Ollama's words
+_WHAT = {  # Ollama's words, and the audio tasks'
+    "chat": "chat", "completion": "generate", "embedding": "embeddings",
+    "speech_to_text": "speech-to-text", "text_to_speech": "text-to-speech",
+}
+_AUDIO = ("speech_to_text", "text_to_speech")
+_A_KIND = {"embedding": "an embedding", "speech_to_text": "a speech-to-text", "text_to_speech": "a text-to-speech"}
 
 
 def alias_for(model_id: str) -> str:
@@ -63,6 +68,10 @@ class ModelEntry:
     #: A generative model's tokenizer and chat template (thread-safe), for counting a prompt's
     #: tokens without the model thread (``/v1/messages/count_tokens``).
     tokenizer: Any = attrs.field(default=None, eq=False, hash=False, repr=False)
+    #: A loaded embedding model's inbox (``EmbeddingJob``s go there, ``System.embed``).
+    inbox: Any = attrs.field(default=None, eq=False, hash=False, repr=False)
+    #: A loaded audio model's ``AudioInfo`` (its task, voices and sample rate).
+    audio: Any = attrs.field(default=None, eq=False, hash=False)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -124,6 +133,9 @@ class Registry:
         if entry is None:
             raise ModelNotFound(name, [])
         if want not in entry.capabilities:
+            if want in _AUDIO:  # the audio routes' words
+                kind = next((_A_KIND[c] for c in entry.capabilities if c in _A_KIND), "a chat")
+                raise RequestInvalid(f"model '{entry.id}' is {kind} model, not {_A_KIND[want]} one", param="model")
             raise RequestInvalid(f"model '{entry.id}' does not support {_WHAT[want]}", param="model")
         return entry
 

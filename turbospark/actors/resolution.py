@@ -11,6 +11,8 @@ snapshot it keeps up to date for the routes that never resolve.
 - ``Unload(name, reply)``: unload now if idle, else once its requests end; answers the entry.
 - ``Running(reply)``: the loaded models, ``LoadedModel`` (``/api/ps``).
 - ``Refresh(reply)``: read the library again (after a pull, copy or delete).
+- ``Adopt(loadable, reply)``: know this model too, pinned (``POST /v1/audio/models``); answers
+  the registry.  It loads when a request names it.
 
 Data only: imports ``lifecycle``, ``registry`` and ``errors`` (and Trio for the reply channels'
 types); ``_system`` and the routes use these without importing the actor.
@@ -30,6 +32,7 @@ from .registry import Capability, ModelEntry, Registry
 
 __all__ = [
     "Abandon",
+    "Adopt",
     "Grant",
     "Lifecycle",
     "LoadedModel",
@@ -48,7 +51,7 @@ class Grant:
     """The model that answers, and the lease the request holds on it until it ends."""
 
     entry: ModelEntry
-    lease: int | None  # None: a model that is never unloaded (embedding models)
+    lease: int | None  # None: a model that is never unloaded (the resolver's fixed entries)
     load_seconds: float = 0.0  # how long this request waited for the model to load
 
 
@@ -97,7 +100,13 @@ class Refresh:
     reply: trio.MemorySendChannel[Registry] | None = None
 
 
-ResolverMessage = Resolve | Abandon | Release | Unload | Running | Refresh
+@attrs.frozen
+class Adopt:
+    loadable: Loadable
+    reply: trio.MemorySendChannel[Registry]
+
+
+ResolverMessage = Resolve | Abandon | Release | Unload | Running | Refresh | Adopt
 
 
 @attrs.define
@@ -109,15 +118,15 @@ class Published:
     loadables: Mapping[str, Loadable] = attrs.field(factory=dict)  # what the library says of each
 
 
-# --- internal messages, posted by the resolver's own tasks ---------------------------------
-
-
 @attrs.frozen
 class Lifecycle:
     """How the resolver runs models (from ``Settings``, plus how to start one)."""
 
-    start_model: Callable[..., Awaitable[None]]  # model_actor with everything but the spec bound
-    queue: trio.MemorySendChannel[Any]  # the generation queue (Open)
+    #: ``start_model(loadable, *, task_status)``: runs the model until cancelled (a generation
+    #: model's actor, an embedding actor, an audio model attached to the audio actor), started
+    #: with what it reports once loaded (``entry_for``'s ``info``)
+    start_model: Callable[..., Awaitable[None]]
+    queue: trio.MemorySendChannel[Any]  # the generation queue (Open, before a generation model)
     emit: Callable[[object], None]
     keep_alive: float = 300.0
     max_models: int = 3

@@ -9,9 +9,11 @@ inbox loop (waiting on the nearest keep-alive deadline with ``move_on_at``, no t
 the lookups that need a task, each model's life, and carrying out the policy's decisions.
 
 Its own tasks post ``_Looked`` (a lookup's answer), ``_Known`` (the library, read on a worker
-thread), ``_Ready`` and ``_Ended`` (a model actor's start and end).  A load tells the queue
-``Open`` first; unloading cancels the model actor's scope: its thread stops within one step,
-and the actor tells the queue ``Retire``.
+thread), ``_Ready`` and ``_Ended`` (a model's start and end).  Every kind of model lives the same
+way, through ``Lifecycle.start_model``: a generation model's actor (a load tells the queue
+``Open`` first; unloading cancels the actor's scope: its thread stops within one step, and the
+actor tells the queue ``Retire``), an embedding model's actor (its inbox is on its registry
+entry), an audio model attached to the audio actor for as long as it is loaded.
 
 Imports ``resolution``, ``_residency``, ``lifecycle``, ``registry``, ``_mailbox``, ``messages``
 and ``errors``; the model actor comes in through ``Lifecycle.start_model``.  Never ``routes``,
@@ -34,10 +36,10 @@ from ..errors import ModelNotFound, NoModel, ResolutionBusy, ResolutionFailed, S
 from ..messages import ModelLoaded, ModelUnloaded, Open
 from ._mailbox import answer
 from ._residency import Decision, Granted, Instance, Load, Loaded, Refused, Residency, Stop, Unloaded
-from .lifecycle import Loadable, entry_for
+from .lifecycle import Loadable, described, entry_for
 from .registry import Capability, ModelEntry, Registry
 from .resolution import (
-    Abandon, Grant, Lifecycle, LoadedModel, Published, Refresh, Release, Resolve, Running, Unload,
+    Abandon, Adopt, Grant, Lifecycle, LoadedModel, Published, Refresh, Release, Resolve, Running, Unload,
 )
 
 __all__ = ["Library", "ResolveFn", "resolve_in_registry", "resolver"]
@@ -201,10 +203,16 @@ class _Resolver:
         elif isinstance(msg, Refresh):
             self.tasks.start_soon(self._refresh_for, msg.reply)
         elif isinstance(msg, _Known):
-            self.known = {**{l.id: l for l in msg.loadables}, **self.pinned}
+            library = {l.id: l for l in msg.loadables}
+            self.pinned = {i: described(p, library.get(i)) for i, p in self.pinned.items()}
+            self.known = {**library, **self.pinned}
             registry = self._publish()
             if msg.reply is not None:
                 answer(msg.reply, registry)
+        elif isinstance(msg, Adopt):
+            loadable = described(attrs.evolve(msg.loadable, pinned=True), self.known.get(msg.loadable.id))
+            self.pinned[loadable.id] = self.known[loadable.id] = loadable
+            answer(msg.reply, self._publish())
 
     def expire(self) -> None:
         self.policy.stopping = self.models_scope.cancel_called
@@ -239,7 +247,7 @@ class _Resolver:
             answer(request.reply, found if isinstance(found, TurboSparkError) else ShuttingDown())
             return
         loadable = self.known.get(found.id)
-        if loadable is None:  # an embedding model: always loaded
+        if loadable is None:  # a fixed entry: always there
             self.policy.give_slot()
             answer(request.reply, Grant(found, None))
             return
@@ -309,9 +317,10 @@ class _Resolver:
         error: BaseException | None = None
         try:
             with scope:
-                await self.life.queue.send(Open(model.id))
+                if model.loadable.kind == "generation":
+                    await self.life.queue.send(Open(model.id))
                 async with trio.open_nursery() as nursery:
-                    info = await nursery.start(partial(self.life.start_model, model.id, model.loadable.make))
+                    info = await nursery.start(partial(self.life.start_model, model.loadable))
                     await self.post.send(_Ready(model, info))
         except Exception as exc:
             error = exc
@@ -355,7 +364,7 @@ async def resolver(
                 state.handle(_Known(tuple(await trio.to_thread.run_sync(library))))
             except Exception:
                 log.exception("reading the model library failed")
-            state._apply(state.policy.pin(pinned, trio.current_time()))
+            state._apply(state.policy.pin(list(state.pinned.values()), trio.current_time()))
             ready = not pinned
             if ready:
                 task_status.started()

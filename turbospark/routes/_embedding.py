@@ -1,5 +1,7 @@
-"""How a route runs an embedding job: hand it to the model's embedding actor, wait for the one
-answer, and write a (possibly large) JSON body without holding up the event loop.
+"""How a route runs an embedding job: resolve the model (through the resolver, which loads a
+stored embedding model when it is named, and keeps it for the request), hand the job to the
+model's embedding actor, wait for the one answer, and write a (possibly large) JSON body without
+holding up the event loop.
 
 The reply channel's receive end is entered into the request scope first thing, so whatever ends
 the request closes it, and the encoder thread drops the job at its next crossing, before the
@@ -16,28 +18,39 @@ from typing import Any
 import trio
 from quart import Response
 
+from ..actors.registry import ModelEntry
+from ..actors.resolution import Grant
 from ..errors import ShuttingDown
-from ..messages import EmbeddingJob, EmbeddingReply, Failed, Vectors
+from ..messages import EmbeddingJob, EmbeddingReply, Failed, RequestRouted, Vectors
 from ..web.app import request_scope, system
 
-__all__ = ["embed", "json_body"]
+__all__ = ["embed", "embedding_model", "json_body"]
 
 # Bodies with more numbers than this are serialised on a worker thread (a 2,048 x 384 float
 # answer takes about a second of json.dumps).
 _BIG = 50_000
 
 
-async def embed(*, request_id: int, model: str, inputs: Sequence[str], truncate: bool) -> Vectors:
-    """The vectors of ``inputs`` from embedding model ``model``.
+async def embedding_model(request_id: int, name: str | None, keep_alive: float | None = None) -> Grant:
+    """The embedding model ``name`` resolves to, loaded and held until the request ends; a
+    request that leaves while it loads abandons its wait (the load stops if it was the last)."""
+    sys_ = system()
+    grant = await sys_.lease(name, "embedding", keep_alive=keep_alive)
+    sys_.emit(RequestRouted(request_id, name, grant.entry.id, False))
+    return grant
+
+
+async def embed(*, request_id: int, model: ModelEntry, inputs: Sequence[str], truncate: bool) -> Vectors:
+    """The vectors of ``inputs`` from embedding model ``model`` (its entry, as resolved).
 
     Raises what the actor or the encoder answered (``QueueFull``, ``RequestInvalid``,
     ``ShuttingDown`` ...).
     """
     reply_send, reply_recv = trio.open_memory_channel[EmbeddingReply](1)
     request_scope().enter_context(reply_recv)
-    job = EmbeddingJob(request_id, model, tuple(inputs), truncate, reply_send, time.monotonic())
+    job = EmbeddingJob(request_id, model.id, tuple(inputs), truncate, reply_send, time.monotonic())
     try:
-        system().embed(job)
+        system().embed(model, job)
     except BaseException:
         reply_send.close()
         raise

@@ -6,11 +6,14 @@
 - ``POST /v1/audio/generate`` (music: the reference's validation and jobs; no package carries
   music weights, so without a music model it is the model-not-found error);
 - ``GET/DELETE /v1/audio/jobs/{id}``, ``GET /v1/audio/jobs/{id}/result``;
-- ``GET/POST /v1/audio/models``, ``DELETE /v1/audio/models/{id}``.
+- ``GET/POST /v1/audio/models``, ``DELETE /v1/audio/models/{id}``: the loaded audio models; load
+  one of the catalogue's and keep it (the resolver pins it), unload one (409 while requests or
+  jobs use it).
 
 The order of checks is the original server's: options, then the model (unknown: 404, wrong task:
-400), and only then is the audio decoded (on a worker thread: resampling a long upload is
-seconds of CPU).  Audio bodies may be 128 MiB.
+400; a stored model not loaded yet loads, through the resolver), and only then is the audio
+decoded (on a worker thread: resampling a long upload is seconds of CPU).  A request holds its
+model until it ends; an async job holds it until the job ends.  Audio bodies may be 128 MiB.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from contextlib import ExitStack
 from functools import partial
 from typing import Any
 
@@ -27,14 +31,11 @@ from quart import Blueprint, Response, g, request
 from ..audio import wav
 from ..audio.engines import check_voice
 from ..audio.messages import (
-    AttachAudio,
     AudioInfo,
     AudioRequest,
     Chunk,
     DeleteJob,
-    DetachAudio,
     GetJob,
-    ListAudio,
     ResolveAudio,
     StartJob,
     Synthesize,
@@ -55,10 +56,14 @@ from ..audio.wire import (
     transcription_options,
 )
 from ..wire.codec import parse_json
-from ..errors import RequestInvalid, TurboSparkError
+from ..actors.audio import Conflict, HeldJob
+from ..actors.lifecycle import FOREVER, loadable_for
+from ..errors import ModelNotFound, NotFound, RequestInvalid, ShuttingDown, TurboSparkError
 from ..messages import RequestRouted
 from ..web.app import json_response, request_scope, system
-from ._audio import ask, receive, submit
+from ._audio import ask, receive, resolve_audio, submit
+
+_KIND = {"speech_to_text": "speech-to-text", "text_to_speech": "text-to-speech"}
 
 blueprint = Blueprint("audio", __name__)
 
@@ -123,7 +128,7 @@ def _decode(data: bytes) -> Any:
 async def transcriptions() -> Response:
     fields, data = await _upload()
     opts: TranscriptionOptions = transcription_options(fields)
-    info: AudioInfo = await ask(partial(ResolveAudio, opts.model, "speech_to_text"))
+    info: AudioInfo = await resolve_audio(opts.model, "speech_to_text")
     system().emit(RequestRouted(g.record.id, opts.model, info.id, opts.stream))
     if not data:
         raise RequestInvalid("the audio file is empty", param="file")
@@ -184,7 +189,7 @@ async def translations() -> Response:
 @blueprint.post("/v1/audio/speech")
 async def speech() -> Response:
     req = check_speech(parse_json(await request.get_data()))
-    info: AudioInfo = await ask(partial(ResolveAudio, req.model, "text_to_speech"))
+    info: AudioInfo = await resolve_audio(req.model, "text_to_speech")
     system().emit(RequestRouted(g.record.id, req.model, info.id, req.stream))
     voice = check_voice(info.voices, req.voice)
     args = Synthesize(req.input, voice, req.speed)
@@ -233,11 +238,31 @@ async def generate() -> Response:
 
 
 async def _start_job(kind: str, model: str, endpoint: Any, args: Any, render: Any) -> Response:
+    """Start an async job on ``model``, which it holds (its own lease) until the job ends."""
     from ..audio.messages import AudioWork
 
-    never_used, _ = trio.open_memory_channel[Any](0)  # replaced by the job's own channel
-    work = AudioWork(g.record.id, model, endpoint, args, never_used, trio.current_time())
-    job = await ask(partial(StartJob, kind, work, render))
+    sys_ = system()
+    inbox = sys_.audio
+    assert inbox is not None
+    held = ExitStack()  # the job's lease; the audio actor closes it when the job ends
+    sent = False
+    try:
+        task = "text_to_speech" if endpoint == "speech" else "speech_to_text"
+        await sys_.lease(model, task, exact=True, scope=held)  # loaded: the request holds it
+        never_used, _ = trio.open_memory_channel[Any](0)  # replaced by the job's own channel
+        work = AudioWork(g.record.id, model, endpoint, args, never_used, trio.current_time())
+        reply_send, reply_recv = trio.open_memory_channel[Any](1)
+        with reply_recv:
+            await inbox.send(HeldJob(StartJob(kind, work, render, reply_send), held.close))
+            sent = True
+            job = await reply_recv.receive()
+    except (trio.ClosedResourceError, trio.BrokenResourceError, trio.EndOfChannel):
+        raise ShuttingDown() from None
+    finally:
+        if not sent:
+            held.close()
+    if isinstance(job, TurboSparkError):
+        raise job
     job_id = job["id"]
     return json_response(
         {"job_id": job_id, "id": job_id, "object": "audio.job", "status": job["status"],
@@ -279,8 +304,8 @@ def audio_row(info: AudioInfo) -> dict[str, Any]:
 
 @blueprint.get("/v1/audio/models")
 async def list_audio_models() -> Response:
-    infos = await ask(ListAudio)
-    return json_response({"object": "list", "data": [audio_row(i) for i in infos]})
+    loaded = [m.entry.audio for m in await system().running() if m.entry.audio is not None]
+    return json_response({"object": "list", "data": [audio_row(i) for i in loaded]})
 
 
 @blueprint.post("/v1/audio/models")
@@ -294,11 +319,32 @@ async def load_audio_model() -> Response:
     alias = body.get("model_id", body.get("model"))
     if not isinstance(alias, str) or not alias.strip():
         raise RequestInvalid("model_id must name an audio model", param="model_id")
-    info = await ask(partial(AttachAudio, alias.strip()))
-    return json_response(audio_row(info), 201)
+    alias = alias.strip()
+    sys_ = system()
+    make_spec = sys_.audio_catalogue.get(alias)
+    if make_spec is None:
+        raise NotFound(
+            f"no audio model called '{alias}': attach one of {', '.join(sorted(sys_.audio_catalogue)) or 'none'}",
+            param="model", code="model_not_found",
+        )  # fmt: skip
+    try:
+        spec = await trio.to_thread.run_sync(make_spec)  # a catalogue model is pulled first
+    except TurboSparkError:
+        raise
+    except Exception as exc:
+        raise TurboSparkError(f"cannot attach '{alias}': {exc}") from None
+    await sys_.adopt(loadable_for(spec, _KIND[spec.task]))  # type: ignore[arg-type]
+    grant = await sys_.lease(spec.id, spec.task, keep_alive=FOREVER, exact=True)
+    return json_response(audio_row(grant.entry.audio), 201)
 
 
 @blueprint.delete("/v1/audio/models/<path:model_id>")
 async def unload_audio_model(model_id: str) -> Response:
-    await ask(partial(DetachAudio, model_id))
+    loaded = {m.entry.id: m for m in await system().running() if m.entry.audio is not None}
+    model = loaded.get(model_id)
+    if model is None:
+        raise ModelNotFound(model_id, [])
+    if model.requests:
+        raise Conflict(f"model '{model_id}' has running jobs or requests; cancel them first")
+    await system().unload(model_id)
     return json_response({"id": model_id, "deleted": True})

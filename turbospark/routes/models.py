@@ -1,5 +1,14 @@
-"""``GET /v1/models`` and ``GET /v1/models/{id}``: read the registry only, never resolve, so
-they answer even while every resolution slot is taken."""
+"""``GET /v1/models`` and ``GET /v1/models/{id}``: read the registry, never resolve, so they
+answer even while every resolution slot is taken.  The list reads the library (the store) again
+first, as ``/api/tags`` does, so a model stored since (a pull from another process) is listed.
+
+Every known model is listed, loaded or not, whatever its kind (chat, completion, embedding,
+speech-to-text, text-to-speech), each name it answers to on a row of its own.  Besides OpenAI's
+``id``, ``object``, ``created`` and ``owned_by``, a row says what the model's files say
+(``store/card.py``): ``capabilities`` (``completion``, ``tools``, ``thinking``, ``embedding``,
+``speech_to_text``, ``text_to_speech``), ``context_window``, and where known ``architecture``,
+``parameters`` (the exact count), ``quantization``; an audio model's row also has its ``task``.
+"""
 
 from __future__ import annotations
 
@@ -7,34 +16,64 @@ from typing import Any
 
 from quart import Blueprint, Response
 
-from ..errors import ModelNotFound
+from ..actors.lifecycle import Loadable
 from ..actors.registry import ModelEntry
+from ..errors import ModelNotFound
 from ..web.app import json_response, system
+
+__all__ = ["blueprint", "capabilities", "loadable_of"]
 
 blueprint = Blueprint("models", __name__)
 
+_AUDIO = ("speech_to_text", "text_to_speech")
+
+
+def loadable_of(entry: ModelEntry) -> Loadable | None:
+    """What the library says of ``entry``'s model (None for a fixed entry)."""
+    return system().published.loadables.get(entry.id)
+
+
+def capabilities(entry: ModelEntry, loadable: Loadable | None) -> list[str]:
+    """What the model can do, in Ollama's words (and the audio tasks): its card's, else what
+    its registry entry says."""
+    if loadable is not None and loadable.card.capabilities:
+        return list(loadable.card.capabilities)
+    for only in ("embedding", *_AUDIO):
+        if only in entry.capabilities:
+            return [only]
+    return ["completion"]
+
 
 def _row(entry: ModelEntry, name: str) -> dict[str, Any]:
-    return {
+    loadable = loadable_of(entry)
+    card = loadable.card if loadable is not None else None
+    row: dict[str, Any] = {
         "id": name,
         "display_name": name,
         "object": "model",
         "created": entry.created,
         "owned_by": "turbospark",
         "context_window": entry.context_window,
+        "capabilities": capabilities(entry, loadable),
     }
+    if card is not None:
+        if card.architecture:
+            row["architecture"] = card.architecture
+        if card.parameter_count:
+            row["parameters"] = card.parameter_count
+        if card.quantization_level:
+            row["quantization"] = card.quantization_level
+    task = next((c for c in _AUDIO if c in entry.capabilities), None)
+    if task is not None:
+        row["task"] = task
+    return row
 
 
 @blueprint.get("/v1/models")
 @blueprint.get("/models")
 async def list_models() -> Response:
-    rows = [_row(e, name) for e in system().registry.entries for name in e.names]
-    if system().audio is not None:  # audio models follow, with their capabilities
-        from ..audio.messages import ListAudio
-        from .audio import audio_row
-        from ._audio import ask
-
-        rows += [audio_row(info) for info in await ask(ListAudio)]
+    registry = await system().refresh()
+    rows = [_row(e, name) for e in registry.entries for name in e.names]
     return json_response({"object": "list", "data": rows})
 
 
@@ -42,14 +81,8 @@ async def list_models() -> Response:
 @blueprint.get("/models/<path:model_id>")
 async def get_model(model_id: str) -> Response:
     entry = system().registry.lookup(model_id)
-    if entry is not None:
-        return json_response(_row(entry, model_id))
-    if system().audio is not None:  # an audio model, as the list shows it
-        from ..audio.messages import ListAudio
-        from .audio import audio_row
-        from ._audio import ask
-
-        for info in await ask(ListAudio):
-            if (row := audio_row(info))["id"] == model_id:
-                return json_response(row)
-    raise ModelNotFound(model_id, [])
+    if entry is None:  # stored since the library was last read?
+        entry = (await system().refresh()).lookup(model_id)
+    if entry is None:
+        raise ModelNotFound(model_id, [])
+    return json_response(_row(entry, model_id))

@@ -9,8 +9,10 @@
 
 The same limits as the OpenAI route (2,048 inputs, 1 MiB); errors in Ollama's shape
 ``{"error": "..."}`` (400 bad input, 404 a name none of several embedding models answers to, 503
-none attached).  Models are always loaded, so ``keep_alive`` has nothing to change; ``options``
-(Ollama's runner settings) are accepted and named on the ``x-anyllm-degradation`` header.
+none known).  A stored embedding model not loaded yet loads when named (``load_duration``), and
+stays for ``keep_alive`` after the request (Ollama's rule, as for chat: ``0`` unloads it at once;
+an empty input only loads it); ``options`` (Ollama's runner settings) are accepted and named on
+the ``x-anyllm-degradation`` header.
 """
 
 from __future__ import annotations
@@ -24,10 +26,9 @@ from quart import Blueprint, Response, g, request
 
 from ..wire.codec import parse_json, structure
 from ..wire.embedding_checks import check_dimensions, check_inputs, encode_vector, inputs_of, shorten
-from ..messages import RequestRouted
+from ..actors.lifecycle import parse_keep_alive
 from ..wire.embeddings import OllamaEmbeddingsRequest, OllamaEmbedRequest
-from ..web.app import system
-from ._embedding import embed, json_body
+from ._embedding import embed, embedding_model, json_body
 
 blueprint = Blueprint("ollama_embed", __name__)
 
@@ -45,26 +46,26 @@ def _degradation(response: Response, options: dict[str, Any] | None) -> Response
 
 @blueprint.post("/api/embed")
 async def embed_route() -> Response:
-    sys_ = system()
     began = time.monotonic()
     body = structure(parse_json(await request.get_data()), OllamaEmbedRequest)
     inputs = [] if body.input is None or body.input == "" else inputs_of(body.input)
     check_inputs(inputs, allow_empty=True)
     check_dimensions(body.dimensions)
-    entry = await sys_.resolve(body.model, "embedding")
-    sys_.emit(RequestRouted(g.record.id, body.model, entry.id, False))
+    keep_alive = parse_keep_alive(body.keep_alive)
+    grant = await embedding_model(g.record.id, body.model, keep_alive)
+    entry = grant.entry
     check_dimensions(body.dimensions, entry.dimensions)
     vectors: list[list[float]] = []
     tokens = 0
     if inputs:
-        result = await embed(request_id=g.record.id, model=entry.id, inputs=inputs, truncate=body.truncate)
+        result = await embed(request_id=g.record.id, model=entry, inputs=inputs, truncate=body.truncate)
         vectors = [encode_vector(v, "float") for v in shorten(result.vectors, body.dimensions)]  # type: ignore[misc]
         tokens = result.prompt_tokens
     answer = {
         "model": entry.id,
         "embeddings": vectors,
         "total_duration": round((time.monotonic() - began) * 1e9),
-        "load_duration": 0,
+        "load_duration": round(grant.load_seconds * 1e9),
         "prompt_eval_count": tokens,
     }
     return _degradation(await json_body(answer, numbers=sum(len(v) for v in vectors)), body.options)
@@ -72,14 +73,12 @@ async def embed_route() -> Response:
 
 @blueprint.post("/api/embeddings")
 async def embeddings_route() -> Response:
-    sys_ = system()
     body = structure(parse_json(await request.get_data()), OllamaEmbeddingsRequest)
     inputs = [body.prompt] if body.prompt else []
     check_inputs(inputs, field="prompt", allow_empty=True)
-    entry = await sys_.resolve(body.model, "embedding")
-    sys_.emit(RequestRouted(g.record.id, body.model, entry.id, False))
+    entry = (await embedding_model(g.record.id, body.model, parse_keep_alive(body.keep_alive))).entry
     vector: list[float] = []
     if inputs:
-        result = await embed(request_id=g.record.id, model=entry.id, inputs=inputs, truncate=True)
+        result = await embed(request_id=g.record.id, model=entry, inputs=inputs, truncate=True)
         vector = encode_vector(result.vectors[0], "float")  # type: ignore[assignment]
     return _degradation(await json_body({"embedding": vector}, numbers=len(vector)), body.options)

@@ -3,7 +3,7 @@
 Checked in the original server's order before any work: ``encoding_format``, an empty input, more
 than 2,048 inputs, more than 1 MiB of text, ``dimensions`` of 0; then the model is resolved among
 the embedding models (an unknown name, such as an SDK's ``text-embedding-3-small``, reaches the
-only one), and ``dimensions`` is checked against its width.  Inputs longer than the model reads
+only one; a stored one not loaded yet loads), and ``dimensions`` is checked against its width.  Inputs longer than the model reads
 are truncated, as sentence-transformers does; ``usage.prompt_tokens`` counts the tokens the model
 read (special tokens included).
 """
@@ -14,10 +14,8 @@ from quart import Blueprint, Response, g, request
 
 from ..wire.codec import parse_json, structure
 from ..wire.embedding_checks import check_dimensions, check_encoding_format, check_inputs, encode_vector, inputs_of, shorten
-from ..messages import RequestRouted
 from ..wire.embeddings import EmbeddingRequest
-from ..web.app import system
-from ._embedding import embed, json_body
+from ._embedding import embed, embedding_model, json_body
 
 blueprint = Blueprint("openai_embeddings", __name__)
 
@@ -25,16 +23,14 @@ blueprint = Blueprint("openai_embeddings", __name__)
 @blueprint.post("/v1/embeddings")
 @blueprint.post("/embeddings")
 async def embeddings() -> Response:
-    sys_ = system()
     body = structure(parse_json(await request.get_data()), EmbeddingRequest)
     encoding_format = check_encoding_format(body.encoding_format)
     inputs = inputs_of(body.input)
     check_inputs(inputs)
     check_dimensions(body.dimensions)
-    entry = await sys_.resolve(body.model, "embedding")
-    sys_.emit(RequestRouted(g.record.id, body.model, entry.id, False))
+    entry = (await embedding_model(g.record.id, body.model)).entry
     check_dimensions(body.dimensions, entry.dimensions)
-    result = await embed(request_id=g.record.id, model=entry.id, inputs=inputs, truncate=True)
+    result = await embed(request_id=g.record.id, model=entry, inputs=inputs, truncate=True)
     vectors = shorten(result.vectors, body.dimensions)
     data = [
         {"object": "embedding", "index": i, "embedding": encode_vector(v, encoding_format)}
