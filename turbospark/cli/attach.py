@@ -13,8 +13,10 @@ plus ``none``.  With no ``--embedding-model``: the scripted encoder (4-dimension
 when every ``--model`` is ``scripted``, so scripted runs stay fast and offline; otherwise the
 catalogue's default embedding model, pulled on first use.
 
-The store's modules but the catalogue are imported where they are used: they bring in MLX,
-which a scripted run never needs.  The shelf is handed :func:`load_mlx`, how a stored chat model is loaded.
+Every model named here is loaded at start and kept (pinned); every other stored model loads when
+a request names it.  The store's modules but the catalogue are imported where they are used: they
+bring in MLX, which a scripted run never needs.  The shelf is handed how each kind of stored model
+is loaded: :func:`load_mlx` (chat and completion), the BERT encoder, Whisper and Piper.
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ def shelf_for(settings: Settings) -> StoreShelf | None:
     from ..store.shelf import StoreShelf
     from ..store.store import ModelStore, store_root
 
-    return StoreShelf(ModelStore(store_root()), load_mlx)
+    loaders = {"embedding": _load_encoder, "speech-to-text": _load_whisper, "text-to-speech": _load_piper}
+    return StoreShelf(ModelStore(store_root()), load_mlx, loaders)
 
 
 def backend_specs(settings: Settings) -> list[BackendSpec | EncoderSpec | Loadable]:
@@ -100,16 +103,16 @@ def backend_specs(settings: Settings) -> list[BackendSpec | EncoderSpec | Loadab
             encoder = ScriptedEncoder()
             specs.append(EncoderSpec(encoder.model_id, lambda: encoder))
         else:
-            path, model_id = stored_model(name, kind="embedding")
-            specs.append(EncoderSpec(model_id, partial(_load_encoder, path, model_id)))
+            specs.append(_pinned(name, "embedding"))
     return specs
 
 
-def _pinned(name: str | None) -> Loadable:
-    """A ``--model`` from the store: loaded at start and never unloaded."""
+def _pinned(name: str | None, kind: str = "generation") -> Loadable:
+    """A ``--model`` or ``--embedding-model`` from the store: loaded at start and kept."""
     from ..store.shelf import loadable_from
 
-    return loadable_from(stored_model(name, whole=True), load_mlx, pinned=True)
+    load = load_mlx if kind == "generation" else _load_encoder
+    return loadable_from(stored_model(name, kind, whole=True), load, pinned=True)
 
 
 def stored_model(name: str | None, kind: str = "generation", *, whole: bool = False):  # type: ignore[no-untyped-def]

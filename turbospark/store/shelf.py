@@ -1,26 +1,27 @@
 """The model store as the server sees it: what may be loaded (the resolver's library), and what
 the management routes do to it (pull, copy, delete).
 
-Every stored chat or completion model is ``Loadable``; what is known before loading it comes
-from its directory: capabilities (a chat template makes it a chat model), context window,
-weights size and parameter count (from the safetensors headers), and Ollama's card for
-``/api/show`` (template, sampling parameters, ``model_info``).  How a model is loaded is not the
-store's to know: whoever builds the shelf (``cli/attach.py``) hands it the loader, a callable that
-builds the backend from a model directory and the model's id.  Everything here is blocking file
-work: the resolver and the routes call it on a worker thread.
+Every stored model of a kind the server can load is ``Loadable``: generation (chat and
+completion), embedding, speech-to-text and text-to-speech models.  What is known before loading
+it comes from its directory: capabilities (a chat template makes it a chat model), context
+window, the memory it takes (its weights' size), and its card (``card.py``: architecture,
+parameter count, quantization, what it can do, Ollama's ``model_info``).  How a model is loaded
+is not the store's to know: whoever builds the shelf (``cli/attach.py``) hands it a loader per
+kind, a callable that builds the backend (encoder, engine) from a model directory and the model's
+id; a kind without one is not offered.  Everything here is blocking file work: the resolver and
+the routes call it on a worker thread.
 """
 
 from __future__ import annotations
 
-import json
-import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ..actors.lifecycle import Loadable, ModelCard
+from ..actors.lifecycle import KINDS, Loadable
 from ..actors.registry import Capability
+from .card import card_for, parameter_size, weights_of
 from .catalogue import CATALOGUE
 from .directory import StoredModel
 from .progress import Progress, Report
@@ -32,23 +33,29 @@ __all__ = ["Loader", "StoreShelf", "loadable_from", "parameter_size"]
 #: ``load(path, model_id)``: the backend for the model in directory ``path``, built on its model
 #: thread (``cli/attach.py``'s ``load_mlx``).
 Loader = Callable[[Path, str], Any]
+_CAPABILITY: dict[str, Capability] = {
+    "embedding": "embedding", "speech-to-text": "speech_to_text", "text-to-speech": "text_to_speech",
+}
 
 
 class StoreShelf:
-    """The store as the resolver's library (``loadables``) and the management routes' target."""
+    """The store as the resolver's library (``loadables``) and the management routes' target.
+    ``load`` builds a generation model; ``loaders``, the other kinds', by kind."""
 
-    def __init__(self, store: ModelStore, load: Loader) -> None:
+    def __init__(self, store: ModelStore, load: Loader, loaders: Mapping[str, Loader] | None = None) -> None:
         self.store = store
         self.load = load
+        self.loaders: dict[str, Loader] = {"generation": load, **(loaders or {})}
 
     def loadables(self) -> list[Loadable]:
         out = []
         for stored in self.store.list():
-            if stored.kind != "generation":
+            load = self.loaders.get(stored.kind)
+            if load is None:
                 continue
             try:
-                out.append(loadable_from(stored, self.load))
-            except (OSError, ValueError, KeyError):
+                out.append(loadable_from(stored, load))
+            except (OSError, ValueError, KeyError, TypeError):
                 continue  # a model directory it cannot read is not offered
         return out
 
@@ -74,102 +81,24 @@ class StoreShelf:
         return self.store.copy(source, destination) is not None
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _safetensors_parameters(path: Path) -> int:
-    """How many parameters the safetensors file holds (from its header alone)."""
-    with path.open("rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
-    count = 0
-    for name, tensor in header.items():
-        if name == "__metadata__":
-            continue
-        n = 1
-        for dim in tensor["shape"]:
-            n *= dim
-        count += n
-    return count
-
-
-def parameter_size(count: int) -> str:
-    """Ollama's ``parameter_size``: ``135M``, ``1.7B``."""
-    if count >= 1e9:
-        return f"{count / 1e9:.1f}B"
-    if count >= 1e6:
-        return f"{count / 1e6:.0f}M"
-    return f"{count / 1e3:.0f}K" if count else ""
-
-
-_PARAMETERS = (  # generation_config.json -> Ollama's parameter names
-    ("temperature", "temperature"),
-    ("top_p", "top_p"),
-    ("top_k", "top_k"),
-    ("min_p", "min_p"),
-    ("repetition_penalty", "repeat_penalty"),
-)
-
-
 def loadable_from(stored: StoredModel, load: Loader, *, pinned: bool = False) -> Loadable:
     """The ``Loadable`` for a model in the store, built by ``load`` when it is loaded."""
     path: Path = stored.path
-    manifest = stored.manifest
-    config = _read_json(path / "config.json")
-    tok = _read_json(path / "tokenizer_config.json")
-    generation = _read_json(path / "generation_config.json")
-    template = tok.get("chat_template")
-    if isinstance(template, list):  # named templates: the default one
-        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
-    template = template if isinstance(template, str) else ""
-    capabilities: frozenset[Capability] = frozenset({"chat", "completion"} if template else {"completion"})
-    weights = sorted(path.glob("*.safetensors"))
-    size = sum(w.stat().st_size for w in weights)
-    params = sum(_safetensors_parameters(w) for w in weights)
-    arch = str(manifest.get("architecture") or config.get("model_type") or "")
-    context = int(manifest.get("context_length") or config.get("max_position_embeddings") or 2048)
-    lines = []
-    if generation.get("do_sample") is False:
-        lines.append("temperature 0")
-    for source, name in _PARAMETERS:
-        if isinstance(generation.get(source), (int, float)) and not (name == "temperature" and lines):
-            lines.append(f"{name} {generation[source]}")
-    info: dict[str, Any] = {"general.architecture": arch, "general.parameter_count": params}
-    for key, name in (
-        ("max_position_embeddings", "context_length"),
-        ("hidden_size", "embedding_length"),
-        ("num_hidden_layers", "block_count"),
-        ("intermediate_size", "feed_forward_length"),
-        ("num_attention_heads", "attention.head_count"),
-        ("num_key_value_heads", "attention.head_count_kv"),
-        ("vocab_size", "vocab_size"),
-        ("rope_theta", "rope.freq_base"),
-    ):
-        if key in config:
-            info[f"{arch}.{name}"] = config[key]
-    manifest_file = path / "manifest.json"
-    card = ModelCard(
-        format=str(manifest.get("format") or "mlx"),
-        family=arch,
-        parameter_size=parameter_size(params),
-        quantization_level=str(manifest.get("dtype") or "").upper().replace("FLOAT", "F"),
-        template=template,
-        parameters="\n".join(lines),
-        model_info=info,
-        digest=str(manifest.get("source_sha256") or ""),
-        modified_at=manifest_file.stat().st_mtime if manifest_file.exists() else 0.0,
-    )
+    card = card_for(stored)
+    kind = stored.kind if stored.kind in KINDS else "generation"
+    if kind == "generation":
+        capabilities: frozenset[Capability] = frozenset({"chat", "completion"} if card.template else {"completion"})
+        size = sum(w.stat().st_size for w in weights_of(path))
+    else:
+        capabilities = frozenset({_CAPABILITY[kind]})
+        size = stored.disk_size()  # an encoder's or voice's files are what it loads
     return Loadable(
         id=stored.name,
         make=partial(load, path, stored.name),
         capabilities=capabilities,
-        context_window=context,
+        context_window=card.context_length or (2048 if kind == "generation" else 0),
         size=size,
         card=card,
         pinned=pinned,
+        kind=kind,
     )
