@@ -48,6 +48,7 @@ __all__ = [
     "load_mlx",
     "needs_mlx",
     "shelf_for",
+    "store_loaders",
 ]
 
 NO_EMBEDDINGS = "none"
@@ -84,8 +85,12 @@ def shelf_for(settings: Settings) -> StoreShelf | None:
     from ..store.shelf import StoreShelf
     from ..store.store import ModelStore, store_root
 
-    loaders = {"embedding": _load_encoder, "speech-to-text": _load_whisper, "text-to-speech": _load_piper}
-    return StoreShelf(ModelStore(store_root()), load_mlx, loaders)
+    return StoreShelf(ModelStore(store_root()), load_mlx, store_loaders())
+
+
+def store_loaders():  # type: ignore[no-untyped-def]
+    """How each kind of stored model other than a generation one (``load_mlx``) is loaded."""
+    return {"embedding": _load_encoder, "speech-to-text": _load_whisper, "text-to-speech": _load_piper}
 
 
 def backend_specs(settings: Settings) -> list[BackendSpec | EncoderSpec | Loadable]:
