@@ -251,6 +251,24 @@ async def test_a_stored_speech_to_text_model_loads_when_named_and_counts_in_the_
     assert r.status_code == 400 and "speech-to-text model" in r.json()["error"]["message"]
 
 
+async def test_an_audio_load_its_request_left_is_detached_and_loads_again(start_server, client, tmp_path) -> None:
+    stored_model(tmp_path, "whisper-tiny", "speech-to-text", architecture="whisper", context=448,
+                 config={"n_text_ctx": 448}, tensors={"w": ("F32", [10, 10])})
+    loads = Loads()
+    loads.gate.clear()
+    shelf = loads.shelf(tmp_path)
+    server = await start_server(library=shelf.loadables, shelf=shelf)
+    upload = {"files": {"file": ("a.wav", tone(0.5), "audio/wav")}, "data": {"model": "whisper-tiny"}}
+    with trio.move_on_after(0.5):  # the client gives up while the model loads
+        await client.post(f"{server.url}/v1/audio/transcriptions", **upload)
+    loads.gate.set()
+    r = await client.post(f"{server.url}/v1/audio/transcriptions", **upload)
+    assert r.status_code == 200 and loads.counts == {"whisper-tiny": 2}
+    assert [m["id"] for m in (await client.get(f"{server.url}/v1/audio/models")).json()["data"]] == ["whisper-tiny"]
+    metrics = (await client.get(f"{server.url}/metrics")).text
+    assert "turbospark_audio_models_loaded 1.0" in metrics  # the abandoned one was detached
+
+
 async def test_models_handed_to_serve_are_pinned_whatever_their_kind(start_server, client) -> None:
     library = [Loadable(id="other", make=lambda: ScriptedBackend(model_id="other"),
                         capabilities=frozenset({"chat", "completion"}), context_window=8192, size=1)]
