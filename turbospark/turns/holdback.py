@@ -48,27 +48,63 @@ class Span:
 
 @attrs.define
 class _Scan:
-    """A held span being read, incrementally: ``at`` is how far it has been read."""
+    """A held span being read.  Once its value has begun (or, for a closing marker, at once) it
+    reads each new piece alone (``advance``), so a long span costs no more than its length."""
 
-    kind: str  # "json", "marker" (a JSON value follows the marker), "closer", "gemma"
+    kind: str  # "json", "marker" (a JSON value follows the marker), "closer", "gemma", "partial"
     closer: str = ""
-    at: int = 0
-    value_at: int = -1  # where the JSON value starts (after its marker and blanks)
+    at: int = 0  # where its value (or, for "closer", its body) starts, from the span's start
+    started: bool = False  # the value has begun: read piece by piece from now on
     depth: int = 0
     in_string: bool = False
     escaped: bool = False
+    tail: str = ""  # "closer": the end of what was read, where the closer may have begun
 
     def end(self, text: str) -> int:
         """Where the span ends in ``text`` (its whole text so far); ``_WAIT`` or ``_NO``."""
+        if self.kind == "partial":
+            return _WAIT
+        if self.kind != "closer":
+            at = self._value_start(text)
+            if at < 0:
+                return at
+            self.at = at
+        self.started = True
+        return self.advance(text[self.at :], self.at)
+
+    def advance(self, piece: str, offset: int) -> int:
+        """Read ``piece``, which starts ``offset`` characters into the span: where the span
+        ends, or ``_WAIT``."""
         if self.kind == "closer":
-            found = text.find(self.closer, max(self.at - len(self.closer), 0))
-            self.at = len(text)
-            return _WAIT if found == -1 else found + len(self.closer)
-        if self.value_at < 0:
-            if (value_at := self._value_start(text)) < 0:
-                return value_at
-            self.value_at = self.at = value_at
-        return self._braces(text) if self.kind == "gemma" else self._json(text)
+            seen = self.tail + piece
+            found = seen.find(self.closer)
+            if found != -1:
+                return offset - len(self.tail) + found + len(self.closer)
+            self.tail = seen[max(0, len(seen) - len(self.closer) + 1) :]
+            return _WAIT
+        if self.kind == "gemma":
+            for i, ch in enumerate(piece):
+                self.depth += {"{": 1, "}": -1}.get(ch, 0)
+                if self.depth == 0:
+                    return offset + i + 1
+            return _WAIT
+        for i, ch in enumerate(piece):
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return offset + i + 1
+        return _WAIT
 
     def _value_start(self, text: str) -> int:
         at = self.at
@@ -95,35 +131,6 @@ class _Scan:
             return _WAIT
         return at if text[inner] == ('"' if text[at] == "{" else "{") else _NO
 
-    def _json(self, text: str) -> int:
-        for i in range(self.at, len(text)):
-            ch = text[i]
-            if self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif ch == "\\":
-                    self.escaped = True
-                elif ch == '"':
-                    self.in_string = False
-            elif ch == '"':
-                self.in_string = True
-            elif ch in "{[":
-                self.depth += 1
-            elif ch in "}]":
-                self.depth -= 1
-                if self.depth == 0:
-                    return i + 1
-        self.at = len(text)
-        return _WAIT
-
-    def _braces(self, text: str) -> int:
-        for i in range(self.at, len(text)):
-            self.depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if self.depth == 0:
-                return i + 1
-        self.at = len(text)
-        return _WAIT
-
 
 def _scan(text: str, at: int) -> _Scan | None:
     """How to read a span that may start at ``text[at]`` (positions from the span's start):
@@ -145,36 +152,50 @@ def _scan(text: str, at: int) -> _Scan | None:
 class Holdback:
     """One choice's content, with what may begin a call held back until it is decided."""
 
-    held: str = ""
+    held: list[str] = attrs.Factory(list)  # the held span, in the pieces it came in
+    size: int = 0
     scan: _Scan | None = None  # how the held span is being read
 
     def feed(self, text: str) -> list[Release | Span]:
+        scan = self.scan
+        if scan is not None and scan.started:  # a span being read: only the new piece
+            end = scan.advance(text, self.size)
+            if end == _WAIT:
+                self.held.append(text)
+                self.size += len(text)
+                return []
+            whole = "".join(self.held) + text
+            self.held, self.size, self.scan = [], 0, None
+            return [Span(whole[:end]), *self.feed(whole[end:])]
         out: list[Release | Span] = []
-        buf, self.held = self.held + text, ""
+        buf = "".join(self.held) + text
+        self.held, self.size, self.scan = [], 0, None
         start = at = 0  # released up to start; looking at at
         while at < len(buf):
-            scan, self.scan = self.scan, None
             if scan is None or scan.kind == "partial":
                 scan = _scan(buf, at) if buf[at] in "{[<c" else None
                 if scan is None:
                     at += 1
                     continue
-            end = _WAIT if scan.kind == "partial" else scan.end(buf[at:] if at else buf)
+            end = scan.end(buf[at:] if at else buf)
             if end == _NO:
+                scan = None
                 at += 1
                 continue
             if at > start:
                 out.append(Release(buf[start:at]))
             if end == _WAIT:
-                self.held, self.scan = buf[at:], scan
+                self.held, self.size, self.scan = [buf[at:]], len(buf) - at, scan
                 return out
             out.append(Span(buf[at : at + end]))
             start = at = at + end
+            scan = None
         if start < len(buf):
             out.append(Release(buf[start:]))
         return out
 
     def finish(self) -> str:
         """What is still held at the end of the turn (an unfinished span), given up."""
-        held, self.held, self.scan = self.held, "", None
+        held = "".join(self.held)
+        self.held, self.size, self.scan = [], 0, None
         return held
