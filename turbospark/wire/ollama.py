@@ -26,6 +26,7 @@ from ..errors import RequestInvalid
 __all__ = [
     "OllamaChatRequest",
     "OllamaGenerateRequest",
+    "OllamaGenerationFields",
     "Options",
     "check_messages",
     "created_at",
@@ -37,10 +38,11 @@ __all__ = [
 
 
 @attrs.frozen(kw_only=True)
-class OllamaChatRequest:
+class OllamaGenerationFields:
+    """What ``/api/chat`` and ``/api/generate`` share: the model, the output's format, options,
+    streaming, how long the model stays loaded, thinking and log-probabilities."""
+
     model: str = ""
-    messages: list[Any] | None = None
-    tools: list[Any] | None = None
     format: Any = None  # "json", "" or a JSON Schema
     options: dict[str, Any] | None = None
     stream: bool = True
@@ -51,8 +53,13 @@ class OllamaChatRequest:
 
 
 @attrs.frozen(kw_only=True)
-class OllamaGenerateRequest:
-    model: str = ""
+class OllamaChatRequest(OllamaGenerationFields):
+    messages: list[Any] | None = None
+    tools: list[Any] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class OllamaGenerateRequest(OllamaGenerationFields):
     prompt: str | None = None
     suffix: str | None = None
     system: str | None = None
@@ -60,13 +67,6 @@ class OllamaGenerateRequest:
     context: list[int] | None = None
     raw: bool = False
     images: list[Any] | None = None
-    format: Any = None
-    options: dict[str, Any] | None = None
-    stream: bool = True
-    keep_alive: Any = None
-    think: Any = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
 
 
 #: Ollama's runner settings: accepted, not honoured here (named on the degradation header).

@@ -19,6 +19,7 @@ __all__ = [
     "CompletionRequest",
     "GenerationFields",
     "ResponsesRequest",
+    "SamplingFields",
     "StreamOptions",
 ]
 
@@ -135,23 +136,29 @@ class StreamOptions:
 
 
 @attrs.frozen(kw_only=True)
-class GenerationFields:
-    """What every OpenAI generation request shares: the model, the budget, sampling, stop strings
-    and streaming."""
+class SamplingFields:
+    """What every OpenAI request that generates shares, Responses included: the model, sampling,
+    penalties and stop strings."""
 
     model: str | None = None
-    max_tokens: int | None = attrs.field(default=None, validator=_budget)
     temperature: float | None = attrs.field(default=None, validator=_in_range(0.0, 2.0))
     top_p: float | None = attrs.field(default=None, validator=_in_range(0.0, 1.0))
     top_k: int | None = attrs.field(default=None, validator=_in_range(0, 2**32 - 1))
     min_p: float | None = attrs.field(default=None, validator=_in_range(0.0, 1.0))
     seed: int | None = None
     stop: str | list[str] | None = attrs.field(default=None, validator=_stops)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     presence_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
     frequency_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
     repetition_penalty: float | None = attrs.field(default=None, validator=_in_range(0.01, 10.0))
+
+
+@attrs.frozen(kw_only=True)
+class GenerationFields(SamplingFields):
+    """What the chat and completion requests share besides sampling: the budget and streaming."""
+
+    max_tokens: int | None = attrs.field(default=None, validator=_budget)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
     n: int | None = attrs.field(default=None, validator=_in_range(1, 128))  # OpenAI's bound
     logit_bias: dict[str, float] | None = attrs.field(default=None, validator=_logit_bias)
     user: str | None = None
@@ -203,11 +210,10 @@ class CompletionRequest(GenerationFields):
 
 
 @attrs.frozen(kw_only=True)
-class ResponsesRequest:
+class ResponsesRequest(SamplingFields):
     """``/v1/responses``: items in, items out.  ``input`` items are checked by the route (their
     shape depends on their type)."""
 
-    model: str | None = None
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     previous_response_id: str | None = None
@@ -215,15 +221,6 @@ class ResponsesRequest:
     tool_choice: str | dict[str, Any] | None = attrs.field(default=None, validator=_tool_choice)
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = attrs.field(default=None, validator=_budget)
-    temperature: float | None = attrs.field(default=None, validator=_in_range(0.0, 2.0))
-    top_p: float | None = attrs.field(default=None, validator=_in_range(0.0, 1.0))
-    top_k: int | None = attrs.field(default=None, validator=_in_range(0, 2**32 - 1))
-    min_p: float | None = attrs.field(default=None, validator=_in_range(0.0, 1.0))
-    seed: int | None = None
-    stop: str | list[str] | None = attrs.field(default=None, validator=_stops)
-    presence_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
-    frequency_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
-    repetition_penalty: float | None = attrs.field(default=None, validator=_in_range(0.01, 10.0))
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     text: dict[str, Any] | None = None
