@@ -252,6 +252,12 @@ CASES = {
         # Mistral 7B v0.x as GGUF writes it: arch llama, SentencePiece vocabulary, separate output.
         TinyModel("mistral", "llama", "llama-spm", tied=False, keys={"rope.freq_base": 1000000.0}),
         TinyModel("qwen2", "qwen2", "qwen2", keys={"rope.freq_base": 1000000.0}),
+        # Qwen 2.5 with YaRN, as its GGUFs for long contexts carry it.
+        TinyModel(
+            "qwen2-yarn", "qwen2", "qwen2",
+            keys={"rope.freq_base": 1000000.0, "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                  "rope.scaling.original_context_length": 128},
+        ),
         # Qwen 3: q/k norms, a head size other than hidden / heads.
         TinyModel("qwen3", "qwen3", "qwen2", head_dim=32, tied=False, keys={"rope.freq_base": 1000000.0}),
         TinyModel(
@@ -266,6 +272,13 @@ CASES = {
                   "rope.scaling.type": "linear", "rope.scaling.factor": 8.0},
         ),
         TinyModel("phi3", "phi3", "phi-3", heads=4, kv_heads=4, tied=False, keys={"rope.freq_base": 10000.0}),
+        # Phi-3 128k: long RoPE, factors as tensors; llama.cpp uses the long ones past the original
+        # context (n_ctx 256 > 64), which is what mlx-lm always uses.
+        TinyModel(
+            "phi3-longrope", "phi3", "phi-3", heads=4, kv_heads=4, tied=False,
+            keys={"rope.freq_base": 10000.0, "rope.scaling.type": "longrope", "rope.scaling.original_context_length": 64,
+                  "rope.scaling.attn_factor": float(np.sqrt(1 + np.log(512 / 64) / np.log(64)))},
+        ),
         # K-quants and IQ4_XS in every matrix (llama.cpp multiplies them with activations rounded to
         # 8 bits: a looser tolerance; DEQUANT_CASES check the dequantized values themselves).
         TinyModel(

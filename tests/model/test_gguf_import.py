@@ -309,7 +309,8 @@ def test_smollm2_special_tokens() -> None:
     path = smollm2_store().path
     tok, config, tok_config = _tokenizer(path), _json(path / "config.json"), _json(path / "tokenizer_config.json")
     assert [tok.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")] == [0, 1, 2]
-    assert (config["bos_token_id"], config["eos_token_id"], config["max_position_embeddings"]) == (1, [2, 0], 8192)
+    # <|im_end|>, then <|endoftext|> and <reponame>: the tokens llama.cpp ends generation at.
+    assert (config["bos_token_id"], config["eos_token_id"], config["max_position_embeddings"]) == (1, [2, 0, 4], 8192)
     assert (tok_config["bos_token"], tok_config["eos_token"], tok_config["add_bos_token"]) == (
         "<|im_start|>",
         "<|im_end|>",
@@ -325,7 +326,8 @@ def test_gemma_special_tokens() -> None:
     assert [tok.token_to_id(t) for t in ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>")] == [
         0, 1, 2, 105, 106,
     ]  # fmt: skip
-    assert (config["bos_token_id"], config["eos_token_id"], config["max_position_embeddings"]) == (2, [1, 106], 32768)
+    # <eos>, <end_of_turn> and </s>: the tokens llama.cpp ends generation at.
+    assert (config["bos_token_id"], config["eos_token_id"], config["max_position_embeddings"]) == (2, [1, 106, 212], 32768)
     assert (tok_config["bos_token"], tok_config["eos_token"], tok_config["add_bos_token"]) == ("<bos>", "<eos>", True)
     assert "chat_template" not in tok_config
 
