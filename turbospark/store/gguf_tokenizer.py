@@ -77,7 +77,11 @@ def _require(metadata: Mapping[str, Any], key: str) -> Any:
 
 
 # Special-token ids llama.cpp assumes when the GGUF does not say (per vocabulary kind).
-_DEFAULT_IDS = {"llama": {"bos": 1, "eos": 2, "unk": 0}, "bert": {"bos": 101, "unk": 100, "sep": 102, "pad": 0}}
+_DEFAULT_IDS = {
+    "llama": {"bos": 1, "eos": 2, "unk": 0},
+    "gpt2": {"bos": 11, "eos": 11},  # Falcon's, llama.cpp's default for byte-level BPE
+    "bert": {"bos": 101, "unk": 100, "sep": 102, "pad": 0},
+}
 _ID_KEYS = (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding"), ("sep", "seperator"))
 _ID_KEYS += (("eot", "eot"), ("eom", "eom"))
 
@@ -101,6 +105,8 @@ class _Vocab:
         tokens = list(_require(metadata, "tokenizer.ggml.tokens"))
         pre = str(metadata.get("tokenizer.ggml.pre") or "default")
         types = list(metadata.get("tokenizer.ggml.token_type") or [_NORMAL] * len(tokens))
+        if len(types) != len(tokens):
+            raise UnsupportedTokenizerError(f"the GGUF has {len(tokens)} tokens but {len(types)} token types")
         types = [_CONTROL if tok in _END_OF_GENERATION or tok in _FIM else ty for tok, ty in zip(tokens, types)]
         ids: dict[str, int | None] = {}
         for role, key in _ID_KEYS:
@@ -176,7 +182,10 @@ def _build_gpt2(metadata: Mapping[str, Any], vocab: _Vocab, ids: dict[str, int])
 
 
 def _build_spm(metadata: Mapping[str, Any], vocab: _Vocab, ids: dict[str, int]) -> Tokenizer:
-    merges = _spm_merges(ids, _require(metadata, "tokenizer.ggml.scores"))
+    scores = _require(metadata, "tokenizer.ggml.scores")
+    if len(scores) != len(vocab.tokens):
+        raise UnsupportedTokenizerError(f"the GGUF has {len(vocab.tokens)} tokens but {len(scores)} scores")
+    merges = _spm_merges(ids, scores)
     tokenizer = Tokenizer(models.BPE(ids, merges, unk_token=vocab.token("unk"), fuse_unk=True, byte_fallback=True))
     space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
     # llama.cpp prefixes a space to every run of text that starts the input or follows a special
