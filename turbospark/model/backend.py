@@ -29,8 +29,18 @@ from .constraint import Grammar
 from .tokenizer import Tokenizer
 
 __all__ = [
-    "Backend", "BackendSpec", "PrefillProgress", "SamplingParams", "StepOutput", "fingerprint",
+    "Backend", "BackendSpec", "PrefillProgress", "SamplingParams", "StepOutput", "common_prefix", "fingerprint",
 ]
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens ``a`` and ``b`` share from their start: what a prefix cache can reuse."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def fingerprint(*parts: str) -> str:

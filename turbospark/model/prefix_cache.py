@@ -13,6 +13,8 @@ from typing import Any
 import attrs
 from mlx_lm.models.cache import trim_prompt_cache
 
+from .backend import common_prefix
+
 __all__ = ["PrefixCache", "trimmable"]
 
 
@@ -96,16 +98,7 @@ class PrefixCache:
     def _longest(self, prompt: list[int]) -> tuple[_Entry | None, int]:
         best, best_len = None, 0
         for entry in self.entries:
-            n = _common_prefix(entry.tokens, prompt)
+            n = common_prefix(entry.tokens, prompt)
             if n > best_len:
                 best, best_len = entry, n
         return best, best_len
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -27,7 +27,7 @@ from pathlib import Path
 import attrs
 
 from .. import __version__
-from .backend import PrefillProgress, SamplingParams, StepOutput, fingerprint
+from .backend import PrefillProgress, SamplingParams, StepOutput, common_prefix, fingerprint
 from .constraint import Matcher
 from .tokenizer import Tokenizer
 
@@ -96,7 +96,7 @@ class ScriptedBackend:
     def cached_prefix(self, prompt: list[int]) -> int:
         """Like a real prefix cache: the longest start of ``prompt`` that a recent sequence
         (prompt and output) held, all but its last token."""
-        best = max((_common(prompt, seen) for seen in self._seen), default=0)
+        best = max((common_prefix(prompt, seen) for seen in self._seen), default=0)
         return min(best, len(prompt) - 1) if best > 0 else 0
 
     def insert(self, seq: int, prompt: list[int], params: SamplingParams) -> int:
@@ -199,12 +199,3 @@ class _ScriptedSeq:
     @property
     def in_cache(self) -> int:
         return self.done + self.generated
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
