@@ -28,6 +28,7 @@ import trio
 from ..errors import ShuttingDown
 from ..messages import EmbeddingJob, Failed
 from ..threads.encoder_thread import EmbeddingLimits, serve_encoder
+from ..threads.pinned import start_pinned
 from ..model.encoder import Encoder
 from ._mailbox import answer
 
@@ -70,24 +71,12 @@ async def embedding_actor(
             return jobs or None
         return jobs
 
-    ready_send, ready_recv = trio.open_memory_channel[Encoder](1)
-    with inbox, ready_recv:
+    with inbox:
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(
-                    partial(
-                        trio.to_thread.run_sync,
-                        serve_encoder,
-                        make_encoder,
-                        take,
-                        emit,
-                        ready_send.send_nowait,
-                        limits,
-                        thread_name=f"encoder:{model_id}",
-                        abandon_on_cancel=False,
-                    )
+                encoder: Encoder = await start_pinned(
+                    nursery, f"encoder:{model_id}", serve_encoder, make_encoder, take, emit, limits=limits
                 )
-                encoder = await ready_recv.receive()
                 task_status.started(
                     EncoderInfo(
                         id=model_id,

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from functools import partial
 
 import attrs
 import trio
@@ -34,6 +33,7 @@ from ..errors import ShuttingDown
 from ..messages import Failed, GenerationJob, Retire, Take
 from ..model.tokenizer import Tokenizer
 from ..threads.model_thread import Limits, serve_model
+from ..threads.pinned import start_pinned
 from ..model.backend import Backend
 from ._mailbox import answer
 from .generation import QueueMessage
@@ -175,24 +175,12 @@ async def model_actor(
 ) -> None:
     """Serve ``model_id`` until cancelled.  ``queue`` is this actor's own clone."""
     intake = JobIntake(model_id, queue, limits.max_batch)
-    ready_send, ready_recv = trio.open_memory_channel[Backend](1)
-    with queue, ready_recv:
+    with queue:
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(
-                    partial(
-                        trio.to_thread.run_sync,
-                        serve_model,
-                        make_backend,
-                        intake,
-                        emit,
-                        ready_send.send_nowait,
-                        limits,
-                        thread_name=f"model:{model_id}",
-                        abandon_on_cancel=False,
-                    )
+                backend: Backend = await start_pinned(
+                    nursery, f"model:{model_id}", serve_model, make_backend, intake, emit, limits=limits
                 )
-                backend = await ready_recv.receive()
                 task_status.started(
                     ModelInfo(
                         id=model_id,
