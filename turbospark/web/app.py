@@ -338,7 +338,7 @@ def create_app(sys_: System, blueprints: Sequence[Blueprint]) -> QuartTrio:
         origin = request.headers.get("origin")
         if origin is not None and origin_allowed(origin, sys_.settings.allowed_origins):
             response.headers["Access-Control-Allow-Origin"] = origin
-            response.headers["Access-Control-Expose-Headers"] = "x-anyllm-degradation, retry-after"
+            response.headers["Access-Control-Expose-Headers"] = "x-anyllm-degradation, retry-after, x-turbospark-retries"
             response.headers["Vary"] = "Origin"
         return response
 
