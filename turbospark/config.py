@@ -55,7 +55,9 @@ class Settings:
     # models may be loaded at once, and the memory their weights may take together (half of
     # physical memory by default); least recently used idle models make room.
     keep_alive: float = 300.0
-    max_loaded_models: int = 3
+    # Ollama loads 3 models per device; ours are chat, embedding, speech-to-text and speech by
+    # default, all loaded at start: room for those four, and a fifth on demand.
+    max_loaded_models: int = 5
     max_loaded_memory: int = attrs.field(factory=lambda: _physical_memory() // 2)
     events_path: Path | None = None
     script: str | None = None
