@@ -65,10 +65,16 @@ def needs_mlx(settings: Settings) -> bool:
 
 def embedding_names(settings: Settings) -> list[str | None]:
     """The embedding models to attach (None: the catalogue's default)."""
-    names = list(settings.embedding_models)
-    if NO_EMBEDDINGS in names:
+    combined = f"--embedding-model {NO_EMBEDDINGS} cannot be combined with other embedding models"
+    return _chosen(settings, list(settings.embedding_models), NO_EMBEDDINGS, combined)
+
+
+def _chosen(settings: Settings, names: list[str], none: str, combined: str) -> list[str | None]:
+    """The models a flag names: none for ``none`` (alone, else ``combined`` is the error); with
+    no flag, the scripted one when every --model is scripted, else None (the default)."""
+    if none in names:
         if len(names) > 1:
-            raise ModelSetupError(f"--embedding-model {NO_EMBEDDINGS} cannot be combined with other embedding models")
+            raise ModelSetupError(combined)
         return []
     if names:
         return list(names)
@@ -123,52 +129,75 @@ def _pinned(name: str | None, kind: str = "generation") -> Loadable:
 def stored_model(name: str | None, kind: str = "generation", *, whole: bool = False):  # type: ignore[no-untyped-def]
     """The store directory and id for ``name`` (None: the default model of that ``kind``),
     importing if needed; with ``whole``, the ``StoredModel`` itself."""
-    from ..store.pull import ensure_default, ensure_default_embedding, pull
+    from ..store.pull import ensure_default, ensure_default_embedding
+
+    def import_source(store, name):  # type: ignore[no-untyped-def]
+        if name.startswith("ollama:"):  # a model in Ollama's own store, imported once
+            return store.import_source(name)
+        return store.import_source(Path(name)) if Path(name).exists() else None
+
+    def unknown(store) -> str:  # type: ignore[no-untyped-def]
+        known = sorted({m.name for m in store.list()} | set(catalogue.CATALOGUE))
+        return (
+            f"unknown model '{name}': not in the store, not in the catalogue and not a file "
+            f"or directory (known: {', '.join(known)}; or 'scripted')"
+        )
+
+    def wrong_kind(stored) -> str:  # type: ignore[no-untyped-def]
+        what, flag = ("an embedding", "--embedding-model") if stored.kind == "embedding" else ("a chat", "--model")
+        return f"'{stored.name}' is {what} model: attach it with {flag}"
+
+    default = ensure_default if kind == "generation" else ensure_default_embedding
+    store, stored = _stored(name, kind, default, import_source, unknown, wrong_kind)
+    stored = store.ensure_runtime_files(stored)  # a model imported by an older turbospark
+    return stored if whole else (stored.path, stored.name)
+
+
+def _stored(name, kind, default, import_source, unknown, wrong_kind):  # type: ignore[no-untyped-def]
+    """The store and the stored model for ``name``: ``default(store)`` when it is None, else
+    from the store, else pulled from the catalogue, else ``import_source(store, name)`` (None:
+    it cannot), else a ``ModelSetupError`` saying ``unknown(store)``.  Import errors become
+    setup errors, and so does a model of another kind (``wrong_kind(stored)``)."""
+    from ..store.pull import pull
     from ..store.store import ModelImportError, ModelStore, store_root
 
     store = ModelStore(store_root())
     try:
         if name is None:
-            stored = ensure_default(store) if kind == "generation" else ensure_default_embedding(store)
+            stored = default(store)
         elif (found := store.get(name)) is not None:
             stored = found
         elif name in catalogue.CATALOGUE:
             stored = pull(name, store)
-        elif name.startswith("ollama:"):  # a model in Ollama's own store, imported once
-            stored = store.import_source(name)
-        elif Path(name).exists():
-            stored = store.import_source(Path(name))
+        elif (imported := import_source(store, name)) is not None:
+            stored = imported
         else:
-            known = sorted({m.name for m in store.list()} | set(catalogue.CATALOGUE))
-            raise ModelSetupError(
-                f"unknown model '{name}': not in the store, not in the catalogue and not a file "
-                f"or directory (known: {', '.join(known)}; or 'scripted')"
-            )
+            raise ModelSetupError(unknown(store))
     except ModelImportError as exc:
         raise ModelSetupError(str(exc)) from exc
     if stored.kind != kind:
-        what, flag = ("an embedding", "--embedding-model") if stored.kind == "embedding" else ("a chat", "--model")
-        raise ModelSetupError(f"'{stored.name}' is {what} model: attach it with {flag}")
-    stored = store.ensure_runtime_files(stored)  # a model imported by an older turbospark
-    return stored if whole else (stored.path, stored.name)
+        raise ModelSetupError(wrong_kind(stored))
+    return store, stored
+
+
+def _load(what: str, make, path: Path, model_id: str):  # type: ignore[no-untyped-def]
+    """``make(path, model_id=model_id)``; any failure is a ``ModelSetupError`` naming ``what``."""
+    try:
+        return make(path, model_id=model_id)
+    except Exception as exc:
+        raise ModelSetupError(f"cannot load {what} '{model_id}' from {path}: {exc}") from exc
 
 
 def load_mlx(path: Path, model_id: str):  # type: ignore[no-untyped-def]
     from ..model.mlx_backend import MlxBackend
 
-    try:
-        return MlxBackend(path, model_id=model_id)
-    except Exception as exc:
-        raise ModelSetupError(f"cannot load model '{model_id}' from {path}: {exc}") from exc
+    return _load("model", MlxBackend, path, model_id)
 
 
 def _load_encoder(path: Path, model_id: str):  # type: ignore[no-untyped-def]
     from ..model.bert import BertEncoder
 
-    try:
-        return BertEncoder(path, model_id=model_id)
-    except Exception as exc:
-        raise ModelSetupError(f"cannot load embedding model '{model_id}' from {path}: {exc}") from exc
+    return _load("embedding model", BertEncoder, path, model_id)
 
 
 # --- audio ---------------------------------------------------------------------------------------
@@ -182,15 +211,7 @@ def audio_names(settings: Settings, kind: str) -> list[str | None]:
     the scripted engine when every --model is scripted, else the default model."""
     flag = _FLAGS[kind]
     names = list(settings.stt_models if kind == "speech-to-text" else settings.tts_models)
-    if NO_AUDIO in names:
-        if len(names) > 1:
-            raise ModelSetupError(f"{flag} {NO_AUDIO} cannot be combined with other models")
-        return []
-    if names:
-        return list(names)
-    if settings.models and all(name == SCRIPTED_ID for name in settings.models):
-        return [SCRIPTED_ID]
-    return [None]
+    return _chosen(settings, names, NO_AUDIO, f"{flag} {NO_AUDIO} cannot be combined with other models")
 
 
 def audio_specs(settings: Settings) -> list[AudioSpec]:
@@ -229,34 +250,30 @@ def stored_audio(name: str, kind: str) -> tuple[Path, str]:
     """The store directory and id of audio model ``name``, pulled from the catalogue first if
     needed, or imported from a directory (a faster-whisper model or a Piper voice)."""
     from ..store.audio_import import STT_KIND, audio_sha256, import_audio
-    from ..store.pull import pull
-    from ..store.store import ModelImportError, ModelStore, store_root
 
-    store = ModelStore(store_root())
-    try:
-        if (found := store.get(name)) is not None:
-            stored = found
-        elif name in catalogue.CATALOGUE:
-            stored = pull(name, store)
-        elif Path(name).is_dir():
-            source = Path(name)
-            guessed = STT_KIND if (source / "model.bin").is_file() else "text-to-speech"
-            model_name = re.sub(r"[^a-z0-9._-]+", "-", source.name.lower()).strip("-") or "audio-model"
-            stored = import_audio(store, source, kind=guessed, name=model_name, label=str(source.resolve()),
-                                  sha256=audio_sha256(source))  # fmt: skip
-        else:
-            known = sorted({m.name for m in store.list() if m.kind == kind}
-                           | {n for n, e in catalogue.CATALOGUE.items() if e.kind == kind})  # fmt: skip
-            extra = ", espeak-ng" if kind == "text-to-speech" else ""
-            raise ModelSetupError(
-                f"unknown {kind} model '{name}': not in the store, not in the catalogue and not a "
-                f"directory (known: {', '.join(known)}{extra}; or 'scripted', or 'none')"
-            )
-    except ModelImportError as exc:
-        raise ModelSetupError(str(exc)) from exc
-    if stored.kind != kind:
+    def import_source(store, name):  # type: ignore[no-untyped-def]
+        if not Path(name).is_dir():
+            return None
+        source = Path(name)
+        guessed = STT_KIND if (source / "model.bin").is_file() else "text-to-speech"
+        model_name = re.sub(r"[^a-z0-9._-]+", "-", source.name.lower()).strip("-") or "audio-model"
+        return import_audio(store, source, kind=guessed, name=model_name, label=str(source.resolve()),
+                            sha256=audio_sha256(source))  # fmt: skip
+
+    def unknown(store) -> str:  # type: ignore[no-untyped-def]
+        known = sorted({m.name for m in store.list() if m.kind == kind}
+                       | {n for n, e in catalogue.CATALOGUE.items() if e.kind == kind})  # fmt: skip
+        extra = ", espeak-ng" if kind == "text-to-speech" else ""
+        return (
+            f"unknown {kind} model '{name}': not in the store, not in the catalogue and not a "
+            f"directory (known: {', '.join(known)}{extra}; or 'scripted', or 'none')"
+        )
+
+    def wrong_kind(stored) -> str:  # type: ignore[no-untyped-def]
         flag = _FLAGS.get(stored.kind, "--embedding-model" if stored.kind == "embedding" else "--model")
-        raise ModelSetupError(f"'{stored.name}' is a {stored.kind} model: attach it with {flag}")
+        return f"'{stored.name}' is a {stored.kind} model: attach it with {flag}"
+
+    _, stored = _stored(name, kind, None, import_source, unknown, wrong_kind)
     return stored.path, stored.name
 
 
@@ -282,19 +299,13 @@ def _piper_installed() -> bool:
 def _load_whisper(path: Path, model_id: str):  # type: ignore[no-untyped-def]
     from ..audio.whisper import WhisperSpeechToText
 
-    try:
-        return WhisperSpeechToText(path, model_id=model_id)
-    except Exception as exc:
-        raise ModelSetupError(f"cannot load speech-to-text model '{model_id}' from {path}: {exc}") from exc
+    return _load("speech-to-text model", WhisperSpeechToText, path, model_id)
 
 
 def _load_piper(path: Path, model_id: str):  # type: ignore[no-untyped-def]
     from ..audio.speech import PiperTextToSpeech
 
-    try:
-        return PiperTextToSpeech(path, model_id=model_id)
-    except Exception as exc:
-        raise ModelSetupError(f"cannot load voice '{model_id}' from {path}: {exc}") from exc
+    return _load("voice", PiperTextToSpeech, path, model_id)
 
 
 def _load_espeak():  # type: ignore[no-untyped-def]
