@@ -60,7 +60,7 @@ from .actors.registry import Capability, ModelEntry, Registry
 
 __all__ = [
     "BackendSpec", "EncoderSpec", "System", "current_scope", "enter_request_scope", "request_scope",
-    "run_system",
+    "run_system", "SystemSpec",
 ]
 
 # --- the request scope -------------------------------------------------------------------------
@@ -221,18 +221,23 @@ class System:
         return recv
 
 
-async def run_system(
-    settings: Settings,
-    backends: Sequence[BackendSpec | EncoderSpec | AudioSpec | Loadable],
-    *,
-    resolve: ResolveFn = resolve_in_registry,
-    audio_catalogue: Mapping[str, Any] | None = None,
-    library: Library = tuple,
-    shelf: Any = None,
-    task_status: trio.TaskStatus[System] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """``backends``: models loaded at start and kept (pinned): generation backends, encoders,
-    audio engines, or ``Loadable``s; ``library``: every model that may be loaded on demand."""
+@attrs.frozen
+class SystemSpec:
+    """What ``run_system`` (and ``server.serve``) is given.  ``backends``: models loaded at start
+    and kept (pinned): generation backends, encoders, audio engines, or ``Loadable``s;
+    ``library``: every model that may be loaded on demand."""
+
+    settings: Settings
+    backends: Sequence[BackendSpec | EncoderSpec | AudioSpec | Loadable]
+    resolve: ResolveFn = resolve_in_registry
+    audio_catalogue: Mapping[str, Any] | None = None
+    library: Library = tuple
+    shelf: Any = None
+
+
+async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] = trio.TASK_STATUS_IGNORED) -> None:
+    """Start the actor tree for ``spec``; ready with the ``System`` of handles to it."""
+    settings, backends, library = spec.settings, spec.backends, spec.library
     async with trio.open_nursery() as nursery:
         obs_send, obs_recv = trio.open_memory_channel[ObserverMessage](4096)
         await nursery.start(partial(observer, obs_recv, events_path=settings.events_path))
@@ -281,7 +286,7 @@ async def run_system(
             partial(
                 resolver, resolve_recv, resolve_send.clone(), lifecycle=lifecycle, published=published,
                 models_scope=models_scope, library=library, pinned=pinned,
-                slots=settings.max_resolutions, resolve=resolve,
+                slots=settings.max_resolutions, resolve=spec.resolve,
             )
         )
         task_status.started(
@@ -294,8 +299,8 @@ async def run_system(
                 models_scope=models_scope,
                 model_scopes=tuple(scopes),
                 audio=audio_send,
-                shelf=shelf,
-                audio_catalogue=audio_catalogue or {},
+                shelf=spec.shelf,
+                audio_catalogue=spec.audio_catalogue or {},
             )
         )
 

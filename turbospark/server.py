@@ -12,7 +12,7 @@ closes what is left.  The other actors live until the root nursery ends, after H
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 from functools import partial
 
@@ -21,11 +21,10 @@ import hypercorn.trio
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from ._system import System, run_system
+from ._system import System, SystemSpec, run_system
 from .model.backend import BackendSpec
 from .model.encoder import EncoderSpec
 from .audio.engines import AudioSpec
-from .actors.resolver import Library, ResolveFn, resolve_in_registry
 from .actors.lifecycle import Loadable
 from .config import Settings
 from .routes.app import create_app
@@ -69,12 +68,13 @@ async def serve(
     settings: Settings,
     backends: Sequence[BackendSpec | EncoderSpec | AudioSpec | Loadable],
     *,
-    resolve: ResolveFn = resolve_in_registry,
-    audio_catalogue: Mapping[str, Any] | None = None,
-    library: Library = tuple,
-    shelf: Any = None,
     task_status: trio.TaskStatus[Server] = trio.TASK_STATUS_IGNORED,
+    **options: Any,
 ) -> None:
+    """Serve ``backends`` (loaded at start and kept) over HTTP; ready with the ``Server`` once the
+    socket is bound.  ``options``: the rest of ``SystemSpec`` (``resolve``, ``audio_catalogue``,
+    ``library``, ``shelf``)."""
+    spec = SystemSpec(settings, backends, **options)
     stop = trio.Event()
     http_scope = trio.CancelScope()
 
@@ -90,10 +90,7 @@ async def serve(
         http_scope.cancel()
 
     async with trio.open_nursery() as root:
-        system = await root.start(
-            partial(run_system, settings, backends, resolve=resolve, audio_catalogue=audio_catalogue,
-                    library=library, shelf=shelf)
-        )
+        system = await root.start(partial(run_system, spec))
         app = create_app(system)
         root.start_soon(shut_down)
         async with trio.open_nursery() as http:
