@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Blueprint, Response, g, request
+from quart import Blueprint, Response, g
 
 from ..actors.lifecycle import parse_keep_alive
 from ..actors.registry import ModelEntry
@@ -31,8 +31,7 @@ from ..model.backend import SamplingParams
 from ..turns.chat import TemplateMessage, apply_default_system
 from ..turns.sampling import sampling
 from ..turns.structured import check_images, function_tools, grammar_for
-from ..web.app import json_response, system
-from ..wire.codec import parse_json, structure
+from ..web.app import json_response, read_body, system
 from ..wire.ollama import (
     OllamaChatRequest,
     OllamaGenerateRequest,
@@ -154,7 +153,7 @@ def _check_num_ctx(entry: ModelEntry, num_ctx: int | None) -> None:
 @blueprint.post("/api/chat")
 async def chat() -> Response:
     sys_ = system()
-    body = structure(parse_json(await request.get_data()), OllamaChatRequest)
+    body = await read_body(OllamaChatRequest)
     out = OllamaStream("chat", body.model)
     if not body.model:
         raise RequestInvalid("model is required", param="model")
@@ -184,7 +183,7 @@ async def chat() -> Response:
 @blueprint.post("/api/generate")
 async def generate() -> Response:
     sys_ = system()
-    body = structure(parse_json(await request.get_data()), OllamaGenerateRequest)
+    body = await read_body(OllamaGenerateRequest)
     out = OllamaStream("generate", body.model)
     if not body.model:
         raise RequestInvalid("model is required", param="model")

@@ -22,9 +22,9 @@ import re
 import time
 from typing import Any
 
-from quart import Blueprint, Response, g, request
+from quart import Blueprint, Response, g
 
-from ..wire.codec import parse_json, structure
+from ..web.app import read_body
 from ..wire.embedding_checks import check_dimensions, check_inputs, encode_vector, inputs_of, shorten
 from ..actors.lifecycle import parse_keep_alive
 from ..wire.embeddings import OllamaEmbeddingsRequest, OllamaEmbedRequest
@@ -47,7 +47,7 @@ def _degradation(response: Response, options: dict[str, Any] | None) -> Response
 @blueprint.post("/api/embed")
 async def embed_route() -> Response:
     began = time.monotonic()
-    body = structure(parse_json(await request.get_data()), OllamaEmbedRequest)
+    body = await read_body(OllamaEmbedRequest)
     inputs = [] if body.input is None or body.input == "" else inputs_of(body.input)
     check_inputs(inputs, allow_empty=True)
     check_dimensions(body.dimensions)
@@ -73,7 +73,7 @@ async def embed_route() -> Response:
 
 @blueprint.post("/api/embeddings")
 async def embeddings_route() -> Response:
-    body = structure(parse_json(await request.get_data()), OllamaEmbeddingsRequest)
+    body = await read_body(OllamaEmbeddingsRequest)
     inputs = [body.prompt] if body.prompt else []
     check_inputs(inputs, field="prompt", allow_empty=True)
     entry = (await embedding_model(g.record.id, body.model, parse_keep_alive(body.keep_alive))).entry

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Blueprint, Response, g, request
+from quart import Blueprint, Response, g
 
 from ..turns.chat import TemplateMessage, apply_default_system, image_urls, text_of, tool_call
-from ..wire.codec import parse_json, structure
 from ..errors import RequestInvalid
 from ..messages import ChatPrompt, RequestRouted
 from ..turns.structured import check_images, function_tools, grammar_for, json_demand, select_tools
 from ..wire.openai import ChatCompletionRequest
-from ..web.app import exception_body, json_response, system
+from ..web.app import exception_body, json_response, read_body, system
 from ._openai import DEGRADATION_HEADER, degradation, sampling_params, stream_response
 from ._turn import RETRIES_HEADER, TurnPlan, framed, open_turn
 from .openai_chat_events import ChatStream, Envelope, chat_whole
@@ -91,7 +90,7 @@ def _template_kwargs(body: ChatCompletionRequest) -> dict[str, Any]:
 @blueprint.post("/chat/completions")  # clients whose base URL lacks /v1
 async def chat_completions() -> Response:
     sys_ = system()
-    body = structure(parse_json(await request.get_data()), ChatCompletionRequest)
+    body = await read_body(ChatCompletionRequest)
     entry = await sys_.resolve(body.model, "chat")
     sys_.emit(RequestRouted(g.record.id, body.model, entry.id, body.stream))
     messages, images = _messages(body)

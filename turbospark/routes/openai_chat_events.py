@@ -92,8 +92,19 @@ def call_wire(call: ToolCall) -> dict[str, Any]:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
+class _SSE:
+    """What an OpenAI stream writes while nothing else is due, and when it fails after its first
+    byte: an SSE comment, and one ``event: error`` frame (no ``[DONE]``)."""
+
+    def tick(self) -> list[bytes]:
+        return [_sse.KEEPALIVE]
+
+    def error(self, body: dict[str, Any]) -> list[bytes]:
+        return [_sse.event("error", body)]
+
+
 @attrs.define
-class ChatStream:
+class ChatStream(_SSE):
     env: Envelope
     n: int = 1
     logprobs: int | None = None  # asked for: each chunk carries its tokens'
@@ -108,12 +119,6 @@ class ChatStream:
 
     def opening(self) -> list[bytes]:
         return [_sse.data(self.chunk({"role": "assistant", "content": ""}, i)) for i in range(self.n)]
-
-    def tick(self) -> list[bytes]:
-        return [_sse.KEEPALIVE]
-
-    def error(self, body: dict[str, Any]) -> list[bytes]:
-        return [_sse.event("error", body)]
 
     def feed(self, event: TurnEvent) -> list[bytes]:
         if isinstance(event, Text):
@@ -176,7 +181,7 @@ def completion_logprobs(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
 
 
 @attrs.define
-class CompletionStream:
+class CompletionStream(_SSE):
     env: Envelope
     n: int = 1
     logprobs: int | None = None
@@ -195,12 +200,6 @@ class CompletionStream:
         if not self.echoed:
             return []
         return [_sse.data(self.env.wrap("text_completion", [self.choice(self.echoed, i)])) for i in range(self.n)]
-
-    def tick(self) -> list[bytes]:
-        return [_sse.KEEPALIVE]
-
-    def error(self, body: dict[str, Any]) -> list[bytes]:
-        return [_sse.event("error", body)]
 
     def feed(self, event: TurnEvent) -> list[bytes]:
         if isinstance(event, Text):

@@ -6,14 +6,13 @@ The prompt is encoded as is (with BOS where the model wants one), so base models
 
 from __future__ import annotations
 
-from quart import Blueprint, Response, g, request
+from quart import Blueprint, Response, g
 
-from ..wire.codec import parse_json, structure
 from ..errors import RequestInvalid
 from ..messages import RequestRouted, TextPrompt
 from ..turns.structured import function_tools, grammar_for, json_demand, select_tools
 from ..wire.openai import CompletionRequest
-from ..web.app import exception_body, json_response, system
+from ..web.app import exception_body, json_response, read_body, system
 from ._openai import DEGRADATION_HEADER, degradation, sampling_params, stream_response
 from ._turn import TurnPlan, framed, open_turn
 from .openai_chat_events import CompletionStream, Envelope, completion_whole
@@ -42,7 +41,7 @@ def _unhonoured(body: CompletionRequest) -> list[str]:
 @blueprint.post("/completions")
 async def completions() -> Response:
     sys_ = system()
-    body = structure(parse_json(await request.get_data()), CompletionRequest)
+    body = await read_body(CompletionRequest)
     entry = await sys_.resolve(body.model, "completion")
     sys_.emit(RequestRouted(g.record.id, body.model, entry.id, body.stream))
     if body.suffix is not None:

@@ -10,9 +10,9 @@ read (special tokens included).
 
 from __future__ import annotations
 
-from quart import Blueprint, Response, g, request
+from quart import Blueprint, Response, g
 
-from ..wire.codec import parse_json, structure
+from ..web.app import read_body
 from ..wire.embedding_checks import check_dimensions, check_encoding_format, check_inputs, encode_vector, inputs_of, shorten
 from ..wire.embeddings import EmbeddingRequest
 from ._embedding import embed, embedding_model, json_body
@@ -23,7 +23,7 @@ blueprint = Blueprint("openai_embeddings", __name__)
 @blueprint.post("/v1/embeddings")
 @blueprint.post("/embeddings")
 async def embeddings() -> Response:
-    body = structure(parse_json(await request.get_data()), EmbeddingRequest)
+    body = await read_body(EmbeddingRequest)
     encoding_format = check_encoding_format(body.encoding_format)
     inputs = inputs_of(body.input)
     check_inputs(inputs)

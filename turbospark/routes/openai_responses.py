@@ -16,14 +16,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from quart import Blueprint, Response, g, request
+from quart import Blueprint, Response, g
 
 from ..errors import NotFound
 from ..messages import RequestRouted
 from ..turns.chat import TemplateMessage
 from ..turns.conversations import StoredResponse
-from ..web.app import exception_body, json_response, system
-from ..wire.codec import parse_json, structure
+from ..web.app import exception_body, json_response, read_body, system
 from ..wire.openai import ResponsesRequest
 from ._openai import DEGRADATION_HEADER, degradation, sampling_params, stream_response
 from ._turn import RETRIES_HEADER, TurnPlan, framed, open_turn
@@ -37,7 +36,7 @@ blueprint = Blueprint("openai_responses", __name__)
 @blueprint.post("/responses")
 async def create_response() -> Response:
     sys_ = system()
-    body = structure(parse_json(await request.get_data()), ResponsesRequest)
+    body = await read_body(ResponsesRequest)
     entry = await sys_.resolve(body.model, "chat")
     sys_.emit(RequestRouted(g.record.id, body.model, entry.id, body.stream))
     history: tuple[TemplateMessage, ...] = ()

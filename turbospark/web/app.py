@@ -17,7 +17,7 @@ import secrets
 import time
 from contextlib import ExitStack
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import attrs
 import trio
@@ -29,6 +29,7 @@ from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
 from .._system import System, enter_request_scope, request_scope
+from ..wire.codec import parse_json, structure
 from ..errors import Forbidden, TurboSparkError, Unauthorized
 from .origins import host_allowed, origin_allowed
 from ..messages import RequestFinished, RequestStarted
@@ -39,9 +40,12 @@ __all__ = [
     "error_body",
     "exception_body",
     "json_response",
+    "read_body",
     "request_scope",
     "system",
 ]
+
+_T = TypeVar("_T")
 
 log = logging.getLogger("turbospark")
 
@@ -194,6 +198,12 @@ def error_response(status: int, body: dict[str, Any], message: str) -> Response:
     if record is not None:
         record.error = message
     return json_response(body, status)
+
+
+async def read_body(wire_type: type[_T]) -> _T:
+    """The request's JSON body, parsed and validated into ``wire_type`` (``wire/codec.py``): a
+    ``RequestInvalid``, answered as a 400 in the caller's family, otherwise."""
+    return structure(parse_json(await request.get_data()), wire_type)
 
 
 def json_response(body: Any, status: int = 200) -> Response:
