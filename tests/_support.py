@@ -59,3 +59,14 @@ async def read_until(stream: trio.SocketStream, needle: bytes, timeout: float = 
                 raise AssertionError(f"connection closed before {needle!r}; got {buf!r}")
             buf += chunk
     return buf
+
+
+# LangChain's bind_tools schema for get_weather(city: str), as it sends it: no additionalProperties.
+LANGCHAIN = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather for a city.",
+        "parameters": {"properties": {"city": {"type": "string"}}, "required": ["city"], "type": "object"},
+    },
+}

@@ -16,6 +16,8 @@ from turbospark.config import Settings
 from turbospark.model.backend import BackendSpec
 from turbospark.server import serve
 
+from ._support import LANGCHAIN
+
 from .realmodels import smollm2_store
 
 pytestmark = pytest.mark.mlx
@@ -73,14 +75,6 @@ async def test_a_required_tool_call_round_trip(sdk) -> None:
 # LangChain's bind_tools schema for get_weather(city: str): no additionalProperties.  Left open
 # (and with free whitespace), the model wrote `{"city": "Oslo", "type": "string", "properties":
 # {...` indented until the budget ran out, at 60 and at 200 tokens alike.
-LANGCHAIN = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather for a city.",
-        "parameters": {"properties": {"city": {"type": "string"}}, "required": ["city"], "type": "object"},
-    },
-}
 
 
 async def test_a_forced_call_with_langchains_open_schema_finishes(sdk) -> None:

@@ -32,6 +32,8 @@ from turbospark.turns.structured import (
     shortest_json,
 )
 
+from ._support import LANGCHAIN
+
 WEATHER = {
     "type": "function",
     "function": {
@@ -246,15 +248,6 @@ def test_forced_call_schema_is_what_validation_accepts() -> None:
                 f"<tool_call>\n{compact}\n</tool_call>") == (True, True)
 
 
-# LangChain's bind_tools schema for get_weather(city: str): no additionalProperties.
-LANGCHAIN = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather for a city.",
-        "parameters": {"properties": {"city": {"type": "string"}}, "required": ["city"], "type": "object"},
-    },
-}
 
 
 def test_forced_json_is_compact_and_objects_without_additional_properties_are_closed() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from turbospark.model.scripted import ScriptedBackend
 
-from ._support import chat_body, sse_events
+from ._support import LANGCHAIN, chat_body, sse_events
 
 PATH = "/v1/chat/completions"
 WEATHER = {
@@ -218,15 +218,6 @@ async def test_degradation_labels_exactly(start_server, client: httpx.AsyncClien
     assert r.headers["x-anyllm-degradation"] == "verbosity, store, service_tier, modalities"
 
 
-# LangChain's bind_tools schema for get_weather(city: str): no additionalProperties.
-LANGCHAIN = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather for a city.",
-        "parameters": {"properties": {"city": {"type": "string"}}, "required": ["city"], "type": "object"},
-    },
-}
 # What SmolLM2-135M wrote under the open, whitespace-flexible grammar until the budget ran out.
 RAMBLING = '<tool_call>\n{"name": "get_weather", "arguments": {\n  "city": "Oslo",\n  "type": "string",\n  "properties": {\n'
 
