@@ -70,3 +70,14 @@ LANGCHAIN = {
         "parameters": {"properties": {"city": {"type": "string"}}, "required": ["city"], "type": "object"},
     },
 }
+
+
+# A plain function tool, as the OpenAI SDK sends it.
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}

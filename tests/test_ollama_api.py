@@ -17,17 +17,9 @@ from turbospark.messages import Generated
 from turbospark.model.scripted import ScriptedBackend
 from turbospark.wire.ollama import options_params
 
-from ._support import raw_post, read_until
+from ._support import WEATHER, raw_post, read_until
 
 HELLO = [{"role": "user", "content": "Hello there"}]
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 SCHEMA = {
     "type": "object",
     "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},

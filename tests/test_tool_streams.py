@@ -18,16 +18,8 @@ import trio
 from turbospark.model.scripted import ScriptedBackend
 from turbospark.turns.guardrails import Guardrails
 
-from ._support import chat_body, sse_events
+from ._support import WEATHER, chat_body, sse_events
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 ANTHROPIC_WEATHER = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}
 PROSE = "The weather is something I cannot know without looking, but Oslo is often cool and grey in spring."
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'

@@ -23,6 +23,8 @@ import numpy as np
 
 from turbospark.store.gguf_reader import read_gguf
 
+from .tiny import bytes_to_unicode
+
 __all__ = ["CASES", "Q", "TinyModel", "random_tensor", "write_tiny"]
 
 Q = gguf.GGMLQuantizationType
@@ -96,15 +98,7 @@ def random_tensor(qtype: Q, rows: int, cols: int, rng: np.random.Generator, std:
 
 def _byte_vocab() -> dict[str, Any]:
     """A 259-token byte-level BPE vocabulary (GPT-2's byte alphabet, three merges): fast to build."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), 256)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    tokens = ["<|endoftext|>", *(chars[b] for b in range(256)), "\u0120t", "he"]
+    tokens = ["<|endoftext|>", *bytes_to_unicode(), "\u0120t", "he"]
     return {
         "tokenizer.ggml.model": "gpt2",
         "tokenizer.ggml.pre": "gpt-2",

@@ -24,7 +24,7 @@ CHAT_TEMPLATE = (
 )
 
 
-def _bytes_to_unicode() -> list[str]:
+def bytes_to_unicode() -> list[str]:
     """GPT-2's byte -> printable character table (the alphabet of byte-level BPE vocabularies)."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
     chars, extra = {}, 0
@@ -45,7 +45,7 @@ def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 def _gpt2_vocab(writer: gguf.GGUFWriter, pre: str) -> int:
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     merged = ["Ġt", "he", "Ġthe"]
-    tokens = specials + _bytes_to_unicode() + merged
+    tokens = specials + bytes_to_unicode() + merged
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
