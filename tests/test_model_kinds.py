@@ -11,7 +11,6 @@ import struct
 import threading
 from pathlib import Path
 
-import httpx
 import numpy as np
 import trio
 
@@ -27,6 +26,8 @@ from turbospark.store.store import ModelStore
 
 from .test_audio_api import tone
 from .test_embeddings import scripted_vector
+
+from .test_lifecycle import ps, until_loaded
 
 HELLO = [{"role": "user", "content": "Hello there"}]
 QWEN_LIKE = (
@@ -98,15 +99,6 @@ class Loads:
     def shelf(self, root: Path) -> StoreShelf:
         return StoreShelf(ModelStore(root), self.chat, {"embedding": self.encoder, "speech-to-text": self.stt})
 
-
-async def ps(client: httpx.AsyncClient, url: str) -> list[str]:
-    return sorted(m["model"] for m in (await client.get(f"{url}/api/ps")).json()["models"])
-
-
-async def until_loaded(client: httpx.AsyncClient, url: str, expected: list[str]) -> None:
-    with trio.fail_after(10):
-        while await ps(client, url) != expected:
-            await trio.sleep(0.02)
 
 
 def drained(events: trio.MemoryReceiveChannel) -> list:
