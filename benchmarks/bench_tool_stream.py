@@ -5,9 +5,10 @@ The in-process server on the real default model (SmolLM2-135M-Instruct, float32)
 same question three ways, runs alternating: with a ``get_weather`` tool; without tools; and
 without tools but with the very prompt the tools make (their preamble written into the system
 message by hand), so that prefill costs the same and only the streaming differs.  Every run
-opens with a distinct line so the prefix cache cannot help any path.  Per path, medians: the
-first byte (the role chunk, sent once the model started), the first content piece, the whole
-stream, and the prompt's length.  Before live tool streams, a tool turn sent nothing until the
+of every path opens with a distinct line, so the prefix cache cannot help any path (the tools
+path and the same-prompt path would otherwise share their whole prompt within a run).  Per
+path, medians: the first byte (the role chunk, sent once the model started), the first content
+piece, the whole stream, and the prompt's length.  Before live tool streams, a tool turn sent nothing until the
 whole generation was done.
 
     python -m turbospark.cli.blas python benchmarks/bench_tool_stream.py [--runs 5] [--max-tokens 64]
@@ -46,7 +47,7 @@ PATHS = {"tools": "with tools", "plain": "without tools", "same": "without tools
 async def one(client: Any, url: str, model: str, run: int, path: str, max_tokens: int) -> dict[str, float]:
     from turbospark.model.tool_preamble import tools_in_preamble
 
-    messages = [{"role": "system", "content": f"Run {run}. You are a poet."}, {"role": "user", "content": QUESTION}]
+    messages = [{"role": "system", "content": f"Run {run}{path[0]}. You are a poet."}, {"role": "user", "content": QUESTION}]
     body: dict[str, Any] = {
         "model": model, "stream": True, "temperature": 0, "max_tokens": max_tokens,
         "stream_options": {"include_usage": True}, "messages": messages,
