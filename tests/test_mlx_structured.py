@@ -99,6 +99,31 @@ async def test_a_forced_call_with_langchains_open_schema_finishes(sdk) -> None:
     assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
 
 
+async def test_langchain_bind_tools_required_calls_and_round_trips(sdk) -> None:
+    """LangChain itself, as a new user writes it: ``bind_tools(..., tool_choice="required")``
+    on ``ChatOpenAI`` pointed at the server, then the tool's result sent back."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Get the current weather for a city."""
+        return f"12 degrees and cloudy in {city}"
+
+    llm = ChatOpenAI(base_url=str(sdk.base_url), api_key="unused", model="any", temperature=0, max_tokens=60)
+    forced = llm.bind_tools([get_weather], tool_choice="required")
+    history: list = [HumanMessage("What is the weather in Oslo?")]
+    reply = await trio.to_thread.run_sync(forced.invoke, history)
+    (call,) = reply.tool_calls
+    assert call["name"] == "get_weather" and list(call["args"]) == ["city"]
+    assert isinstance(call["args"]["city"], str)
+    assert reply.usage_metadata["output_tokens"] <= 60
+    history += [reply, ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"])]
+    answer = await trio.to_thread.run_sync(llm.bind_tools([get_weather]).invoke, history)
+    assert answer.content and not answer.tool_calls
+
+
 async def test_a_strict_json_schema_validates_when_sampling(sdk) -> None:
     schema = {
         "type": "object",
