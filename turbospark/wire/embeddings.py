@@ -35,7 +35,7 @@ class OllamaEmbedRequest:
     truncate: bool = True
     dimensions: int | None = None
     options: dict[str, Any] | None = None
-    keep_alive: str | float | None = None  # models stay loaded for the server's life
+    keep_alive: str | float | None = None  # how long the model stays loaded after the request
 
 
 @attrs.frozen(kw_only=True)
