@@ -185,8 +185,17 @@ async def test_a_pull_moves_the_progress_bar_and_lists_the_model(
         page.click("#pull-form button[type=submit]")
         page.wait_for_selector('#store-models tr[data-model="tiny-chat"]')
         bar = page.evaluate("(({value, max, dataset}) => [value, max, +dataset.steps])(document.querySelector('#pull-progress'))")
-        row = page.locator('#store-models tr[data-model="tiny-chat"]').inner_text()
+        tiny = page.locator('#store-models tr[data-model="tiny-chat"]')
+        row = tiny.inner_text()
+        tiny.locator("button.load").click()  # loads, kept 5 minutes
+        page.wait_for_selector('#store-models tr[data-model="tiny-chat"] td.state:text("loaded")')
         shot(page, "models")
+        page.click("#tab-status")  # its lease's keep-alive counts down
+        page.wait_for_selector('#status-models tr:has(th:text("tiny-chat")) td:text-matches("^4:5[0-9] left$")')
+        shot(page, "status")
+        page.click("#tab-models")
+        page.locator('#store-models tr[data-model="tiny-chat"] button.unload').click()  # keep_alive: 0
+        page.wait_for_selector('#store-models tr[data-model="tiny-chat"] td.state:text("stored")')
         return bar, row
 
     (value, maximum, steps), row = await browse(server.url, drive)

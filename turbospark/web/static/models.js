@@ -26,11 +26,11 @@ async function refresh() {
         el("td", {}, m.details?.quantization_level || "–"),
         el("td", {}, context ? String(context[1]) : (loaded ? String(loaded.context_length) : "–")),
         el("td", {}, (show.capabilities || []).join(", ")),
-        el("td", {}, loaded ? "loaded" : "stored"),
-        el("td", { class: "bar" },
-          el("button", { type: "button", onclick: () => lifecycle(m.model, "5m") }, "Load"),
-          el("button", { type: "button", onclick: () => lifecycle(m.model, 0) }, "Unload"),
-          el("button", { type: "button", onclick: () => remove(m.model) }, "Delete")));
+        el("td", { class: "state" }, loaded ? "loaded" : "stored"),
+        el("td", {}, el("div", { class: "bar" },
+          el("button", { type: "button", class: "load", onclick: () => lifecycle(m.model, "5m") }, "Load"),
+          el("button", { type: "button", class: "unload", onclick: () => lifecycle(m.model, 0) }, "Unload"),
+          el("button", { type: "button", class: "delete", onclick: () => remove(m.model) }, "Delete"))));
     }));
     document.querySelector("#store-models tbody").replaceChildren(...rows);
     const select = document.getElementById("pull-name");
@@ -47,7 +47,8 @@ async function lifecycle(model, keepAlive) {
   message().textContent = `${keepAlive === 0 ? "Unloading" : "Loading"} ${model}…`;
   const response = await postJSON("/api/generate", { model, keep_alive: keepAlive, stream: false });
   const body = await response.json();
-  message().textContent = response.ok ? `${model}: ${body.done_reason}` : `${model}: ${errorText(body, response.status)}`;
+  const done = body.done_reason === "unload" ? "unloaded" : "loaded";
+  message().textContent = response.ok ? `${model} ${done}.` : `${model}: ${errorText(body, response.status)}`;
   refresh();
 }
 
@@ -80,5 +81,6 @@ async function pull() {
     } else status.textContent = p.status;
   }
   bar.value = bar.max;
+  status.textContent = `Pulled ${name}.`;
   refresh();
 }

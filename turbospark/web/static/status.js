@@ -75,9 +75,9 @@ function plot(target, values, unit) {
   const line = document.createElementNS(SVG, "polyline");
   const step = width / Math.max(1, values.length - 1);
   line.setAttribute("points", values.map((v, i) => `${(i * step).toFixed(1)},${(height - 4 - (v / max) * (height - 16)).toFixed(1)}`).join(" "));
-  const label = document.createElementNS(SVG, "text");
-  label.setAttribute("x", "4"); label.setAttribute("y", "11");
-  label.textContent = `peak ${max} ${unit}`;
-  svg.append(line, label);
-  target.replaceChildren(svg);
+  const peak = Math.max(0, ...values);
+  const label = el("p", { class: "plot-label" },
+    values.length < 2 ? "collecting…" : `now ${now} ${unit} · peak ${peak} · last ${values.length} s`);
+  svg.append(line);
+  target.replaceChildren(svg, label);
 }
