@@ -68,6 +68,12 @@ async def test_the_status_feed_sends_snapshots_that_agree_with_the_metrics(start
                 snapshots.append(json.loads(line[6:]))
                 if len(snapshots) == 3:
                     break
+    # a feed left open ends by itself when the server begins to shut down
+    async with client.stream("GET", f"{server.url}/status/feed?interval=10") as feed:
+        lines = feed.aiter_lines()
+        assert (await lines.__anext__()).startswith("data: ")
+        server.stop.set()
+        assert [line async for line in lines] == [""]  # the frame's blank line, then the end
     first = snapshots[0]
     assert first["generated_tokens"] == 5  # seeded from the observer's metrics
     assert first["cancellations"] == {"queued": 0, "prefill": 0, "decode": 0}

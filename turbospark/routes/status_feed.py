@@ -4,7 +4,8 @@ Each frame is ``data: <snapshot>`` (``web/status.py``), one per ``interval`` sec
 0.2 to 10, default 1).  Between frames the route folds the observer's events as they arrive, so
 a slow reader gets fewer snapshots, never stale counts, and never slows the observer (which
 drops a subscriber whose buffer is full; the feed then subscribes again and counts a gap).
-The stream ends when the client leaves.
+The stream ends when the client leaves, or when the server begins to shut down (it would
+otherwise hold the graceful shutdown for its whole timeout).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import trio
-from quart import Blueprint, Response, request
+from quart import Blueprint, Response, current_app, request
 
 from ..errors import RequestInvalid
 from ..web import sse
@@ -41,10 +42,16 @@ def _loaded_row(model: Any) -> dict[str, Any]:
             "context_length": model.entry.context_window}  # fmt: skip
 
 
+async def _cancel_on(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
 @blueprint.get("/status/feed")
 async def feed() -> Response:
     sys_ = system()
     interval = _interval()
+    draining = current_app.in_flight.draining  # type: ignore[attr-defined]
     fold = StatusFold()
     metrics, events = await sys_.watch()
     fold.seed(metrics.decode())
@@ -54,17 +61,20 @@ async def feed() -> Response:
         nonlocal events
         try:
             deadline = trio.current_time()
-            while True:
+            while not draining.is_set():
                 loaded = [_loaded_row(m) for m in await sys_.running()]
                 yield sse.data(fold.snapshot(time.time(), loaded))
                 deadline = max(deadline + interval, trio.current_time())
-                with trio.move_on_at(deadline):
-                    async for event in events:
-                        fold.record(event, time.time())
-                    # the observer dropped this feed (it fell behind): subscribe again
-                    fold.gaps += 1
-                    metrics, events = await sys_.watch()
-                    fold.seed(metrics.decode())
+                async with trio.open_nursery() as wait:  # until the tick, or a shutdown
+                    wait.start_soon(_cancel_on, draining, wait.cancel_scope)
+                    with trio.move_on_at(deadline):
+                        async for event in events:
+                            fold.record(event, time.time())
+                        # the observer dropped this feed (it fell behind): subscribe again
+                        fold.gaps += 1
+                        metrics, events = await sys_.watch()
+                        fold.seed(metrics.decode())
+                    wait.cancel_scope.cancel()
         finally:
             events.close()
 

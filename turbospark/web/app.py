@@ -60,6 +60,7 @@ class InFlight:
         self.count = 0
         self._idle = trio.Event()
         self._idle.set()
+        self.draining = trio.Event()  # set when shutdown begins: endless feeds end themselves
 
     def enter(self) -> None:
         self.count += 1
