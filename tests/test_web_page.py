@@ -253,3 +253,54 @@ async def test_the_microphone_is_transcribed_and_an_answer_spoken(start_server, 
     assert stt.calls and sum(stt.calls) > 0
     assert duration == pytest.approx(len("Hello there") * 0.05, abs=0.05)
     assert stored == key
+
+
+@pytest.mark.mlx  # Whisper tiny.en on MLX hears Piper's voice through Chromium's fake microphone
+async def test_the_real_whisper_model_transcribes_speech_from_the_microphone(nursery: trio.Nursery, tmp_path: Path) -> None:
+    pytest.importorskip("mlx_whisper")
+    pytest.importorskip("piper")
+    import httpx
+
+    from turbospark.audio import wav as wavfile
+    from turbospark.audio.engines import AudioSpec
+    from turbospark.audio.speech import PiperTextToSpeech
+    from turbospark.audio.whisper import WhisperSpeechToText
+    from turbospark.config import Settings
+    from turbospark.server import serve
+
+    from .realmodels import piper_store, whisper_store
+
+    stt, tts = whisper_store(), piper_store()
+    specs = [
+        AudioSpec(stt.name, "speech_to_text", lambda: WhisperSpeechToText(stt.path, model_id=stt.name)),
+        AudioSpec(tts.name, "text_to_speech", lambda: PiperTextToSpeech(tts.path, model_id=tts.name)),
+    ]
+    settings = Settings(host="127.0.0.1", port=0, graceful_timeout=1.0, models=("scripted",))
+    server = await nursery.start(serve, settings, specs)
+    async with httpx.AsyncClient(timeout=60) as client:
+        r = await client.post(f"{server.url}/v1/audio/speech", json={
+            "model": tts.name, "input": "The quick brown fox jumps over the lazy dog.", "response_format": "wav"})
+    samples, rate = wavfile.read(r.content)
+    speech = np.concatenate([np.zeros(rate // 2), samples, np.zeros(2 * rate)])  # then a pause (it loops)
+    path = tmp_path / "speech.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((np.clip(speech, -1, 1) * 32767).astype("<i2").tobytes())
+    args = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={path}"]
+
+    def drive(page):  # type: ignore[no-untyped-def]
+        page.goto(f"{server.url}/#mic")
+        page.wait_for_selector(f"#stt-model option[value='{stt.name}']", state="attached")
+        page.click("#record")
+        page.wait_for_selector("#finals li:has-text('fox')", timeout=60_000)  # a pause commits it
+        page.click("#record")
+        page.wait_for_selector("#record[aria-pressed=false]", timeout=60_000)
+        shot(page, "microphone-whisper")
+        return page.locator("#finals li").all_inner_texts()
+
+    finals = await browse(server.url, drive, args=args, permissions=["microphone"])
+    heard = next(t for t in finals if "fox" in t.lower())
+    assert "quick brown fox" in heard.lower() and "lazy dog" in heard.lower()
+    server.stop.set()
