@@ -234,6 +234,10 @@ async def test_the_microphone_is_transcribed_and_an_answer_spoken(start_server, 
             page.fill("#key-input", key)
             page.keyboard.press("Enter")
         page.wait_for_selector("#stt-model option[value=scripted-stt]", state="attached")
+        partials: list[str] = []
+        page.expose_function("heardPartial", lambda text: partials.append(text))
+        page.evaluate("""() => new MutationObserver(() => window.heardPartial(document.querySelector('#partial').textContent))
+            .observe(document.querySelector('#partial'), {childList: true, characterData: true, subtree: true})""")
         page.click("#record")
         page.wait_for_selector("#record[aria-pressed=true]")
         page.wait_for_timeout(1500)  # speak for a while
@@ -246,11 +250,12 @@ async def test_the_microphone_is_transcribed_and_an_answer_spoken(start_server, 
         page.wait_for_function("() => document.querySelector('#speech').duration > 0")
         shot(page, f"microphone-{'key' if key else 'open'}")
         stored = page.evaluate("sessionStorage.getItem('turbospark.apiKey')")
-        return final.inner_text(), page.evaluate("document.querySelector('#speech').duration"), stored
+        return final.inner_text(), page.evaluate("document.querySelector('#speech').duration"), stored, partials
 
-    text, duration, stored = await browse(server.url, drive, args=args, permissions=["microphone"])
+    text, duration, stored, partials = await browse(server.url, drive, args=args, permissions=["microphone"])
     assert text.startswith("Scripted transcript of ") and text.endswith(" s of audio.")
     assert stt.calls and sum(stt.calls) > 0
+    assert any(p.startswith("Scripted transcript of ") for p in partials)  # hypotheses while it spoke
     assert duration == pytest.approx(len("Hello there") * 0.05, abs=0.05)
     assert stored == key
 
