@@ -110,6 +110,34 @@ async def test_a_chat_streams_into_side_by_side_conversations(start_server) -> N
     assert "prompt +" in stats and "completion tokens" in stats and "TTFT" in stats and "tok/s" in stats
 
 
+async def test_reasoning_is_folded_and_tool_calls_are_cards(start_server) -> None:
+    script = '<think>Let me look it up.</think><tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    server = await start_server([ScriptedBackend(script=script)])
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+    def drive(page):  # type: ignore[no-untyped-def]
+        page.goto(server.url)
+        conv = page.locator('[data-conversation="1"]')
+        conv.locator(".settings summary").click()
+        conv.locator(".tools").fill(json.dumps(tools))
+        conv.locator(".system").fill("You can look up the weather.")
+        conv.locator(".input").fill("Weather in Oslo?")
+        conv.locator(".send").click()
+        answer = conv.locator("li.assistant[data-state=done]")
+        answer.wait_for()
+        folded = answer.locator("details.reasoning")
+        was_open = folded.get_attribute("open")
+        folded.locator("summary").click()
+        shot(page, "playground-tools")
+        return (was_open, folded.inner_text(), answer.locator(".tool-card strong").inner_text(),
+                answer.locator(".tool-card code").inner_text())
+
+    was_open, reasoning, name, arguments = await browse(server.url, drive)
+    assert was_open is None and reasoning == "Reasoning\nLet me look it up."
+    assert name == "get_weather" and json.loads(arguments) == {"city": "Oslo"}
+
+
 async def test_stop_closes_the_stream_and_the_server_counts_the_cancellation(start_server) -> None:
     backend = ScriptedBackend(script=SCRIPT, token_delay=0.05)
     server = await start_server([backend])

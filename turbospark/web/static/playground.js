@@ -62,6 +62,8 @@ class Conversation {
     if (maxTokens > 0) body.max_tokens = maxTokens;
     const schema = q(".schema").value.trim();
     if (schema) body.response_format = { type: "json_schema", json_schema: { name: "answer", schema: JSON.parse(schema) } };
+    const tools = q(".tools").value.trim();
+    if (tools) body.tools = JSON.parse(tools);
     return body;
   }
 
@@ -75,7 +77,7 @@ class Conversation {
       body = this.request();
     } catch (err) {
       this.messages.pop();
-      this.log.append(el("li", { role: "alert" }, `The JSON schema does not parse: ${err.message}`));
+      this.log.append(el("li", { role: "alert" }, `The JSON schema or tools do not parse: ${err.message}`));
       return;
     }
     input.value = "";
