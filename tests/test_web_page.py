@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from turbospark.audio.engines import ScriptedSpeechToText, ScriptedTextToSpeech
-from turbospark.messages import Generated
+from turbospark.messages import BatchState, Generated
 from turbospark.model.scripted import ScriptedBackend
 
 from turbospark.cli.attach import load_mlx
@@ -83,7 +83,8 @@ async def test_the_status_feed_sends_snapshots_that_agree_with_the_metrics(start
 
 
 async def test_a_chat_streams_into_side_by_side_conversations(start_server) -> None:
-    server = await start_server([ScriptedBackend(script="Hello from the scripted model.", token_delay=0.01)])
+    server = await start_server([ScriptedBackend(script="Hello from the scripted model.", token_delay=0.05)])
+    events = server.system.subscribe(buffer=10_000)
 
     def drive(page):  # type: ignore[no-untyped-def]
         page.goto(server.url)
@@ -100,12 +101,23 @@ async def test_a_chat_streams_into_side_by_side_conversations(start_server) -> N
         second = page.locator('[data-conversation="2"]')
         assert page.evaluate("document.activeElement.closest('[data-conversation]').dataset.conversation") == "2"
         second.locator(".input").fill("And you?")
-        second.locator(".send").click()
+        conv.locator(".input").fill("Again?")
+        page.click("#ask-all")  # both at once: they decode in one batch
         second.locator("li.assistant[data-state=done]").wait_for()
+        conv.locator("li.assistant[data-state=done]").nth(1).wait_for()
         shot(page, "playground")
         return text, stats
 
     text, stats = await browse(server.url, drive)
+    batches = []
+    while True:
+        try:
+            event = events.receive_nowait()
+        except trio.WouldBlock:
+            break
+        if isinstance(event, BatchState):
+            batches.append(event.running)
+    assert max(batches) == 2
     assert text == "Hello from the scripted model."
     assert "prompt +" in stats and "completion tokens" in stats and "TTFT" in stats and "tok/s" in stats
 

@@ -4,9 +4,11 @@ import { speak } from "./mic.js";
 
 let chatModels = [];
 let count = 0;
+const conversations = [];
 
 export async function startPlayground() {
   document.getElementById("add-conversation").addEventListener("click", () => addConversation(true));
+  document.getElementById("ask-all").addEventListener("click", () => conversations.forEach((c) => c.send()));
   const counter = document.getElementById("cancel-counter");
   onStatus((s) => {
     const c = s.cancellations;
@@ -31,7 +33,7 @@ function addConversation(focus) {
   const select = node.querySelector(".model");
   for (const id of chatModels) select.append(el("option", { value: id }, id));
   document.getElementById("conversations").append(node);
-  new Conversation(node);
+  conversations.push(new Conversation(node));
   if (focus) node.querySelector(".input").focus();
 }
 
@@ -177,7 +179,7 @@ class Answer {
     this.stats.textContent = parts.join(" · ");
     this.node.dataset.state = how;
     const text = this.text.textContent;
-    if (text.trim()) this.node.append(el("button", { type: "button", class: "speak", onclick: () => speak(text) }, "Speak this answer"));
+    if (text.trim() && document.getElementById("tts-model").value) this.node.append(el("button", { type: "button", class: "speak", onclick: () => speak(text) }, "Speak this answer"));
   }
 
   fail(message) {
