@@ -220,6 +220,17 @@ class System:
         self.observer.inbox.send_nowait(Subscribe(send))
         return recv
 
+    async def watch(self, buffer: int = 4096) -> tuple[bytes, trio.MemoryReceiveChannel[Event]]:
+        """The metrics as they stand and a channel of every event after them: both messages go
+        into the observer's inbox with no checkpoint between, so nothing is counted twice or
+        missed."""
+        reply_send, reply_recv = trio.open_memory_channel[bytes](1)
+        send, recv = trio.open_memory_channel[Event](buffer)
+        self.observer.inbox.send_nowait(RenderMetrics(reply_send, self.observer.dropped))
+        self.observer.inbox.send_nowait(Subscribe(send))
+        with reply_recv:
+            return await reply_recv.receive(), recv
+
 
 @attrs.frozen
 class SystemSpec:

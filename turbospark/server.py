@@ -80,6 +80,7 @@ async def serve(
 
     async def shut_down() -> None:
         await stop.wait()  # Hypercorn stops accepting now
+        app.in_flight.draining.set()  # the status feeds end (routes/status_feed.py)
         with trio.move_on_after(settings.graceful_timeout):
             await app.in_flight.wait_idle()
         system.stop_models()

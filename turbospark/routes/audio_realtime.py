@@ -100,7 +100,8 @@ async def _realtime() -> None:
         raise TooManySessions(f"{limits.max_sessions} realtime sessions are open; retry shortly")
     app.realtime_sessions += 1
     try:
-        await websocket.accept()
+        # the web page offers "turbospark" (and its key as another subprotocol, web/app.py)
+        await websocket.accept(subprotocol="turbospark" if "turbospark" in websocket.requested_subprotocols else None)
         session = Session(encoding, vad=vad_text in ("true", "1"), is_speech=detector, limits=limits)
         await _serve(session, info.id, language, limits)
     finally:

@@ -26,8 +26,10 @@ from ..actors.lifecycle import Loadable
 from ..actors.registry import ModelEntry
 from ..errors import ModelNotFound, RequestInvalid
 from ..web.app import json_response, system
+from ..web.page import wants_page
 from ..wire.codec import parse_json
 from ..wire.ollama import rfc3339
+from . import page
 from ._ollama import named, shelf
 from .models import capabilities, loadable_of
 
@@ -85,6 +87,8 @@ async def _entry(name: str) -> ModelEntry:
 
 @blueprint.route("/", methods=["GET", "HEAD"])
 async def root() -> Response:
+    if wants_page(request.method, request.headers.get("accept")):
+        return page.index()  # a browser: the web page
     return Response("Ollama is running", content_type="text/plain; charset=utf-8")
 
 

@@ -98,3 +98,10 @@ async def pull() -> Response:
             yield ndjson({"status": "success"})
 
     return ndjson_response(frames())
+
+
+@blueprint.get("/api/catalogue")
+async def catalogue() -> Response:
+    """What ``/api/pull`` can fetch (an empty list without a model store); not Ollama's."""
+    store = system().shelf
+    return json_response({"models": [{"name": n} for n in (store.catalogue() if store is not None else [])]})

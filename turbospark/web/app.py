@@ -32,6 +32,7 @@ from .._system import System, enter_request_scope, request_scope
 from ..wire.codec import parse_json, structure
 from ..errors import Forbidden, TurboSparkError, Unauthorized
 from .origins import host_allowed, origin_allowed
+from .page import is_page, subprotocol_key
 from ..messages import RequestFinished, RequestStarted
 
 __all__ = [
@@ -59,6 +60,7 @@ class InFlight:
         self.count = 0
         self._idle = trio.Event()
         self._idle.set()
+        self.draining = trio.Event()  # set when shutdown begins: endless feeds end themselves
 
     def enter(self) -> None:
         self.count += 1
@@ -273,7 +275,7 @@ def _preflight(origin: str) -> Response:
 
 def _authorized(key: str, headers: Any = None) -> bool:
     headers = request.headers if headers is None else headers
-    given = headers.get("x-api-key") or ""
+    given = headers.get("x-api-key") or subprotocol_key(headers.get("sec-websocket-protocol"))
     if not given:
         scheme, _, token = (headers.get("authorization") or "").partition(" ")
         if scheme.lower() == "bearer":
@@ -316,7 +318,8 @@ def create_app(sys_: System, blueprints: Sequence[Blueprint]) -> QuartTrio:
         origin = request.headers.get("origin")
         if request.method == "OPTIONS" and origin is not None:
             return _preflight(origin)
-        if settings.api_key and request.path != "/health" and not _authorized(settings.api_key):
+        public = request.path == "/health" or is_page(request.method, request.path, request.headers.get("accept"))
+        if settings.api_key and not public and not _authorized(settings.api_key):
             raise Unauthorized()
         return None
 

@@ -110,6 +110,9 @@ def _routes() -> tuple[Route, ...]:
         Route("post", "/api/copy", "Copy a stored model", "ollama", raw_body="application/json"),
         Route("post", "/api/pull", "Pull a catalogue model (NDJSON progress)", "ollama",
               raw_body="application/json", streams=ndjson),
+        Route("get", "/api/catalogue", "The models /api/pull can fetch", "ollama", returns=_object("models")),
+        Route("get", "/status/feed", "Live status snapshots (SSE; ?interval=seconds)", success="text/event-stream"),
+        Route("get", "/ui/{name}", "The web page's files (GET / with Accept: text/html is the page)", success="text/javascript"),
     ]
     return tuple(out)
 
