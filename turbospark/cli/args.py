@@ -188,6 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
         "it; models named with --model stay until a request says otherwise)",
     )
     s.add_argument(
+        "--distributed",
+        action="store_true",
+        help="shard the one --model over the ranks mlx.launch started (tensor parallel; rank 0 "
+        "serves HTTP); see scripts/serve-distributed",
+    )
+    s.add_argument(
         "--graceful-timeout",
         type=_seconds,
         default=Settings().graceful_timeout,
@@ -317,6 +323,7 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         body_timeout=args.body_timeout,
         graceful_timeout=args.graceful_timeout,
         drain_delay=args.drain_delay,
+        distributed=args.distributed,
         events_path=args.events,
         script=script,
         token_delay=args.token_delay_ms / 1000,
