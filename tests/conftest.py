@@ -51,7 +51,7 @@ async def start_server(nursery: trio.Nursery) -> AsyncIterator[Callable[..., Any
             kwargs["library"] = library if callable(library) else partial(tuple, library)
         if (shelf := settings.pop("shelf", None)) is not None:
             kwargs["shelf"] = shelf
-        config = Settings(host="127.0.0.1", port=0, graceful_timeout=1.0, **settings)
+        config = Settings(**{"host": "127.0.0.1", "port": 0, "graceful_timeout": 1.0, **settings})
         server = await nursery.start(partial(serve, config, specs, **kwargs))
         servers.append(server)
         return server

@@ -40,7 +40,7 @@ from .actors.audio import AttachModel, AudioMessage, DetachModel, audio_actor
 from .actors.embedding import embedding_model
 from .actors.generation import QueueMessage, generation_queue
 from .actors.models import model_actor
-from .actors.observer import Observer, ObserverMessage, RenderMetrics, Subscribe, observer
+from .actors.observer import Observer, ObserverMessage, ReadDepths, RenderMetrics, Subscribe, observer
 from .actors.resolution import (
     Abandon, Adopt, Grant, Lifecycle, LoadedModel, Published, Refresh, Release, Resolve, Running, Unload,
 )
@@ -213,6 +213,10 @@ class System:
 
     async def metrics(self) -> bytes:
         return await call(self.observer.inbox, partial(RenderMetrics, dropped=self.observer.dropped))
+
+    async def queue_depths(self) -> dict[str, int]:
+        """How many generations wait for each model now."""
+        return await call(self.observer.inbox, ReadDepths)
 
     def subscribe(self, buffer: int = 256) -> trio.MemoryReceiveChannel[Event]:
         """A channel that receives every event from now on (dropped if it falls behind)."""

@@ -63,6 +63,11 @@ class Settings:
     script: str | None = None
     token_delay: float = 0.0
     graceful_timeout: float = 5.0
+    # On shutdown, how long the port stays open while readiness is 503 and new requests are
+    # answered ``draining`` (for a load balancer's health check to notice); then it closes.
+    drain_delay: float = 0.0
+    # ``serve --distributed``: the one --model is sharded over the ranks of mlx.distributed.
+    distributed: bool = False
     # Slow and idle clients.  A connection must complete its request line and headers within
     # header_timeout seconds of opening, or of its previous response (so this is also how long
     # an idle keep-alive connection is kept); then it is closed.  A request body must arrive in

@@ -27,6 +27,7 @@ import secrets
 
 __all__ = [
     "ContextOverflow",
+    "Draining",
     "Forbidden",
     "GenerationFailed",
     "ModelLoadFailed",
@@ -135,6 +136,16 @@ class QueueFull(Rejected):
         super().__init__(
             f"The generation queue for '{model}' is full ({limit} waiting). Retry the request shortly."
         )
+
+
+class Draining(Rejected):
+    """A request that arrived after shutdown began (on a kept-alive connection): another
+    replica can answer it.  Answered with ``Connection: close``."""
+
+    code = "draining"
+
+    def __init__(self) -> None:
+        super().__init__("The server is shutting down. Retry the request (another replica can answer it).")
 
 
 class ResolutionBusy(Rejected):

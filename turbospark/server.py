@@ -2,8 +2,10 @@
 
 ``serve`` is what ``python -m turbospark serve`` runs and what the tests start with
 ``nursery.start``: it hands back a ``Server`` once the models are loaded and the socket is bound.
-Setting ``Server.stop`` begins a graceful shutdown: Hypercorn stops accepting, and in-flight
-requests get ``graceful_timeout`` seconds to finish.  Then the model actors are cancelled: each
+Setting ``Server.stop`` begins a graceful shutdown: the server drains (``/health/ready`` answers
+503, a new request a retryable 503 ``draining`` with ``Connection: close``) for ``drain_delay``
+seconds, so a load balancer notices; then Hypercorn stops accepting, and in-flight requests get
+``graceful_timeout`` seconds to finish.  Then the model actors are cancelled: each
 model thread stops within one step and answers every sequence it still runs or holds with
 ``ShuttingDown`` (a 503, or an ``event: error`` frame on a stream), the queue answers what waits,
 and the routes get ``SHUTDOWN_MARGIN`` more seconds to write those endings before Hypercorn
@@ -76,11 +78,15 @@ async def serve(
     ``library``, ``shelf``)."""
     spec = SystemSpec(settings, backends, **options)
     stop = trio.Event()
+    closing = trio.Event()
     http_scope = trio.CancelScope()
 
     async def shut_down() -> None:
-        await stop.wait()  # Hypercorn stops accepting now
+        await stop.wait()
+        app.draining = True  # readiness is 503, a new request a retryable 503
         app.in_flight.draining.set()  # the status feeds end (routes/status_feed.py)
+        await trio.sleep(settings.drain_delay)
+        closing.set()  # Hypercorn stops accepting now (and closes idle keep-alive connections)
         with trio.move_on_after(settings.graceful_timeout):
             await app.in_flight.wait_idle()
         system.stop_models()
@@ -95,7 +101,7 @@ async def serve(
         app = create_app(system)
         root.start_soon(shut_down)
         async with trio.open_nursery() as http:
-            binds = await http.start(partial(_serve_http, http_scope, app, settings, stop))
+            binds = await http.start(partial(_serve_http, http_scope, app, settings, closing))
             task_status.started(Server(binds[0], system, stop))
         root.cancel_scope.cancel()
 
@@ -104,11 +110,11 @@ async def _serve_http(
     scope: trio.CancelScope,
     app: Any,
     settings: Settings,
-    stop: trio.Event,
+    closing: trio.Event,
     *,
     task_status: trio.TaskStatus[list[str]],
 ) -> None:
     with scope:
         await hypercorn.trio.serve(
-            app, _hypercorn_config(settings), shutdown_trigger=stop.wait, task_status=task_status
+            app, _hypercorn_config(settings), shutdown_trigger=closing.wait, task_status=task_status
         )

@@ -82,6 +82,13 @@ class Subscribe:
     events: trio.MemorySendChannel[Event]
 
 
+@attrs.frozen
+class ReadDepths:
+    """How many generations wait for each model now (``/health/ready``)."""
+
+    reply: trio.MemorySendChannel[dict[str, int]]
+
+
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(part.title() for part in rest)
@@ -218,6 +225,13 @@ class _Metrics:
         )
         for reason in ("expired", "evicted", "requested"):
             self.unloads.labels(reason)
+        # per model, for a balancer or an autoscaler (README, "Metrics")
+        self.model_queue = Gauge(
+            "turbospark_model_queue_depth", "Generations waiting for a model", ["model"], registry=reg
+        )
+        self.model_loaded = Gauge(
+            "turbospark_model_loaded", "1 while a model is loaded, 0 once unloaded", ["model"], registry=reg
+        )
         self._sizes: dict[str, int] = {}
         self._depths: dict[str, int] = {}
         self._running: dict[str, int] = {}
@@ -270,15 +284,18 @@ class _Metrics:
             self.loads.labels(event.model).inc()
             self.load_seconds.observe(event.seconds)
             self._sizes[event.model] = event.size
+            self.model_loaded.labels(event.model).set(1)
             self.loaded.set(len(self._sizes))
             self.loaded_bytes.set(sum(self._sizes.values()))
         elif isinstance(event, ModelUnloaded):
             self.unloads.labels(event.reason).inc()
             self._sizes.pop(event.model, None)
+            self.model_loaded.labels(event.model).set(0)
             self.loaded.set(len(self._sizes))
             self.loaded_bytes.set(sum(self._sizes.values()))
         elif isinstance(event, QueueDepth):
             self._depths[event.model] = event.depth
+            self.model_queue.labels(event.model).set(event.depth)
             self.queue_depth.set(sum(self._depths.values()))
 
     def render(self, dropped: int) -> bytes:
@@ -286,7 +303,7 @@ class _Metrics:
         return generate_latest(self.registry)
 
 
-ObserverMessage = Event | RenderMetrics | Subscribe
+ObserverMessage = Event | RenderMetrics | Subscribe | ReadDepths
 
 
 @attrs.define
@@ -330,6 +347,9 @@ async def observer(
                     continue
                 if isinstance(msg, Subscribe):
                     subscribers.append(msg.events)
+                    continue
+                if isinstance(msg, ReadDepths):
+                    answer(msg.reply, dict(metrics._depths))
                     continue
                 metrics.record(msg)
                 if sink is not None:

@@ -188,6 +188,29 @@ def build_parser() -> argparse.ArgumentParser:
         "it; models named with --model stay until a request says otherwise)",
     )
     s.add_argument(
+        "--distributed",
+        action="store_true",
+        help="shard the one --model over the ranks mlx.launch started (tensor parallel; rank 0 "
+        "serves HTTP); see scripts/serve-distributed",
+    )
+    s.add_argument(
+        "--graceful-timeout",
+        type=_seconds,
+        default=Settings().graceful_timeout,
+        metavar="SECONDS",
+        help="on SIGTERM or Ctrl-C, how long requests in flight may take to finish before they "
+        f"are answered shutting_down (default {Settings().graceful_timeout:g})",
+    )
+    s.add_argument(
+        "--drain-delay",
+        type=_seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long to keep accepting connections while /health/ready says 503 "
+        "and new requests are answered a retryable 503 draining, so a load balancer's health "
+        "check notices before the port closes (default 0)",
+    )
+    s.add_argument(
         "--max-loaded-models",
         type=_positive_int,
         default=Settings().max_loaded_models,
@@ -298,6 +321,9 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         **({"kv_budget": args.kv_budget_mb << 20} if args.kv_budget_mb else {}),
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
+        graceful_timeout=args.graceful_timeout,
+        drain_delay=args.drain_delay,
+        distributed=args.distributed,
         events_path=args.events,
         script=script,
         token_delay=args.token_delay_ms / 1000,

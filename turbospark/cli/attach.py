@@ -99,11 +99,12 @@ def store_loaders():  # type: ignore[no-untyped-def]
     return {"embedding": _load_encoder, "speech-to-text": _load_whisper, "text-to-speech": _load_piper}
 
 
-def backend_specs(settings: Settings) -> list[BackendSpec | EncoderSpec | Loadable]:
+def backend_specs(settings: Settings, *, models: bool = True) -> list[BackendSpec | EncoderSpec | Loadable]:
     """What to load at start and keep (each backend is built on its own model thread, not
-    here); every other stored model loads when a request names it."""
+    here); every other stored model loads when a request names it.  ``models=False``: the
+    embedding models only (``--distributed`` builds its sharded model itself)."""
     specs: list[BackendSpec | EncoderSpec | Loadable] = []
-    for name in settings.models or (None,):
+    for name in (settings.models or (None,)) if models else ():
         if name == SCRIPTED_ID:
             make = partial(ScriptedBackend, script=settings.script, token_delay=settings.token_delay)
             specs.append(BackendSpec(SCRIPTED_ID, make))

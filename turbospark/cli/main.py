@@ -85,7 +85,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if needs_mlx(settings):
             reexec_with_openblas([sys.executable, "-m", "turbospark", *argv])
         with interruptible():  # a pull or import stops at once, leaving nothing half-written
-            specs = [*backend_specs(settings), *audio_specs(settings)]
+            if settings.distributed:
+                from .distributed import distributed_group, follow_rank, sharded_spec
+
+                group = distributed_group(settings)
+                if group.rank() != 0:
+                    return follow_rank(settings, group)
+                specs = [sharded_spec(settings, group), *backend_specs(settings, models=False), *audio_specs(settings)]
+            else:
+                specs = [*backend_specs(settings), *audio_specs(settings)]
         trio.run(_run, settings, specs, shelf_for(settings))
     except KeyboardInterrupt:
         print("turbospark: interrupted while preparing models; nothing half-written was left in "

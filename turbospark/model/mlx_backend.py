@@ -61,11 +61,17 @@ class MlxBackend:
         cache_entries: int = 4,
         cache_bytes: int = 1 << 30,
         max_batch: int = 256,
+        group: mx.distributed.Group | None = None,
     ) -> None:
         self.model_id = model_id
         self.stream = mx.new_thread_local_stream(mx.default_device())
         with mx.stream(self.stream):
-            self.model, config = load_model(path)
+            self.model, config = load_model(path, lazy=group is not None)
+            if group is not None:  # this rank's tensor-parallel shard (``sharded.py``)
+                if not hasattr(self.model, "shard"):
+                    raise ValueError(f"the {config.get('model_type')} architecture cannot be sharded")
+                self.model.shard(group)
+                mx.random.seed(0)  # every rank samples alike
             mx.eval(self.model.parameters())
             self._kv_size = kv_sizes(self.model)
         self.tokenizer = Tokenizer.from_dir(path)

@@ -113,7 +113,11 @@ def serve_model(
     backend = make_backend()
     trio.from_thread.run_sync(ready, backend)
     admission = Admission(limits.max_batch, limits.kv_budget, backend.kv_estimate)
-    _Loop(Batch(backend, admission, limits.special_tokens_in_content), intake, emit).run()
+    try:
+        _Loop(Batch(backend, admission, limits.special_tokens_in_content), intake, emit).run()
+    finally:
+        if (close := getattr(backend, "close", None)) is not None:
+            close()  # a sharded model's other ranks end with it (``model/sharded.py``)
 
 
 class _Loop:

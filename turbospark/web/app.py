@@ -30,7 +30,7 @@ from werkzeug.exceptions import HTTPException
 
 from .._system import System, enter_request_scope, request_scope
 from ..wire.codec import parse_json, structure
-from ..errors import Forbidden, TurboSparkError, Unauthorized
+from ..errors import Draining, Forbidden, TurboSparkError, Unauthorized
 from .origins import host_allowed, origin_allowed
 from .page import is_page, subprotocol_key
 from ..messages import RequestFinished, RequestStarted
@@ -121,6 +121,8 @@ class _App(QuartTrio):
     asgi_http_class = _ScopedConnection
     request_class = _Request
     in_flight: InFlight
+    #: set when shutdown begins: requests (but the health probes) are answered ``Draining``
+    draining: bool = False
     realtime_sessions: int  # open realtime transcription WebSockets
 
 
@@ -224,7 +226,14 @@ def _turbospark_error(exc: TurboSparkError) -> Response:
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
         response.headers["Retry-After"] = str(retry_after)
+    if isinstance(exc, Draining):
+        response.headers["Connection"] = "close"  # the next request goes to a new connection
     return response
+
+
+def _probe(path: str) -> bool:
+    """The health probes: never authenticated, answered while draining."""
+    return path == "/health" or path.startswith("/health/")
 
 
 def _http_error(exc: HTTPException) -> Response:
@@ -318,7 +327,9 @@ def create_app(sys_: System, blueprints: Sequence[Blueprint]) -> QuartTrio:
         origin = request.headers.get("origin")
         if request.method == "OPTIONS" and origin is not None:
             return _preflight(origin)
-        public = request.path == "/health" or is_page(request.method, request.path, request.headers.get("accept"))
+        if app.draining and not _probe(request.path):
+            raise Draining()
+        public = _probe(request.path) or is_page(request.method, request.path, request.headers.get("accept"))
         if settings.api_key and not public and not _authorized(settings.api_key):
             raise Unauthorized()
         return None
@@ -329,6 +340,8 @@ def create_app(sys_: System, blueprints: Sequence[Blueprint]) -> QuartTrio:
         settings = sys_.settings
         headers = websocket.headers
         _check_origin_and_host(headers, settings)  # as for every route: before the key
+        if app.draining:
+            raise Draining()
         if settings.api_key and not _authorized(settings.api_key, headers):
             raise Unauthorized()
 

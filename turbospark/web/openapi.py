@@ -57,6 +57,10 @@ def _routes() -> tuple[Route, ...]:
     sse = ("text/event-stream",)
     out = [
         Route("get", "/health", "Liveness: {status, state}", returns=_object("status", "state")),
+        Route("get", "/health/live", "Liveness probe: the process and its actors run (503 if not)",
+              returns=_object("status")),
+        Route("get", "/health/ready", "Readiness probe: default models loaded, queues not full, not "
+              "draining (503 with reasons if not)", returns=_object("status", "models", "queue")),
         Route("get", "/metrics", "Prometheus metrics", success="text/plain"),
         Route("get", "/v1/metrics", "Prometheus metrics", success="text/plain"),
         Route("get", "/openapi.json", "This document", returns=_object("openapi", "paths")),

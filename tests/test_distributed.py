@@ -1,0 +1,145 @@
+"""``serve --distributed``: one model sharded over 2 ranks (``scripts/serve-distributed 2``,
+``mlx.launch``'s ring backend on loopback) answers with the same greedy text as one process; a
+client that leaves stops its sequence (on every rank: they run in lockstep); a rank that dies
+ends the run with a non-zero status instead of a hang; a model whose heads do not split is
+refused."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .model.tiny import write_tiny_gguf
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCH = Path(sys.executable).parent / "mlx.launch"
+pytestmark = pytest.mark.skipif(not LAUNCH.exists(), reason="mlx.launch is not installed")
+NO_EXTRAS = ["--embedding-model", "none", "--stt-model", "none", "--tts-model", "none"]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Running:
+    def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        self.lines: list[str] = []
+        self.url = ""
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            if m := re.match(r"turbospark listening on (\S+)", line):
+                self.url = m[1]
+                break
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True).start()
+        assert self.url, "".join(self.lines)
+
+    def follower_pid(self) -> int:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for line in self.lines:
+                if m := re.search(r"rank 1 of 2 holds its shard of \S+ \(pid (\d+)\)", line):
+                    return int(m[1])
+            time.sleep(0.1)
+        raise AssertionError("".join(self.lines))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    yield {**os.environ, "TURBOSPARK_HOME": str(tmp_path / "home"), "MLX_RING_PORT": str(random.randrange(30000, 40000))}
+
+
+def _serve(env: dict[str, str], model: Path, ranks: int | None) -> Running:
+    flags = ["--model", str(model), "--port", str(_port()), *NO_EXTRAS]
+    if ranks is None:
+        return Running([sys.executable, "-m", "turbospark", "serve", *flags], env)
+    return Running([str(ROOT / "scripts" / "serve-distributed"), str(ranks), *flags], env)
+
+
+QUESTIONS = ["Hello there", "Tell me a story about the sea", "1 2 3 4"]
+
+
+def _answers(url: str) -> list[str]:
+    out = []
+    with httpx.Client(timeout=120) as client:
+        for q in QUESTIONS:
+            body = {"model": "any", "messages": [{"role": "user", "content": q}], "max_tokens": 24, "temperature": 0}
+            r = client.post(f"{url}/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+            out.append(r.json()["choices"][0]["message"]["content"])
+            with client.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}) as s:
+                text = "".join(s.iter_text())
+            assert text.rstrip().endswith("data: [DONE]")
+            out.append(text.count("data: {"))
+    return out
+
+
+def _metric(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_two_ranks_answer_as_one_process_and_stop_a_client_that_left(env, tmp_path: Path) -> None:
+    model = tmp_path / "tiny-llama.gguf"
+    write_tiny_gguf(model)
+    single = _serve(env, model, None)
+    try:
+        expected = _answers(single.url)
+    finally:
+        single.stop()
+    sharded = _serve(env, model, 2)
+    try:
+        assert _answers(sharded.url) == expected
+        # a client that leaves mid-stream: its sequence is cancelled (on both ranks, in lockstep)
+        body = {"model": "any", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 200,
+                "temperature": 0, "stream": True}
+        with httpx.Client(timeout=60) as client, client.stream("POST", f"{sharded.url}/v1/chat/completions", json=body) as s:
+            next(s.iter_lines())
+        deadline = time.monotonic() + 30
+        while _metric(sharded.url, "turbospark_cancellations_total") < 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        # unless it finished first: 200 tokens of a tiny model can be quick
+        generated = _metric(sharded.url, "turbospark_generated_tokens_total")
+        assert _metric(sharded.url, "turbospark_cancellations_total") == 1 or generated >= 200
+        # the server still answers, the same way
+        assert _answers(sharded.url)[:2] == expected[:2]
+        # a rank that dies ends the run: a non-zero status, no hang
+        os.kill(sharded.follower_pid(), signal.SIGKILL)
+        assert sharded.proc.wait(timeout=60) != 0
+    finally:
+        sharded.stop()
+
+
+def test_a_model_whose_heads_do_not_split_is_refused(env, tmp_path: Path) -> None:
+    model = tmp_path / "tiny-llama.gguf"
+    write_tiny_gguf(model)
+    proc = subprocess.run(
+        [str(ROOT / "scripts" / "serve-distributed"), "3", "--model", str(model), "--port", "0", *NO_EXTRAS],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode != 0
+    assert "do not split evenly over 3 ranks" in proc.stderr

@@ -1,0 +1,99 @@
+"""``serve --distributed``: one model sharded over the ranks ``mlx.launch`` started.
+
+Rank 0 serves HTTP and runs the actors; its model thread drives the sharded model and shares
+each engine call with the other ranks (``model/sharded.py``).  Every other rank loads its shard
+and follows until rank 0 stops.  Rank 0 imports the model first (the ranks of one host share
+a store), then the others find it.  A rank that fails or dies ends the run: ``mlx.launch``
+stops the other ranks, so the server exits non-zero instead of waiting for a shard that will
+never answer.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+from ..config import Settings
+from .attach import ModelSetupError, stored_model
+
+__all__ = ["distributed_group", "follow_rank", "sharded_spec"]
+
+
+def distributed_group(settings: Settings) -> Any:
+    """The group of ranks to shard over; a ``ModelSetupError`` when this is not a distributed
+    run of one MLX model."""
+    import mlx.core as mx
+
+    group = mx.distributed.init()
+    if group.size() < 2:
+        raise ModelSetupError(
+            "--distributed needs several ranks: start it with mlx.launch (or scripts/serve-distributed N)"
+        )
+    if len(settings.models) != 1 or settings.models[0] == "scripted":
+        raise ModelSetupError("--distributed shards one model: name it with one --model (not scripted)")
+    return group
+
+
+def _barrier(group: Any) -> None:
+    import mlx.core as mx
+
+    mx.eval(mx.distributed.all_sum(mx.array(1), group=group))
+
+
+def _load(path: Any, model_id: str, group: Any) -> Any:
+    from ..model.mlx_backend import MlxBackend
+
+    try:
+        return MlxBackend(path, model_id=model_id, group=group)
+    except Exception as exc:
+        raise ModelSetupError(f"cannot shard model '{model_id}' over {group.size()} ranks: {exc}") from exc
+
+
+def sharded_spec(settings: Settings, group: Any) -> Any:
+    """Rank 0's pinned model: this rank's shard behind a ``ShardedBackend``."""
+    from ..model.sharded import ShardedBackend
+    from ..store.shelf import loadable_from
+
+    stored = stored_model(settings.models[0], whole=True)
+    _barrier(group)  # the others may look it up now
+    _check(stored.path, group)
+
+    def load(path: Any, model_id: str) -> Any:
+        return ShardedBackend(_load(path, model_id, group), group)
+
+    return loadable_from(stored, load, pinned=True)
+
+
+def follow_rank(settings: Settings, group: Any) -> int:
+    """A rank other than 0: load this rank's shard and make rank 0's engine calls until it
+    stops."""
+    from ..model.sharded import follow
+
+    # Ctrl-C reaches every rank of the terminal's process group: rank 0 shuts down and tells
+    # this one to end; this one ends then, not before (it would leave rank 0 mid-step).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _barrier(group)  # rank 0 has imported the model
+    stored = stored_model(settings.models[0], whole=True)
+    _check(stored.path, group)
+    backend = _load(stored.path, stored.name, group)
+    print(f"turbospark: rank {group.rank()} of {group.size()} holds its shard of {stored.name} "
+          f"(pid {os.getpid()})", file=sys.stderr, flush=True)
+    follow(backend, group)
+    return 0
+
+
+def _check(path: Any, group: Any) -> None:
+    """Refuse, before any rank loads, a model whose heads do not split evenly over the ranks."""
+    import json
+
+    config = json.loads((path / "config.json").read_text())
+    heads = config.get("num_attention_heads")
+    kv = config.get("num_key_value_heads", heads)
+    n = group.size()
+    if heads is None or heads % n or (kv or heads) % n:
+        raise ModelSetupError(
+            f"'{path.name}' has {heads} attention heads and {kv} key/value heads, which do not split "
+            f"evenly over {n} ranks: it cannot be sharded {n} ways"
+        )
