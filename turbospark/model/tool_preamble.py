@@ -77,19 +77,25 @@ def tools_in_preamble(
 
 def short_call_ids(messages: Iterable[Mapping[str, Any]]) -> list[TemplateMessage]:
     """The conversation with every tool-call id made nine letters and digits, the same for a
-    call and its result (Mistral's templates refuse any other id)."""
+    call and its result (Mistral's templates refuse any other id).  A call without an id (as
+    Ollama's clients send them) gets one, and a result without one answers the next call."""
 
-    def short(value: Any) -> Any:
-        if not isinstance(value, str) or (len(value) == 9 and value.isalnum()):
+    def short(value: Any, where: str) -> str:
+        if isinstance(value, str) and len(value) == 9 and value.isalnum():
             return value
-        return hashlib.sha256(value.encode()).hexdigest()[:9]
+        return hashlib.sha256((value if isinstance(value, str) and value else where).encode()).hexdigest()[:9]
 
-    out = []
-    for m in messages:
+    out: list[TemplateMessage] = []
+    pending: list[str] = []  # ids of the last calls that no result has answered yet
+    for i, m in enumerate(messages):
         msg = dict(m)
         if msg.get("tool_calls"):
-            msg["tool_calls"] = [{**c, "id": short(c.get("id"))} for c in msg["tool_calls"]]
-        if "tool_call_id" in msg:
-            msg["tool_call_id"] = short(msg["tool_call_id"])
+            msg["tool_calls"] = [{**c, "id": short(c.get("id"), f":{i}:{k}")} for k, c in enumerate(msg["tool_calls"])]
+            pending = [c["id"] for c in msg["tool_calls"]]
+        if msg.get("role") == "tool":
+            given = msg.get("tool_call_id")
+            msg["tool_call_id"] = short(given, "") if given else (pending[0] if pending else short(None, f":{i}"))
+            if msg["tool_call_id"] in pending:
+                pending.remove(msg["tool_call_id"])
         out.append(msg)
     return out
