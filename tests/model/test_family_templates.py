@@ -95,3 +95,11 @@ def test_mistral_history_ids_are_nine_letters_and_digits_call_and_result_alike()
     prompt = tok.render_chat(CONVERSATION, tools=TOOLS)
     call_id = prompt.split('"id": "')[1][:9]
     assert call_id.isalnum() and f'"call_id": "{call_id}"' in prompt
+
+
+def test_a_mistral_call_that_copies_the_history_call_id_still_parses() -> None:
+    tok = family_tokenizer(BY_ID["mistral-small-3.2"])
+    parser = OutputParser(tok.dialect, tools=TOOLS)
+    parts = parser.feed('[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{"city": "Oslo"}') + parser.finish()
+    assert [(c.name, json.loads(c.arguments)) for c in parts.calls] == [("get_weather", {"city": "Oslo"})]
+    assert parts.content == ""

@@ -30,15 +30,7 @@ import attrs
 
 from .tool_formats import family_format
 
-__all__ = [
-    "MARKUP",
-    "Dialect",
-    "OutputParser",
-    "Parts",
-    "ToolCall",
-    "call_id",
-    "parse_hermes",
-]
+__all__ = ["MARKUP", "Dialect", "OutputParser", "Parts", "ToolCall", "call_id", "parse_hermes"]
 
 THINK_START, THINK_END = "<think>", "</think>"
 TOOL_START, TOOL_END = "<tool_call>", "</tool_call>"
@@ -113,9 +105,10 @@ class Dialect:
         if H_CHANNEL in vocab and H_MESSAGE in vocab:
             return cls(harmony=True, name="harmony")
         name = _infer_mlx_parser(chat_template, vocab)
+        if family := family_format(chat_template, name):  # formats mlx-lm's parsers lack
+            return cls(*family[:3], name=family[3])
         if name is None or name == "json_tools":
-            family = family_format(chat_template)  # Llama 3.x, Phi-4-mini: no mlx-lm parser
-            return cls(*family[:3], name=family[3]) if family else cls()
+            return cls()
         module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
         return cls(module.tool_call_start, module.tool_call_end, module.parse_tool_call, name=name)
 

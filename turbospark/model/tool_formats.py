@@ -5,6 +5,9 @@
   separated by ``;``.  The bare form is found by the guardrails' rescue, the tagged one here.
 - Phi-4-mini (its template reads the tools from the system message, ``<|tool|>…<|/tool|>``):
   ``<|tool_call|>[{"name": N, "arguments": {..}}, ..]<|/tool_call|>``.
+- Mistral templates that write ``[CALL_ID]`` in the history (Small 3.2): the model may copy it
+  into its own call, ``[TOOL_CALLS]N[CALL_ID]id[ARGS]{..}``; mlx-lm's parser reads the form
+  without it, so the id is dropped first.
 
 ``family_format`` names the format a chat template implies, as (start marker, end marker,
 parser, name), or None; ``parse_json_calls`` reads every call such a block holds, in the shape
@@ -14,6 +17,7 @@ mlx-lm's parsers return (``{"name": .., "arguments": {..}}`` or a list of them).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -59,11 +63,24 @@ def reads_system_tools(chat_template: str | None) -> bool:
     return bool(chat_template) and "<|tool|>" in chat_template and "message['tools']" in chat_template  # type: ignore[operator]
 
 
-def family_format(chat_template: str | None) -> tuple[str, str, Callable[..., Any], str] | None:
+_CALL_ID = re.compile(r"\[CALL_ID\][\w-]*")
+
+
+def parse_mistral_with_ids(text: str, tools: Any = None) -> Any:
+    from mlx_lm.tool_parsers import mistral
+
+    return mistral.parse_tool_call(_CALL_ID.sub("", text), tools)
+
+
+def family_format(
+    chat_template: str | None, mlx_parser: str | None = None
+) -> tuple[str, str, Callable[..., Any], str] | None:
     """(start, end, parser, name) of the tool-call format ``chat_template`` implies, when it is
-    one of the families above."""
-    if not chat_template:
+    one of the families above; ``mlx_parser`` is the one mlx-lm's inference names."""
+    if not chat_template or mlx_parser not in (None, "json_tools", "mistral"):
         return None
+    if mlx_parser == "mistral":
+        return ("[TOOL_CALLS]", "", parse_mistral_with_ids, "mistral") if "[CALL_ID]" in chat_template else None
     if "<|python_tag|>" in chat_template or "<|start_header_id|>ipython<|end_header_id|>" in chat_template:
         return "<|python_tag|>", "", parse_json_calls, "llama3"
     if reads_system_tools(chat_template):
