@@ -26,7 +26,11 @@ import attrs
 from tests.model.gguf_fixtures import llama_cpp_sources, llama_cpp_templates
 from turbospark.model.tokenizer import Tokenizer
 from turbospark.store.gguf_reader import read_gguf
-from turbospark.store.gguf_tokenizer import end_of_generation_ids, save_tokenizer, tokenizer_config
+from turbospark.store.gguf_tokenizer import (
+    end_of_generation_ids,
+    save_tokenizer,
+    tokenizer_config,
+)
 
 __all__ = ["CONVERSATION", "FAMILIES", "TOOLS", "Family", "family_tokenizer"]
 

@@ -13,7 +13,13 @@ import json
 
 import pytest
 
-from tests.model.family_templates import CONVERSATION, FAMILIES, TOOLS, Family, family_tokenizer
+from tests.model.family_templates import (
+    CONVERSATION,
+    FAMILIES,
+    TOOLS,
+    Family,
+    family_tokenizer,
+)
 from turbospark.model.output import OutputParser, Parts
 from turbospark.turns.guardrails import Guardrails, Rescued, inspect
 
