@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["LLAMA_CPP_PYTHON", "SDIST_SHA256", "fixture_cases", "llama_cpp_sources", "sdist_path"]
+__all__ = [
+    "LLAMA_CPP_PYTHON", "SDIST_SHA256", "fixture_cases", "llama_cpp_sources", "llama_cpp_templates", "sdist_path",
+]
 
 LLAMA_CPP_PYTHON = "0.3.36"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
@@ -78,6 +80,34 @@ def llama_cpp_sources() -> Path:
                 target = scratch / name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with archive.extractfile(member) as src, target.open("wb") as dst:  # type: ignore[union-attr]
+                    shutil.copyfileobj(src, dst)
+    shutil.rmtree(root, ignore_errors=True)
+    scratch.rename(root)
+    return root
+
+
+@functools.cache
+def llama_cpp_templates() -> Path:
+    """A directory holding llama.cpp's ``models/templates/*.jinja``: the real chat templates of
+    many model families, as their tokenizer configs ship them.
+
+    Skips the calling test when the sdist is not cached and cannot be downloaded.
+    """
+    root = _cache() / f"templates-{LLAMA_CPP_PYTHON}"
+    if root.is_dir():
+        return root
+    sdist = sdist_path()
+    if sdist is None:
+        pytest.skip(f"llama.cpp's chat templates are not cached and llama-cpp-python {LLAMA_CPP_PYTHON} "
+                    "could not be downloaded from PyPI")
+    prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/models/templates/"
+    scratch = root.with_name(root.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    with tarfile.open(sdist) as archive:
+        for member in archive:
+            if member.isfile() and member.name.startswith(prefix) and member.name.endswith(".jinja"):
+                with archive.extractfile(member) as src, (scratch / Path(member.name).name).open("wb") as dst:  # type: ignore[union-attr]
                     shutil.copyfileobj(src, dst)
     shutil.rmtree(root, ignore_errors=True)
     scratch.rename(root)

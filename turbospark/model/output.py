@@ -9,8 +9,8 @@ and hands back ``Parts``:
 - Harmony channels (gpt-oss): ``analysis`` is reasoning, ``final`` is content, ``commentary
   to=functions.NAME … <|message|>{args}<|call|>`` is a tool call;
 - when the request offers tools, a tool-call block in the model's own format (its chat
-  template names it; mlx-lm's parsers read it), or in the ``<tool_call>{json}</tool_call>`` form
-  any model may fall back to, becomes a ``ToolCall``.  A block that does not parse, or names a
+  template names it; mlx-lm's parsers read it, ``tool_formats`` the families mlx-lm lacks), or in
+  the ``<tool_call>{json}</tool_call>`` form any model may fall back to, becomes a ``ToolCall``.  A block that does not parse, or names a
   tool that was not offered, is released as content, where the guardrails' rescue can still
   find it.
 
@@ -28,23 +28,15 @@ from typing import Any
 
 import attrs
 
-__all__ = [
-    "MARKUP",
-    "Dialect",
-    "OutputParser",
-    "Parts",
-    "ToolCall",
-    "call_id",
-    "parse_hermes",
-]
+from .tool_formats import family_format
+
+__all__ = ["MARKUP", "Dialect", "OutputParser", "Parts", "ToolCall", "call_id", "parse_hermes"]
 
 THINK_START, THINK_END = "<think>", "</think>"
 TOOL_START, TOOL_END = "<tool_call>", "</tool_call>"
 
-# Harmony's markers (gpt-oss).
-H_CHANNEL, H_MESSAGE, H_END, H_START, H_CALL, H_CONSTRAIN, H_RETURN = (
-    "<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|call|>", "<|constrain|>", "<|return|>",
-)
+H_CHANNEL, H_MESSAGE, H_END, H_START, H_CALL, H_CONSTRAIN, H_RETURN = (  # Harmony's (gpt-oss)
+    "<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|call|>", "<|constrain|>", "<|return|>")
 
 # mlx-lm's tool parsers, by the name its template inference gives them.
 _MLX_PARSERS = (
@@ -61,6 +53,7 @@ MARKUP: frozenset[str] = frozenset({
     "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|tool_call_start|>",
     "<start_function_call>", "<end_function_call>", "<|tool_call>", "<tool_call|>",
     "<longcat_tool_call>", "</longcat_tool_call>", "<minimax:tool_call>", "</minimax:tool_call>",
+    "<|tool_call|>", "<|/tool_call|>",
 })
 
 
@@ -112,6 +105,8 @@ class Dialect:
         if H_CHANNEL in vocab and H_MESSAGE in vocab:
             return cls(harmony=True, name="harmony")
         name = _infer_mlx_parser(chat_template, vocab)
+        if family := family_format(chat_template, name):  # formats mlx-lm's parsers lack
+            return cls(*family[:3], name=family[3])
         if name is None or name == "json_tools":
             return cls()
         module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")

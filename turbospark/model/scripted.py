@@ -42,6 +42,8 @@ ENDLESS_TEXT = (
     "How vexingly quick daft zebras jump! "
 )
 
+_TURN_ENDS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")
+
 
 def shipped_tokenizer() -> Tokenizer:
     return Tokenizer.from_dir(DATA_DIR)
@@ -74,8 +76,9 @@ class ScriptedBackend:
         self.token_delay = token_delay
         self.prefill_chunk = prefill_chunk
         self.counters = ScriptedCounters()
-        end = self.tokenizer.encode("<|im_end|>")
-        self._end_of_turn = end[0] if len(end) == 1 and end[0] in self.tokenizer.stop_ids else None
+        # a script ends with the end of the turn its template writes (any tokenizer may be given)
+        ends = [self.tokenizer.encode(t) for t in (*_TURN_ENDS, self.tokenizer.eos_token) if t]
+        self._end_of_turn = next((e[0] for e in ends if len(e) == 1 and e[0] in self.tokenizer.stop_ids), None)
         self._script = None if script is None else self.tokenizer.encode(script)
         self._endless = self.tokenizer.encode(ENDLESS_TEXT)
         self._closers = [ids[0] for text in ('"', "}", "]", "0") if len(ids := self.tokenizer.encode(text)) == 1]

@@ -17,13 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from jinja2 import meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _HFTokenizer
 
 from ..errors import RequestInvalid
 from .constraint import Grammars
-from .tool_preamble import tools_in_preamble
+from .tool_preamble import short_call_ids, tools_in_preamble
 from .output import MARKUP, THINK_START, Dialect
+from .tool_formats import reads_system_tools
 
 __all__ = ["StreamDecoder", "Tokenizer"]
 
@@ -104,8 +106,12 @@ class Tokenizer:
         if self.dialect.harmony and (call := tokenizer.token_to_id("<|call|>")) is not None:
             stops.add(call)  # a Harmony tool call ends the turn
         self.stop_ids: frozenset[int] = frozenset(stops)
-        # Templates that render ``tools`` themselves; the others get them in a system preamble.
-        self.renders_tools = bool(chat_template and "tools" in chat_template)
+        # Templates that read the ``tools`` variable render them themselves; the others get them
+        # in a system preamble, or in the system message's ``tools`` field when they read that.
+        self.renders_tools = False
+        self._system_tools = (
+            (self.dialect.tool_start, self.dialect.tool_end) if reads_system_tools(chat_template) else None
+        )
         self._template = None
         if chat_template:
             env = ImmutableSandboxedEnvironment(
@@ -115,6 +121,7 @@ class Tokenizer:
             env.globals["raise_exception"] = _raise_exception
             env.globals["strftime_now"] = _strftime_now
             self._template = env.from_string(chat_template)
+            self.renders_tools = "tools" in meta.find_undeclared_variables(env.parse(chat_template))
 
     @classmethod
     def from_dir(cls, path: Path) -> Tokenizer:
@@ -230,11 +237,16 @@ class Tokenizer:
                 "this model has no chat template (a base model): use /v1/completions instead"
             )
         if not self.renders_tools:
-            messages, tools = tools_in_preamble(messages, tools or ()), None
+            messages, tools = tools_in_preamble(messages, tools or (), system_tools=self._system_tools), None
+        if self.dialect.name == "mistral":
+            messages = short_call_ids(messages)
         try:
             return self._template.render(
                 {
-                    **(template_kwargs or {}),  # flags never replace the conversation
+                    # thinking is on unless a flag says otherwise (as Qwen 3's template and
+                    # llama.cpp's read it); flags never replace the conversation
+                    "enable_thinking": True,
+                    **(template_kwargs or {}),
                     "messages": list(messages),
                     "tools": list(tools) if tools else None,
                     "add_generation_prompt": add_generation_prompt,

@@ -6,7 +6,8 @@ text.  ``inspect`` gives the verdict:
 
 1. no tools offered: accept;
 2. no calls parsed: try the rescue strategies on the content (bare JSON objects, Qwen/ChatML XML,
-   Mistral ``[TOOL_CALLS]``, Llama ``<|python_tag|>``, GLM, Gemma, Kimi, MiniMax); the first that
+   Mistral ``[TOOL_CALLS]``, Llama ``<|python_tag|>``, GLM, Gemma's ``call:`` and ``tool_code``
+   blocks, Kimi, MiniMax); the first that
    finds calls to offered tools wins;
 3. still none: retry with a nudge when ``tool_choice`` demanded a call, else accept (prose is a
    fair answer under ``auto``);
@@ -180,11 +181,26 @@ def _gemma(text: str, tools: list[Any]) -> list[tuple[str, str]]:
     return out
 
 
+_TOOL_CODE = re.compile(r"```tool_code\s*\n(.*?)```", re.DOTALL)
+
+
+def _tool_code(text: str, tools: list[Any]) -> list[tuple[str, str]]:
+    """Gemma's ```` ```tool_code ```` blocks of Python calls (``get_weather(city="Oslo")``), read
+    with mlx-lm's pythonic parser."""
+    pythonic = _mlx("pythonic", r"(.+)")
+    out = []
+    for block in _TOOL_CODE.findall(text):
+        calls = [line.strip() for line in block.strip().splitlines() if line.strip()]
+        out += pythonic("[" + ", ".join(calls) + "]", tools)
+    return out
+
+
 _STRATEGIES: tuple[Callable[[str, list[Any]], list[tuple[str, str]]], ...] = (
     _mlx("glm47", r"([\w.-]+\s*(?:<arg_key>.*?</arg_key>\s*<arg_value>.*?</arg_value>\s*)+)"),
     _mlx("minimax_m2", r"(<invoke name=.*?</invoke>)"),
     _mlx("qwen3_coder", r"(<function=.*?</function>)"),
     _gemma,
+    _tool_code,
     _mlx("kimi_k2", r"(<\|tool_call_begin\|>.*?<\|tool_call_end\|>)"),
     lambda text, tools: _bare_json(text),
 )

@@ -5,7 +5,8 @@ Theory of operation: with tools offered, the output parser already holds the mod
 markup until its block closes.  What it releases as content may still hold a call the
 guardrails would rescue: a bare JSON object (``{"name": .., "arguments": ..}``, or a list of
 them), another model's markup (``<tool_call>``, ``<function=``, ``<invoke name=``,
-``<|python_tag|>``, ``[TOOL_CALLS]``, Kimi's and MiniMax's sections, Gemma's ``call:NAME{``).
+``<|python_tag|>``, ``[TOOL_CALLS]``, Kimi's and MiniMax's sections, Gemma's ``call:NAME{`` and
+```` ```tool_code ```` blocks).
 ``Holdback`` is fed content and returns ``Release(text)`` for what cannot begin such a span,
 and ``Span(text)`` for a span that closed (its object balanced, its closing marker written),
 for the caller to rescue or release.  A span is held from its first character; one that stops
@@ -30,6 +31,7 @@ _MARKUPS: dict[str, str | None] = {
     "<|tool_call_begin|>": "<|tool_call_end|>",
     "<|python_tag|>": None,
     "[TOOL_CALLS]": None,
+    "```tool_code": "```",  # Gemma's block of Python calls
 }
 _GEMMA = "call:"
 _WS = " \t\r\n"
@@ -173,7 +175,7 @@ class Holdback:
         start = at = 0  # released up to start; looking at at
         while at < len(buf):
             if scan is None or scan.kind == "partial":
-                scan = _scan(buf, at) if buf[at] in "{[<c" else None
+                scan = _scan(buf, at) if buf[at] in "{[<c`" else None
                 if scan is None:
                     at += 1
                     continue
