@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -292,6 +293,7 @@ def main() -> None:
     if args.server:
         paths[server_name] = ServerPath(stored.name)
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in paths}
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # children closed in finally
     try:
         for run, (ids, request) in enumerate(runs):  # run 0 warms each up and is not counted
             for name, path in paths.items():
