@@ -113,7 +113,21 @@ def serve_model(
     backend = make_backend()
     trio.from_thread.run_sync(ready, backend)
     admission = Admission(limits.max_batch, limits.kv_budget, backend.kv_estimate)
-    _Loop(Batch(backend, admission, limits.special_tokens_in_content), intake, emit).run()
+    try:
+        _Loop(Batch(backend, admission, limits.special_tokens_in_content), intake, emit).run()
+    finally:
+        _persist(backend)
+
+
+def _persist(backend: Backend) -> None:
+    """The prefix cache to disk, where the backend keeps one there (``--prompt-cache-dir``),
+    when the model unloads or the server stops."""
+    persist = getattr(backend, "persist", None)
+    if persist is not None:
+        try:
+            persist()
+        except Exception:
+            log.exception("model %s: the prompt cache could not be written", backend.model_id)
 
 
 class _Loop:
