@@ -82,3 +82,59 @@ def test_the_folder_is_bounded_in_bytes_oldest_first(tmp_path: Path) -> None:
         files.save([n] * 10, [])
     kept = [tokens for tokens, _, _ in files.restore(10, 1 << 30)]
     assert kept == [[4] * 10, [5] * 10]  # the two written last, oldest first
+
+
+async def test_slots_list_save_erase_and_restore(start_server, client, tmp_path: Path) -> None:
+    server = await start_server(backends=[ScriptedBackend(script="ok", prompt_cache_dir=tmp_path)])
+    body = {"model": "scripted", "max_tokens": 4, "messages": [*AGENT, {"role": "user", "content": "List the files."}]}
+    first = (await client.post(f"{server.url}/v1/chat/completions", json=body)).json()["usage"]
+
+    listed = (await client.get(f"{server.url}/slots")).json()
+    assert [s["id"] for s in listed] == [0, 1, 2, 3]
+    assert listed[0]["n_tokens"] == first["total_tokens"] and "careful coding agent" in listed[0]["prompt"]
+    assert all(s["n_tokens"] == 0 and not s["is_processing"] for s in listed[1:])
+
+    saved = (await client.post(f"{server.url}/slots/0?action=save", json={"filename": "agent.bin"})).json()
+    assert saved["id_slot"] == 0 and saved["filename"] == "agent.bin" and saved["n_saved"] == first["total_tokens"]
+    assert saved["n_written"] == (tmp_path / "slots" / "agent.bin.safetensors").stat().st_size and "save_ms" in saved["timings"]
+    erased = (await client.post(f"{server.url}/slots/0?action=erase")).json()
+    assert erased == {"id_slot": 0, "n_erased": first["total_tokens"]}
+    assert (await client.get(f"{server.url}/slots")).json()[0]["n_tokens"] == 0
+
+    restored = (await client.post(f"{server.url}/slots/0?action=restore", json={"filename": "agent.bin"})).json()
+    assert restored["n_restored"] == first["total_tokens"] and restored["n_read"] == saved["n_written"]
+    again = (await client.post(f"{server.url}/v1/chat/completions", json=body)).json()["usage"]
+    assert again["prompt_tokens_details"]["cached_tokens"] == again["prompt_tokens"] - 1
+
+
+async def test_bad_slot_commands_are_llama_cpp_errors(start_server, client, tmp_path: Path) -> None:
+    server = await start_server(backends=[ScriptedBackend(script="ok", prompt_cache_dir=tmp_path)])
+    cases = [
+        ("/slots/99?action=erase", None, 400, "Invalid slot ID"),
+        ("/slots/x?action=erase", None, 400, "Invalid slot ID"),
+        ("/slots/0?action=dance", None, 400, "Invalid action"),
+        ("/slots/0?action=save", {"filename": "../escape.bin"}, 400, "Invalid filename"),
+        ("/slots/0?action=save", {"filename": "empty.bin"}, 400, "holds no tokens"),
+        ("/slots/0?action=restore", {"filename": "missing.bin"}, 400, "no such file"),
+    ]
+    for path, body, status, says in cases:
+        r = await client.post(f"{server.url}{path}", json=body)
+        assert r.status_code == status, (path, r.text)
+        error = r.json()["error"]
+        assert error["code"] == status and error["type"] == "invalid_request_error" and says in error["message"]
+    assert not (tmp_path / "escape.bin").exists()
+    # a file another model wrote is refused, and the slot stays as it was
+    (tmp_path / "slots").mkdir()
+    PromptFiles(tmp_path / "x", "fp_000000000000", 1 << 20).save([1, 2], [], path=tmp_path / "slots" / "other.bin.safetensors")
+    r = await client.post(f"{server.url}/slots/0?action=restore", json={"filename": "other.bin"})
+    assert r.status_code == 400 and "another model" in r.json()["error"]["message"]
+    assert (await client.get(f"{server.url}/slots")).json()[0]["n_tokens"] == 0
+
+
+async def test_save_and_restore_need_the_prompt_cache_dir(start_server, client) -> None:
+    server = await start_server(backends=[ScriptedBackend(script="ok")])
+    r = await client.post(f"{server.url}/slots/0?action=save", json={"filename": "a.bin"})
+    assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+    assert "--prompt-cache-dir" in r.json()["error"]["message"]
+    erased = await client.post(f"{server.url}/slots/1?action=erase")
+    assert erased.json() == {"id_slot": 1, "n_erased": 0}

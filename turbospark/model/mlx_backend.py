@@ -36,6 +36,7 @@ from .mlx_load import context_window, generation_defaults, kv_sizes, model_finge
 from .mlx_sampling import constrain, greedy, make_processors, make_sampler, top_logprobs
 from .prefix_cache import PrefixCache, trimmable
 from .prompt_files import PromptFiles, tokenizer_digest
+from .prompt_slots import Slots
 from .tokenizer import Tokenizer
 
 __all__ = ["MlxBackend", "PrefixCache", "generation_defaults"]
@@ -224,6 +225,17 @@ class MlxBackend:
         """Write the prefix cache's entries to ``--prompt-cache-dir`` (unload, shutdown)."""
         with mx.stream(self.stream):
             self.prefix_cache.persist()
+
+    def slot_command(self, action: str, slot: int | None, filename: str | None) -> Any:
+        """llama.cpp's slot actions on the prefix cache (``prompt_slots``)."""
+        cache = self.prefix_cache
+        slots = Slots(
+            cache.max_entries, self.context_window, self.model_id,
+            entries=lambda: [(e.tokens, e.cache) for e in cache.entries],
+            place=cache.place, erase=cache.entries.pop, decode=self.tokenizer.decode, files=cache.files,
+        )
+        with mx.stream(self.stream):
+            return slots.run(action, slot, filename)
 
     def reset(self) -> None:
         old, self.engine = self.engine, self._new_engine()

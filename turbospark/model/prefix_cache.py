@@ -104,6 +104,14 @@ class PrefixCache:
         ):
             self._write(self.entries.pop(0))
 
+    def place(self, index: int, tokens: list[int], cache: list[Any]) -> None:
+        """Put an entry at ``index`` (a slot restored), replacing the one there."""
+        entry = _Entry(list(tokens), cache)
+        if index < len(self.entries):
+            self.entries[index] = entry
+        else:
+            self.entries.append(entry)
+
     def restore(self) -> int:
         """Read the newest entries on disk back in (at load); how many."""
         if self.files is None:

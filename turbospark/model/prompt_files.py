@@ -69,14 +69,14 @@ class PromptFiles:
     def path(self, tokens: list[int]) -> Path:
         return self.folder / _tokens_name(tokens)
 
-    def save(self, tokens: list[int], cache: list[Any], *, path: Path | None = None) -> int:
+    def save(self, tokens: list[int], cache: list[Any], *, path: Path | None = None, bound: bool = True) -> int:
         """Write one entry (atomically: a temporary file renamed into place); its bytes.  Then
-        the folder is trimmed to ``max_bytes``, least recently written first, never this one."""
+        (``bound``) the folder is trimmed to ``max_bytes``, least recently written first."""
         from mlx_lm.models.cache import save_prompt_cache
 
         target = path or self.path(tokens)
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".tmp-{os.getpid()}-{target.name}")
+        tmp = target.with_name(f".tmp-{os.getpid()}-{target.name}{SUFFIX}")  # mlx adds the suffix else
         metadata = {"fingerprint": self.key, "tokens": json.dumps(tokens)}
         try:
             save_prompt_cache(str(tmp), cache, metadata)
@@ -85,8 +85,10 @@ class PromptFiles:
             os.replace(tmp, target)
         finally:
             tmp.unlink(missing_ok=True)
-        self._bound(keep=target)
-        return target.stat().st_size
+        size = target.stat().st_size
+        if bound:
+            self._bound(keep=target)
+        return size
 
     def load(self, path: Path) -> tuple[list[int], list[Any]]:
         """One file's tokens and cache; ``ValueError`` when it is not a cache of this model."""

@@ -31,6 +31,7 @@ from .. import __version__
 from .backend import PrefillProgress, SamplingParams, StepOutput, common_prefix, fingerprint
 from .constraint import Matcher
 from .prompt_files import PromptFiles, tokenizer_digest
+from .prompt_slots import Slots
 from .tokenizer import Tokenizer
 
 __all__ = ["SCRIPTED_ID", "ScriptedBackend", "ScriptedCounters", "shipped_tokenizer"]
@@ -188,6 +189,18 @@ class ScriptedBackend:
     def persist(self) -> None:
         for seen in self._seen:
             self._write(seen)
+
+    def slot_command(self, action: str, slot: int | None, filename: str | None) -> object:
+        """llama.cpp's slot actions on what the prefix cache holds (``prompt_slots``)."""
+
+        def place(i: int, tokens: list[int], _kv: object) -> None:
+            self._seen[i: i + 1] = [list(tokens)]
+
+        slots = Slots(
+            4, self.context_window, self.model_id, entries=lambda: [(s, []) for s in self._seen], place=place,
+            erase=self._seen.pop, decode=self.tokenizer.decode, files=self._files,
+        )
+        return slots.run(action, slot, filename)
 
     def _write(self, tokens: list[int]) -> None:
         if self._files is not None and not self._files.path(tokens).exists():
