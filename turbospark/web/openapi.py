@@ -111,7 +111,7 @@ def _routes() -> tuple[Route, ...]:
         Route("post", "/api/pull", "Pull a catalogue model (NDJSON progress)", "ollama",
               raw_body="application/json", streams=ndjson),
         Route("get", "/slots", "llama.cpp's slots: the prefix cache's places", "openai", returns={"type": "array"}),
-        Route("post", "/slots/{id}", "Save, restore or erase a slot (?action=)", "openai", raw_body="application/json"),
+        Route("post", "/slots/{slot}", "Save, restore or erase a slot (?action=)", "openai", raw_body="application/json"),
         Route("post", "/api/create", "Make a model from a stored one: system, parameters, messages (NDJSON status)",
               "ollama", raw_body="application/json", streams=ndjson),
     ]
