@@ -50,3 +50,31 @@ async def test_the_first_turn_after_a_restart_reads_its_prefix_from_disk(tmp_pat
     usage = after["usage"]
     assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
     assert after["choices"][0]["message"]["content"] == before["choices"][0]["message"]["content"]
+
+
+def _kv(tokens: int) -> list:
+    import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
+
+    layer = KVCache()
+    layer.update_and_fetch(mx.ones((1, 2, tokens, 4)), mx.ones((1, 2, tokens, 4)))
+    return [layer]
+
+
+def test_an_evicted_entry_is_written_and_read_back_on_load(tmp_path: Path) -> None:
+    from turbospark.model.prefix_cache import PrefixCache
+    from turbospark.model.prompt_files import PromptFiles
+
+    files = PromptFiles.for_model(tmp_path, "fp_model", "tok", 1 << 30)
+    cache = PrefixCache(max_entries=2, files=files)
+    for n in range(3):
+        cache.put([n] * 5, _kv(5))
+    assert len(list(files.folder.glob("*.safetensors"))) == 1  # the first, pushed out
+    cache.persist()
+    assert len(list(files.folder.glob("*.safetensors"))) == 3
+
+    again = PrefixCache(max_entries=2, files=files)
+    again.restore()
+    assert [e.tokens for e in again.entries] == [[1] * 5, [2] * 5]  # the newest it holds, oldest first
+    kv, reused = again.take([2] * 5 + [7])
+    assert reused == 5 and kv[0].offset == 5
