@@ -49,7 +49,7 @@ from .config import Settings
 from .turns.conversations import ResponseStore
 from .errors import ModelLoadFailed, QueueFull, ShuttingDown, TurboSparkError
 from .actors.observer import Event
-from .messages import EmbeddingJob, GenerationJob, QueueRejected, Submit, Withdraw
+from .messages import EmbeddingJob, GenerationJob, QueueRejected, SlotCommand, Submit, Withdraw
 from .threads.encoder_thread import EmbeddingLimits
 from .threads.model_thread import Limits
 from .model.backend import BackendSpec
@@ -210,6 +210,22 @@ class System:
             raise QueueFull(job.model, embedding_queue(self.settings)) from None
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise ShuttingDown() from None
+
+    async def slots(self, model: ModelEntry, action: str, slot: int | None, filename: str | None) -> Any:
+        """Run a slot command on generation model ``model``'s thread (its loaded entry): the
+        answer's body, or the ``SlotError`` (or other error) that says why not."""
+        if model.inbox is None:
+            raise ShuttingDown()
+        reply_send, reply_recv = trio.open_memory_channel[Any](1)
+        with reply_recv:
+            try:
+                await model.inbox.send(SlotCommand(action, slot, filename, reply_send))
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                raise ShuttingDown() from None
+            try:
+                return await reply_recv.receive()
+            except trio.EndOfChannel:
+                raise ShuttingDown() from None
 
     async def metrics(self) -> bytes:
         return await call(self.observer.inbox, partial(RenderMetrics, dropped=self.observer.dropped))

@@ -59,6 +59,9 @@ class Settings:
     # default, all loaded at start: room for those four, and a fifth on demand.
     max_loaded_models: int = 5
     max_loaded_memory: int = attrs.field(factory=lambda: _physical_memory() // 2)
+    # The prefix cache on disk (--prompt-cache-dir): where, and the bytes it may take per model.
+    prompt_cache_dir: Path | None = None
+    prompt_cache_bytes: int = 4 << 30
     events_path: Path | None = None
     script: str | None = None
     token_delay: float = 0.0

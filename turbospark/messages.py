@@ -280,6 +280,21 @@ class RequestFinished:
     error: str | None = None
 
 
+# --- slots: route -> a generation model's inbox -> its model thread -> route -------------------
+
+
+@attrs.frozen(eq=False)
+class SlotCommand:
+    """llama.cpp's slot actions on a model's prefix cache (``model/prompt_slots.py``), run on
+    its model thread: ``list``, ``save``, ``restore`` or ``erase``.  The reply is the answer's
+    body, or the ``SlotError`` that says why not."""
+
+    action: str
+    slot: int | None
+    filename: str | None
+    reply: trio.MemorySendChannel[Any]
+
+
 # --- embeddings: route -> embedding actor (its inbox) -> encoder thread -> route -------------
 
 

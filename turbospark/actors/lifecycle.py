@@ -152,6 +152,7 @@ def entry_for(loadable: Loadable, info: Any | None = None, *, now: float) -> Mod
         sampling_defaults=info.sampling_defaults,
         fingerprint=info.fingerprint,
         tokenizer=getattr(info, "tokenizer", None),
+        inbox=getattr(info, "inbox", None),  # its model thread's slot commands
     )
 
 

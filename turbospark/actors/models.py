@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 import trio
@@ -51,6 +52,7 @@ class ModelInfo:
     sampling_defaults: dict[str, float]
     fingerprint: str
     tokenizer: Tokenizer
+    inbox: Any = None  # where ``SlotCommand``s for its model thread go
 
 
 def answered(job: GenerationJob) -> bool:
@@ -72,11 +74,15 @@ class JobIntake:
         self.send, self.recv = trio.open_memory_channel[GenerationJob](room)
         self.asked = 0
         self.closed = False  # the queue has gone (shutdown)
+        # commands for the model thread (``SlotCommand``), taken in its crossings like jobs
+        self.control, self._control = trio.open_memory_channel[Any](16)
+        self.commands: list[Any] = []
 
     def exchange(self, want: int, take: bool) -> list[GenerationJob] | None:
         """Up to ``want`` jobs already in the channel (when ``take``); then ask the queue for
         ``want`` more, or for none when jobs were just taken: the thread does not know yet
         what room they leave, and says so in its next crossing (before any of their prefill)."""
+        self._take_commands()
         received, jobs = self._drain(want) if take else (0, [])
         self._ask(0 if received else want)
         return None if self.closed and not jobs else jobs
@@ -97,10 +103,12 @@ class JobIntake:
             if self.closed:
                 break
             try:
-                first = await self.recv.receive()
+                first = await self._job_or_command()
             except trio.EndOfChannel:
                 self.closed = True
                 break
+            if first is None:  # a command came first: the thread runs it, then waits again
+                return []
             self.asked -= 1
             _, jobs = self._drain(want - 1)
             if not answered(first):
@@ -110,10 +118,50 @@ class JobIntake:
                 return jobs
         return None
 
+    async def _job_or_command(self) -> GenerationJob | None:
+        """The next job, or None once a command has come (in ``commands``)."""
+        self._take_commands()
+        if self.commands:
+            return None
+        got: list[GenerationJob] = []
+        ended: list[bool] = []
+        async with trio.open_nursery() as nursery:
+
+            async def job() -> None:
+                try:
+                    got.append(await self.recv.receive())
+                except trio.EndOfChannel:
+                    ended.append(True)
+                nursery.cancel_scope.cancel()
+
+            async def command() -> None:
+                with contextlib.suppress(trio.EndOfChannel):
+                    self.commands.append(await self._control.receive())
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(job)
+            nursery.start_soon(command)
+        if ended and not got:
+            raise trio.EndOfChannel
+        return got[0] if got else None
+
+    def _take_commands(self) -> None:
+        while True:
+            try:
+                self.commands.append(self._control.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                return
+
     def close(self) -> list[GenerationJob]:
         """The model has stopped: the jobs left in the channel and not answered yet, which the
         caller must answer; the channel closes, so the queue sends no more."""
         _, jobs = self._drain(self.recv.statistics().current_buffer_used)
+        self._take_commands()
+        for command in self.commands:  # never run: the model has stopped
+            answer(command.reply, Failed(ShuttingDown()))
+        self.commands.clear()
+        self._control.close()
+        self.control.close()
         self.recv.close()
         self.send.close()
         return jobs
@@ -189,6 +237,7 @@ async def model_actor(
                         sampling_defaults=dict(backend.sampling_defaults),
                         fingerprint=backend.fingerprint,
                         tokenizer=backend.tokenizer,
+                        inbox=intake.control,
                     )
                 )
         finally:

@@ -68,7 +68,8 @@ class ModelEntry:
     #: A generative model's tokenizer and chat template (thread-safe), for counting a prompt's
     #: tokens without the model thread (``/v1/messages/count_tokens``).
     tokenizer: Any = attrs.field(default=None, eq=False, hash=False, repr=False)
-    #: A loaded embedding model's inbox (``EmbeddingJob``s go there, ``System.embed``).
+    #: A loaded embedding model's inbox (``EmbeddingJob``s go there, ``System.embed``); a
+    #: generation model's, its thread's ``SlotCommand``s (``System.slots``).
     inbox: Any = attrs.field(default=None, eq=False, hash=False, repr=False)
     #: A loaded audio model's ``AudioInfo`` (its task, voices and sample rate).
     audio: Any = attrs.field(default=None, eq=False, hash=False)

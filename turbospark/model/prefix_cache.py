@@ -2,26 +2,34 @@
 
 A finished or cancelled sequence hands its KV back (``put``); a new one starts from the longest
 cached prefix of its prompt (``take``) and prefills only the rest.  Bounded in entries and bytes,
-most recent last.  Lives on the model thread, like every KV cache.
+most recent last.  Lives on the model thread, like every KV cache.  With ``files``
+(``--prompt-cache-dir``), an entry that leaves the cache is written to disk, so are all of them at
+``persist`` (unload, shutdown), and ``restore`` reads the newest back when the model loads.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
+from pathlib import Path
 from typing import Any
 
 import attrs
 from mlx_lm.models.cache import trim_prompt_cache
 
 from .backend import common_prefix
+from .prompt_files import PromptFiles
 
 __all__ = ["PrefixCache", "trimmable"]
+
+log = logging.getLogger("turbospark.model")
 
 
 @attrs.define
 class _Entry:
     tokens: list[int]
     cache: list[Any]
+    path: Path | None = None  # its file on disk, when it has one
 
     @property
     def nbytes(self) -> int:
@@ -47,6 +55,7 @@ class PrefixCache:
     max_entries: int = 4
     max_bytes: int = 1 << 30
     entries: list[_Entry] = attrs.field(factory=list)
+    files: PromptFiles | None = None
 
     def take(self, prompt: list[int]) -> tuple[list[Any] | None, int]:
         """A KV cache holding the longest cached prefix of ``prompt`` (at most all but its last
@@ -93,7 +102,37 @@ class PrefixCache:
             len(self.entries) > self.max_entries
             or sum(e.nbytes for e in self.entries) > self.max_bytes
         ):
-            self.entries.pop(0)
+            self._write(self.entries.pop(0))
+
+    def place(self, index: int, tokens: list[int], cache: list[Any]) -> None:
+        """Put an entry at ``index`` (a slot restored), replacing the one there."""
+        entry = _Entry(list(tokens), cache)
+        if index < len(self.entries):
+            self.entries[index] = entry
+        else:
+            self.entries.append(entry)
+
+    def restore(self) -> int:
+        """Read the newest entries on disk back in (at load); how many."""
+        if self.files is None:
+            return 0
+        for tokens, cache, path in self.files.restore(self.max_entries, self.max_bytes):
+            self.entries.append(_Entry(tokens, cache, path))
+        return len(self.entries)
+
+    def persist(self) -> None:
+        """Write every entry not on disk yet (at unload and shutdown)."""
+        for entry in self.entries:
+            self._write(entry)
+
+    def _write(self, entry: _Entry) -> None:
+        if self.files is None or entry.path is not None:
+            return
+        try:
+            self.files.save(entry.tokens, entry.cache)
+            entry.path = self.files.path(entry.tokens)
+        except Exception as exc:  # a full disk or an unwritable folder costs the entry only
+            log.warning("prompt cache: cannot write %d tokens to %s: %s", len(entry.tokens), self.files.folder, exc)
 
     def _longest(self, prompt: list[int]) -> tuple[_Entry | None, int]:
         best, best_len = None, 0

@@ -12,7 +12,8 @@ template (SmolLM2's, shipped in ``data/chatml``), so prompt and completion token
 - ``counters`` records what really ran, so tests can check that a cancelled generation stopped.
 - It keeps a prefix cache the way the real backend does (what recent sequences' KV held, prompt
   and output): a prompt that repeats one prefills only the rest, and usage reports the cached
-  tokens, so client test suites see cache reads.
+  tokens, so client test suites see cache reads.  With ``prompt_cache_dir`` those token lists
+  persist across restarts as the real one's entries do (``prompt_files``, empty KV).
 - Under a grammar (constrained decoding) it follows its script where the grammar allows, and
   otherwise takes the grammar's shortest way out.
 """
@@ -29,6 +30,8 @@ import attrs
 from .. import __version__
 from .backend import PrefillProgress, SamplingParams, StepOutput, common_prefix, fingerprint
 from .constraint import Matcher
+from .prompt_files import PromptFiles, tokenizer_digest
+from .prompt_slots import Slots
 from .tokenizer import Tokenizer
 
 __all__ = ["SCRIPTED_ID", "ScriptedBackend", "ScriptedCounters", "shipped_tokenizer"]
@@ -68,6 +71,7 @@ class ScriptedBackend:
         context_window: int = 8192,
         tokenizer: Tokenizer | None = None,
         model_id: str = SCRIPTED_ID,
+        prompt_cache_dir: Path | None = None,
     ) -> None:
         self.model_id = model_id
         self.context_window = context_window
@@ -87,6 +91,10 @@ class ScriptedBackend:
         self.fingerprint = fingerprint(
             "scripted", f"turbospark {__version__}", script if script is not None else ENDLESS_TEXT
         )
+        self._files = None
+        if prompt_cache_dir is not None:
+            self._files = PromptFiles.for_model(prompt_cache_dir, self.fingerprint, tokenizer_digest(DATA_DIR), 1 << 30)
+            self._seen = [tokens for tokens, _, _ in self._files.restore(4, 1 << 30)]
 
     # --- the batched engine: every sequence advances once per step, one pace for all -------
 
@@ -176,7 +184,30 @@ class ScriptedBackend:
         gone = self._seqs.pop(seq, None)
         if gone is not None and keep_cache and gone.prompt:
             held = gone.prompt[: gone.done] if gone.done < gone.total else gone.prompt + gone.emitted
-            self._seen = [s for s in self._seen if s != held[: len(s)]][-3:] + [held]
+            kept = [s for s in self._seen if s != held[: len(s)]]
+            for evicted in kept[:-3]:
+                self._write(evicted)
+            self._seen = kept[-3:] + [held]
+
+    def persist(self) -> None:
+        for seen in self._seen:
+            self._write(seen)
+
+    def slot_command(self, action: str, slot: int | None, filename: str | None) -> object:
+        """llama.cpp's slot actions on what the prefix cache holds (``prompt_slots``)."""
+
+        def place(i: int, tokens: list[int], _kv: object) -> None:
+            self._seen[i: i + 1] = [list(tokens)]
+
+        slots = Slots(
+            4, self.context_window, self.model_id, entries=lambda: [(s, []) for s in self._seen], place=place,
+            erase=self._seen.pop, decode=self.tokenizer.decode, files=self._files,
+        )
+        return slots.run(action, slot, filename)
+
+    def _write(self, tokens: list[int]) -> None:
+        if self._files is not None and not self._files.path(tokens).exists():
+            self._files.save(tokens, [])
 
     def reset(self) -> None:
         self._seqs.clear()

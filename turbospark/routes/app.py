@@ -8,9 +8,9 @@ from quart_trio import QuartTrio
 from .._system import System
 from ..web.app import create_app as _create_app
 from . import (
-    anthropic, audio, audio_realtime, health, metrics, models, ollama, ollama_embed, ollama_models,
+    anthropic, audio, audio_realtime, health, metrics, models, ollama, ollama_create, ollama_embed, ollama_models,
     ollama_pull, openai_chat, openai_completions, openai_embeddings, openai_responses, openapi_doc,
-    page, status_feed,
+    page, slots, status_feed,
 )
 
 __all__ = ["create_app"]
@@ -20,8 +20,8 @@ def create_app(sys_: System) -> QuartTrio:
     blueprints: list[Blueprint] = [
         health.blueprint, models.blueprint, metrics.blueprint, openai_chat.blueprint,
         openai_completions.blueprint, openai_responses.blueprint, openai_embeddings.blueprint,
-        ollama_embed.blueprint, ollama.blueprint, ollama_models.blueprint, ollama_pull.blueprint,
-        anthropic.blueprint, openapi_doc.blueprint, page.blueprint, status_feed.blueprint,
+        ollama_embed.blueprint, ollama.blueprint, ollama_models.blueprint, ollama_pull.blueprint, ollama_create.blueprint,
+        anthropic.blueprint, openapi_doc.blueprint, page.blueprint, slots.blueprint, status_feed.blueprint,
     ]
     if sys_.audio is not None:  # the audio routes exist only with an audio model attached
         blueprints += [audio.blueprint, audio_realtime.blueprint]

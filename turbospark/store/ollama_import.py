@@ -37,7 +37,7 @@ import attrs
 
 from .gguf_errors import ModelImportError
 
-__all__ = ["PREFIX", "OllamaModel", "OllamaName", "apply_layers", "available", "find", "ollama_root"]
+__all__ = ["PREFIX", "OllamaModel", "OllamaName", "apply_layers", "apply_settings", "available", "find", "ollama_root"]
 
 PREFIX = "ollama:"
 DEFAULT_HOST = "registry.ollama.ai"
@@ -272,46 +272,10 @@ _NOT_HONOURED = {
 def apply_layers(model_dir: Path, model: OllamaModel) -> dict[str, Any]:
     """Write into ``model_dir`` (``model``'s GGUF, converted) what its other layers say that the
     runtime honours; returns the manifest's ``ollama`` record (what was and was not honoured)."""
-    honoured: list[str] = []
-    not_honoured = list(model.ignored)
-    tok_path = model_dir / "tokenizer_config.json"
-    tok_config = json.loads(tok_path.read_text(encoding="utf-8"))
-    chat_template = tok_config.get("chat_template") if isinstance(tok_config.get("chat_template"), str) else None
-    if model.template is not None and chat_template:
-        honoured.append("chat template: the GGUF's own (Jinja); Ollama's Go template is kept in the manifest")
-    elif model.template is not None:
-        family = template_family(model.template)
-        not_honoured.append(
-            f"the Go template{f' ({family})' if family else ''}: a Go template cannot be run and the GGUF "
-            "has no Jinja chat template, so the model answers completions only"
-        )
-    if model.system is not None and chat_template:
-        tok_config["chat_template"] = _with_default_system(chat_template, model.system)
-        tok_path.write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        honoured.append("system: the default system prompt, used when a request has none")
-    elif model.system is not None:
-        not_honoured.append("system: without a chat template there is no system turn")
-
-    sampling = {target: model.params[key] for key, target in _SAMPLING.items()
-                if isinstance(model.params.get(key), (int, float)) and not isinstance(model.params[key], bool)}  # fmt: skip
-    if sampling:
-        (model_dir / "generation_config.json").write_text(json.dumps(sampling, indent=2) + "\n")
-        honoured.append("params " + ", ".join(f"{k} {model.params[k]}" for k in _SAMPLING if _SAMPLING[k] in sampling)
-                        + ": sampling defaults")  # fmt: skip
-    stops = model.params.get("stop", [])
-    stops = [stops] if isinstance(stops, str) else [s for s in stops if isinstance(s, str)] if isinstance(stops, list) else []
-    kept, dropped = _add_stop_tokens(model_dir, stops)
-    if kept:
-        honoured.append(f"params stop {', '.join(map(repr, kept))}: end-of-sequence tokens")
-    if dropped:
-        not_honoured.append(f"params stop {', '.join(map(repr, dropped))}: only special tokens can stop generation")
-    for key in sorted(set(model.params) - set(_SAMPLING) - {"stop"}):
-        not_honoured.append(f"params {key}: {_NOT_HONOURED.get(key, 'not a sampling default the runtime reads')}")
-
-    for i, text in enumerate(model.licenses):
-        (model_dir / ("LICENSE" if i == 0 else f"LICENSE-{i + 1}")).write_text(text, encoding="utf-8")
-    if model.licenses:
-        honoured.append("license: kept beside the weights")
+    honoured, not_honoured = apply_settings(
+        model_dir, template=model.template, system=model.system, params=model.params, licenses=model.licenses,
+        ignored=model.ignored,
+    )
     return {
         "name": str(model.name),
         "manifest_digest": model.manifest_digest,
@@ -322,6 +286,66 @@ def apply_layers(model_dir: Path, model: OllamaModel) -> dict[str, Any]:
         "honoured": honoured,
         "not_honoured": not_honoured,
     }
+
+
+def apply_settings(
+    model_dir: Path,
+    *,
+    template: str | None,
+    system: str | None,
+    params: dict[str, Any],
+    licenses: tuple[str, ...] = (),
+    ignored: tuple[str, ...] = (),
+    merge: bool = False,
+) -> tuple[list[str], list[str]]:
+    """Write into ``model_dir`` what an Ollama template, system prompt, params and licences
+    say that the runtime honours (an imported Ollama model's layers, or a Modelfile's lines);
+    what was honoured and what was not, in words.  With ``merge``, the sampling defaults
+    already in ``generation_config.json`` (a base model's) stay unless ``params`` sets them."""
+    honoured: list[str] = []
+    not_honoured = list(ignored)
+    tok_path = model_dir / "tokenizer_config.json"
+    tok_config = json.loads(tok_path.read_text(encoding="utf-8"))
+    chat_template = tok_config.get("chat_template") if isinstance(tok_config.get("chat_template"), str) else None
+    if template is not None and chat_template:
+        honoured.append("chat template: the GGUF's own (Jinja); Ollama's Go template is kept in the manifest")
+    elif template is not None:
+        family = template_family(template)
+        not_honoured.append(
+            f"the Go template{f' ({family})' if family else ''}: a Go template cannot be run and the GGUF "
+            "has no Jinja chat template, so the model answers completions only"
+        )
+    if system is not None and chat_template:
+        tok_config["chat_template"] = _with_default_system(chat_template, system)
+        tok_path.write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        honoured.append("system: the default system prompt, used when a request has none")
+    elif system is not None:
+        not_honoured.append("system: without a chat template there is no system turn")
+
+    sampling = {target: params[key] for key, target in _SAMPLING.items()
+                if isinstance(params.get(key), (int, float)) and not isinstance(params[key], bool)}  # fmt: skip
+    if sampling:
+        config_file = model_dir / "generation_config.json"
+        if merge and config_file.exists():
+            sampling = json.loads(config_file.read_text()) | sampling
+        config_file.write_text(json.dumps(sampling, indent=2) + "\n")
+        honoured.append("params " + ", ".join(f"{k} {params[k]}" for k in _SAMPLING if _SAMPLING[k] in sampling)
+                        + ": sampling defaults")  # fmt: skip
+    stops = params.get("stop", [])
+    stops = [stops] if isinstance(stops, str) else [s for s in stops if isinstance(s, str)] if isinstance(stops, list) else []
+    kept, dropped = _add_stop_tokens(model_dir, stops)
+    if kept:
+        honoured.append(f"params stop {', '.join(map(repr, kept))}: end-of-sequence tokens")
+    if dropped:
+        not_honoured.append(f"params stop {', '.join(map(repr, dropped))}: only special tokens can stop generation")
+    for key in sorted(set(params) - set(_SAMPLING) - {"stop"}):
+        not_honoured.append(f"params {key}: {_NOT_HONOURED.get(key, 'not a sampling default the runtime reads')}")
+
+    for i, text in enumerate(licenses):
+        (model_dir / ("LICENSE" if i == 0 else f"LICENSE-{i + 1}")).write_text(text, encoding="utf-8")
+    if licenses:
+        honoured.append("license: kept beside the weights")
+    return honoured, not_honoured
 
 
 def _with_default_system(template: str, system: str) -> str:

@@ -1,5 +1,5 @@
 """The model store as the server sees it: what may be loaded (the resolver's library), and what
-the management routes do to it (pull, copy, delete).
+the management routes do to it (pull, copy, create, delete).
 
 Every stored model of a kind the server can load is ``Loadable``: generation (chat and
 completion), embedding, speech-to-text and text-to-speech models.  What is known before loading
@@ -23,7 +23,9 @@ from ..actors.lifecycle import KINDS, Loadable
 from ..actors.registry import Capability
 from .card import card_for, parameter_size, weights_of
 from .catalogue import CATALOGUE
+from .derive import create_derived, spec_of
 from .directory import StoredModel
+from ..wire.modelfile import ModelSpec, render
 from .progress import Progress, Report
 from .pull import pull
 from .store import ModelStore
@@ -79,6 +81,26 @@ class StoreShelf:
 
     def copy(self, source: str, destination: str) -> bool:
         return self.store.copy(source, destination) is not None
+
+    def create(self, name: str, spec: ModelSpec) -> str:
+        """Make the derived model ``name`` (``derive.py``); the digest of its base's weights."""
+        stored = create_derived(self.store, name, spec)
+        return str(stored.manifest.get("source_sha256", ""))
+
+    def modelfile(self, name: str) -> tuple[str, str] | None:
+        """The Modelfile that makes ``name`` (a derived model's settings, an imported Ollama
+        model's system prompt and parameters) and its licence text; None for an unknown name."""
+        stored = self.store.get(name)
+        if stored is None:
+            return None
+        spec = spec_of(stored)
+        if spec is None:
+            record = stored.manifest.get("ollama") if isinstance(stored.manifest.get("ollama"), dict) else {}
+            spec = ModelSpec(base=name, system=record.get("system"), parameters=dict(record.get("params") or {}))
+        licence = "\n".join(spec.licenses) or "\n\n".join(
+            f.read_text(encoding="utf-8", errors="replace") for f in sorted(stored.path.glob("LICENSE*")) if f.is_file()
+        )
+        return render(spec, name=name), licence
 
 
 def loadable_from(stored: StoredModel, load: Loader, *, pinned: bool = False) -> Loadable:

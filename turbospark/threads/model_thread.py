@@ -47,6 +47,7 @@ from ..messages import GenerationJob
 from ._admission import Admission
 from ._batch import Batch, News
 from ..model.backend import Backend
+from ..model.prompt_slots import SlotError
 
 __all__ = ["Intake", "Limits", "deliver", "serve_model"]
 
@@ -93,6 +94,15 @@ def deliver(
     return gone
 
 
+def _answer_all(answers: list[tuple[Any, object]]) -> None:
+    for reply, message in answers:
+        with reply:
+            try:
+                reply.send_nowait(message)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+                pass
+
+
 @attrs.frozen
 class Limits:
     """How much one model thread runs at once (from ``Settings``)."""
@@ -116,8 +126,20 @@ def serve_model(
     try:
         _Loop(Batch(backend, admission, limits.special_tokens_in_content), intake, emit).run()
     finally:
+        _persist(backend)
         if (close := getattr(backend, "close", None)) is not None:
             close()  # a sharded model's other ranks end with it (``model/sharded.py``)
+
+
+def _persist(backend: Backend) -> None:
+    """The prefix cache to disk, where the backend keeps one there (``--prompt-cache-dir``),
+    when the model unloads or the server stops."""
+    persist = getattr(backend, "persist", None)
+    if persist is not None:
+        try:
+            persist()
+        except Exception:
+            log.exception("model %s: the prompt cache could not be written", backend.model_id)
 
 
 class _Loop:
@@ -141,6 +163,7 @@ class _Loop:
                     self._exchange(0, take=False)
                     return
                 jobs = self._exchange(self._want(), take=True, wait=batch.idle)
+                self._run_commands()
                 if jobs:
                     for job in jobs:
                         batch.accept(job)
@@ -192,6 +215,26 @@ class _Loop:
     ) -> tuple[list[int], list[GenerationJob] | None]:
         gone = deliver(self.emit, events, news)
         return gone, await self.intake.wait(want)
+
+    def _run_commands(self) -> None:
+        """The slot commands the last crossing brought (``SlotCommand``), run here on the model
+        thread, which owns the prefix cache; their answers go out in one crossing."""
+        commands = getattr(self.intake, "commands", None)
+        if not commands:
+            return
+        todo = list(commands)
+        commands.clear()
+        run = getattr(self.batch.backend, "slot_command", None)
+        answers: list[tuple[Any, object]] = []
+        for command in todo:
+            try:
+                if run is None:
+                    raise SlotError(501, "not_supported_error", "This model does not support slots")
+                answers.append((command.reply, run(command.action, command.slot, command.filename)))
+            except Exception as exc:  # a SlotError says why; anything else fails this command only
+                log.warning("model %s: slot %s failed: %s", self.batch.backend.model_id, command.action, exc)
+                answers.append((command.reply, exc))
+        trio.from_thread.run_sync(_answer_all, answers)
 
     def _last_words(self) -> None:
         """The final crossing after ``Batch.shut``: every job's ending out."""

@@ -117,6 +117,10 @@ def _routes() -> tuple[Route, ...]:
         Route("get", "/api/catalogue", "The models /api/pull can fetch", "ollama", returns=_object("models")),
         Route("get", "/status/feed", "Live status snapshots (SSE; ?interval=seconds)", success="text/event-stream"),
         Route("get", "/ui/{name}", "The web page's files (GET / with Accept: text/html is the page)", success="text/javascript"),
+        Route("get", "/slots", "llama.cpp's slots: the prefix cache's places", "openai", returns={"type": "array"}),
+        Route("post", "/slots/{slot}", "Save, restore or erase a slot (?action=)", "openai", raw_body="application/json"),
+        Route("post", "/api/create", "Make a model from a stored one: system, parameters, messages (NDJSON status)",
+              "ollama", raw_body="application/json", streams=ndjson),
     ]
     return tuple(out)
 
