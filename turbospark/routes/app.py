@@ -11,6 +11,7 @@ from . import (
     anthropic, audio, audio_realtime, health, metrics, models, ollama, ollama_embed, ollama_models,
     ollama_pull, openai_chat, openai_completions, openai_embeddings, openai_responses, openapi_doc,
 )
+from . import rerank
 
 __all__ = ["create_app"]
 
@@ -22,6 +23,7 @@ def create_app(sys_: System) -> QuartTrio:
         ollama_embed.blueprint, ollama.blueprint, ollama_models.blueprint, ollama_pull.blueprint,
         anthropic.blueprint, openapi_doc.blueprint,
     ]
+    blueprints.append(rerank.blueprint)
     if sys_.audio is not None:  # the audio routes exist only with an audio model attached
         blueprints += [audio.blueprint, audio_realtime.blueprint]
     return _create_app(sys_, blueprints)
