@@ -6,6 +6,7 @@ that hits the prefix cache."""
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import openai
@@ -143,6 +144,26 @@ async def test_a_strict_json_schema_validates_when_sampling(sdk) -> None:
         )
         assert r.choices[0].finish_reason == "stop"
         jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+
+
+async def test_a_regex_a_choice_and_a_gbnf_grammar_hold_when_sampling(sdk) -> None:
+    """vLLM's and llama.cpp's grammar fields, as their clients send them (``extra_body``)."""
+    ask = [{"role": "user", "content": "What is the capital of France?"}]
+    cases = [
+        ({"structured_outputs": {"regex": "[A-Z][a-z]{2,8}"}}, lambda t: re.fullmatch("[A-Z][a-z]{2,8}", t)),
+        ({"guided_choice": ["Paris", "Lyon", "Nice"]}, lambda t: t in ("Paris", "Lyon", "Nice")),
+        ({"grammar": 'root ::= "The capital is " [A-Z] [a-z]+ "."'}, lambda t: re.fullmatch(r"The capital is [A-Z][a-z]+\.", t)),
+    ]
+    for extra, holds in cases:
+        r = await sdk.chat.completions.create(
+            model="any", messages=ask, temperature=0.7, seed=3, max_tokens=12, extra_body=extra
+        )
+        text = r.choices[0].message.content
+        assert r.choices[0].finish_reason == "stop" and holds(text), (extra, text)
+    done = await sdk.completions.create(
+        model="any", prompt="Yes or no: is water wet? Answer:", max_tokens=4, extra_body={"guided_choice": [" yes", " no"]}
+    )
+    assert done.choices[0].text in (" yes", " no")
 
 
 async def test_logprobs_with_alternatives(sdk) -> None:

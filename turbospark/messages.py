@@ -311,6 +311,9 @@ class EmbeddingJob:
     truncate: bool
     reply: trio.MemorySendChannel[EmbeddingReply]
     created: float  # time.monotonic() when the route accepted the request
+    #: rerank: score ``inputs`` (the documents) against this query instead; a cross-encoder
+    #: reads each (query, document) pair, an embedding model compares their vectors (cosine)
+    query: str | None = None
 
 
 @attrs.frozen(eq=False)
@@ -320,6 +323,8 @@ class Vectors:
 
     vectors: np.ndarray
     prompt_tokens: int
+    #: a ``query`` job's scores ``(len(inputs), 1)`` are cosine similarities (no cross-encoder)
+    by_similarity: bool = False
 
 
 EmbeddingReply = Vectors | Failed

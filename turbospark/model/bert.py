@@ -63,10 +63,11 @@ class _Embeddings(nn.Module):
         self.token_types = nn.Embedding(c.type_vocab_size, c.hidden_size)
         self.norm = nn.LayerNorm(c.hidden_size, eps=c.eps)
 
-    def __call__(self, ids: mx.array) -> mx.array:
+    def __call__(self, ids: mx.array, types: mx.array | None = None) -> mx.array:
         positions = mx.arange(ids.shape[1])
-        # one sentence per row: every token has type 0
-        x = self.tokens(ids) + self.positions(positions)[None] + self.token_types.weight[0]
+        # one sentence per row: every token has type 0; a pair's second text has type 1
+        kind = self.token_types.weight[0] if types is None else self.token_types(types)
+        x = self.tokens(ids) + self.positions(positions)[None] + kind
         return self.norm(x)
 
 
@@ -97,20 +98,32 @@ class _Layer(nn.Module):
 
 
 class Bert(nn.Module):
-    def __init__(self, config: BertConfig) -> None:
+    """``labels`` > 0: ``BertForSequenceClassification``'s head too (the pooler's tanh dense
+    layer over the first token, then a linear classifier), read by ``classify``."""
+
+    def __init__(self, config: BertConfig, labels: int = 0) -> None:
         super().__init__()
         self.config = config
         self.embeddings = _Embeddings(config)
         self.layers = [_Layer(config) for _ in range(config.layers)]
+        if labels:
+            self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+            self.classifier = nn.Linear(config.hidden_size, labels)
 
-    def __call__(self, ids: mx.array, mask: mx.array) -> mx.array:
+    def __call__(self, ids: mx.array, mask: mx.array, types: mx.array | None = None) -> mx.array:
         """Hidden states ``(batch, length, hidden)`` of right-padded ``ids``; ``mask`` (batch,
-        length) is true on real tokens, false on padding."""
+        length) is true on real tokens, false on padding; ``types`` the token types (all 0
+        when None)."""
         keys = mask[:, None, None, :]  # every query attends to the real tokens only
-        x = self.embeddings(ids)
+        x = self.embeddings(ids, types)
         for layer in self.layers:
             x = layer(x, keys)
         return x
+
+    def classify(self, ids: mx.array, mask: mx.array, types: mx.array) -> mx.array:
+        """The classifier's logits ``(batch, labels)``."""
+        first = self(ids, mask, types)[:, 0]
+        return self.classifier(mx.tanh(self.pooler(first)))
 
 
 def mean_pool(hidden: mx.array, mask: mx.array) -> mx.array:
@@ -139,11 +152,14 @@ _EMBEDDINGS = {
 }
 
 
-def _rename(name: str) -> str | None:
-    """This module's name for a Hugging Face BERT tensor; None for what embeddings never read."""
+def _rename(name: str, classifier: bool = False) -> str | None:
+    """This module's name for a Hugging Face BERT tensor; None for what embeddings never read
+    (the pooler and classifier are kept for a ``classifier``)."""
     name = name.removeprefix("bert.")
     module, _, leaf = name.rpartition(".")
     leaf = {"gamma": "weight", "beta": "bias"}.get(leaf, leaf)  # older checkpoints' LayerNorms
+    if classifier and module in ("pooler.dense", "classifier"):
+        return f"{module.removesuffix('.dense')}.{leaf}"
     if module.startswith("embeddings."):
         part = module.removeprefix("embeddings.")
         return f"embeddings.{_EMBEDDINGS[part]}.{leaf}" if part in _EMBEDDINGS else None
@@ -153,17 +169,20 @@ def _rename(name: str) -> str | None:
     return None  # pooler, position_ids, cls.* (masked-LM heads)
 
 
-def hf_to_mlx(weights: Mapping[str, mx.array]) -> dict[str, mx.array]:
-    """A Hugging Face BERT checkpoint's tensors under this module's names (unused ones dropped)."""
+def hf_to_mlx(weights: Mapping[str, mx.array], *, classifier: bool = False) -> dict[str, mx.array]:
+    """A Hugging Face BERT checkpoint's tensors under this module's names (unused ones dropped;
+    ``classifier``: a ``BertForSequenceClassification``, its pooler and classifier kept)."""
     out: dict[str, mx.array] = {}
     for name, value in weights.items():
-        if (renamed := _rename(name)) is not None:
+        if (renamed := _rename(name, classifier)) is not None:
             out[renamed] = value
     return out
 
 
 class BertEncoder:
-    """The ``Encoder`` of a stored BERT sentence-embedding model (see ``encoder.Encoder``).
+    """The ``Encoder`` of a stored BERT sentence-embedding model (see ``encoder.Encoder``), or of
+    a cross-encoder (``embedding.json`` ``pooling`` ``classifier``: a
+    ``BertForSequenceClassification`` with one label), which scores (query, document) pairs.
 
     The directory holds ``config.json``, ``model.safetensors`` (this module's names, written by
     the store), ``tokenizer.json`` and ``embedding.json`` (``pooling``, ``normalize``,
@@ -174,15 +193,18 @@ class BertEncoder:
         path = Path(path)
         config = json.loads((path / "config.json").read_text())
         spec = json.loads((path / EMBEDDING_CONFIG).read_text())
-        if spec.get("pooling") != "mean" or spec.get("normalize") is not True:
-            raise ValueError(f"unsupported pooling {spec!r}: only normalised mean pooling")
+        self.cross = spec.get("pooling") == "classifier"
+        if not self.cross and (spec.get("pooling") != "mean" or spec.get("normalize") is not True):
+            raise ValueError(f"unsupported pooling {spec!r}: only normalised mean pooling or a classifier")
+        if self.cross and spec.get("labels") != 1:
+            raise ValueError(f"a cross-encoder with {spec.get('labels')} labels: only one is supported")
         self.model_id = model_id
         bert = BertConfig(config)
-        self.dimensions = bert.hidden_size
+        self.dimensions = 1 if self.cross else bert.hidden_size
         self.max_tokens = min(int(spec["max_tokens"]), bert.max_positions)
         self.stream = mx.new_thread_local_stream(mx.default_device())
         with mx.stream(self.stream):
-            self.model = Bert(bert)
+            self.model = Bert(bert, labels=1 if self.cross else 0)
             self.model.load_weights(str(path / "model.safetensors"), strict=True)
             self.model.eval()
             mx.eval(self.model.parameters())
@@ -192,6 +214,7 @@ class BertEncoder:
         self._cut = _HFTokenizer.from_file(str(path / "tokenizer.json"))
         self._cut.no_padding()
         self._cut.enable_truncation(self.max_tokens)
+        self._sep = self._whole.token_to_id("[SEP]")
         digest = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
         self.fingerprint = fingerprint(digest, f"turbospark {__version__}", f"mlx {mx.__version__}")
 
@@ -199,7 +222,14 @@ class BertEncoder:
         tok = self._cut if truncate else self._whole
         return [e.ids for e in tok.encode_batch(list(texts))]
 
+    def tokenize_pairs(self, query: str, documents: Sequence[str], *, truncate: bool) -> list[list[int]]:
+        """``[CLS] query [SEP] document [SEP]`` for each document (cut longest first)."""
+        tok = self._cut if truncate else self._whole
+        return [e.ids for e in tok.encode_batch([(query, d) for d in documents])]
+
     def embed(self, batch: Sequence[Sequence[int]]) -> np.ndarray:
+        """Unit vectors ``(len(batch), dimensions)``; a cross-encoder's relevance of each pair
+        instead, its one logit through a sigmoid (sentence-transformers' ``CrossEncoder``)."""
         longest = max(len(ids) for ids in batch)
         ids = np.zeros((len(batch), longest), dtype=np.int32)
         mask = np.zeros((len(batch), longest), dtype=np.bool_)
@@ -208,5 +238,9 @@ class BertEncoder:
             mask[row, : len(tokens)] = True
         with mx.stream(self.stream):
             m = mx.array(mask)
+            if self.cross:  # type 1 after the first [SEP]: the document
+                types = (np.cumsum(ids == self._sep, axis=1) - (ids == self._sep)) > 0
+                logits = self.model.classify(mx.array(ids), m, mx.array(types.astype(np.int32)))
+                return np.array(mx.sigmoid(logits).astype(mx.float32))
             vectors = mean_pool(self.model(mx.array(ids), m), m)
             return np.array(vectors.astype(mx.float32))

@@ -39,6 +39,7 @@ class Grammar:
     lark: str
     what: str
     shortest: tuple[str, ...] = ()  # the shortest outputs it accepts (lower bounds), one per way
+    kind: str = "json"  # "json" (a schema, forced calls) or "grammar" (regex, choice, GBNF, Lark)
 
     # ``shortest`` is written so that no output the grammar accepts is shorter than all of them;
     # the model thread counts their tokens (``Grammars.least_tokens``) to refuse a budget that
@@ -104,7 +105,10 @@ class Grammars:
         """
         matcher = self._compiled(grammar)
         if budget is not None and budget < (least := self.least_tokens(grammar)):
-            demand = "the call tool_choice" if grammar.what == "tool_choice" else f"the JSON {grammar.what}"
+            demand = (
+                "the call tool_choice" if grammar.what == "tool_choice"
+                else f"the JSON {grammar.what}" if grammar.kind == "json" else f"the {grammar.what}"
+            )
             raise RequestInvalid(
                 f"max_tokens is {budget}, too small for {demand} demands: the shortest valid "
                 f"answer takes {least} tokens with this model, its end included; raise max_tokens",
@@ -121,9 +125,8 @@ class Grammars:
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(compiled, self._tok)
         if failed or messages:
             detail = "; ".join(_plain(m) for m in messages) or "the grammar was refused"
-            raise RequestInvalid(
-                f"{grammar.what}: this schema cannot be enforced: {detail}", param=grammar.what
-            )
+            problem = "this schema cannot be enforced" if grammar.kind == "json" else "the grammar does not compile"
+            raise RequestInvalid(f"{grammar.what}: {problem}: {detail}", param=grammar.what)
         matcher = llguidance.LLMatcher(self._tok, compiled, log_level=0)
         if matcher.is_error():
             raise RequestInvalid(f"{grammar.what}: {matcher.get_error()}", param=grammar.what)
@@ -148,6 +151,9 @@ class Grammars:
 def _plain(message: str) -> str:
     """llguidance's message without its position in our grammar text (the caller never saw
     that text): ``at 1(8): failed to compile JSON schema: X`` becomes ``X``."""
-    first = message.strip().splitlines()[0] if message.strip() else message
+    lines = message.strip().splitlines()
+    first = lines[0] if lines else message
+    if first.endswith("regex parse error:"):  # the reason is on a later line: "error: unclosed .."
+        first += " " + next((ln.strip()[7:] for ln in lines if ln.strip().startswith("error: ")), "")
     first = first.split("failed to compile JSON schema: ", 1)[-1]
     return re.sub(r"^at \d+\(\d+\): ", "", first)

@@ -40,15 +40,18 @@ async def embedding_model(request_id: int, name: str | None, keep_alive: float |
     return grant
 
 
-async def embed(*, request_id: int, model: ModelEntry, inputs: Sequence[str], truncate: bool) -> Vectors:
-    """The vectors of ``inputs`` from embedding model ``model`` (its entry, as resolved).
+async def embed(
+    *, request_id: int, model: ModelEntry, inputs: Sequence[str], truncate: bool, query: str | None = None
+) -> Vectors:
+    """The vectors of ``inputs`` from embedding model ``model`` (its entry, as resolved); with
+    ``query``, their relevance to it instead (``(len(inputs), 1)``, see ``EmbeddingJob``).
 
     Raises what the actor or the encoder answered (``QueueFull``, ``RequestInvalid``,
     ``ShuttingDown`` ...).
     """
     reply_send, reply_recv = trio.open_memory_channel[EmbeddingReply](1)
     request_scope().enter_context(reply_recv)
-    job = EmbeddingJob(request_id, model.id, tuple(inputs), truncate, reply_send, time.monotonic())
+    job = EmbeddingJob(request_id, model.id, tuple(inputs), truncate, reply_send, time.monotonic(), query)
     try:
         system().embed(model, job)
     except BaseException:

@@ -12,6 +12,7 @@ from . import (
     ollama_pull, openai_chat, openai_completions, openai_embeddings, openai_responses, openapi_doc,
     page, slots, status_feed,
 )
+from . import rerank
 
 __all__ = ["create_app"]
 
@@ -23,6 +24,7 @@ def create_app(sys_: System) -> QuartTrio:
         ollama_embed.blueprint, ollama.blueprint, ollama_models.blueprint, ollama_pull.blueprint, ollama_create.blueprint,
         anthropic.blueprint, openapi_doc.blueprint, page.blueprint, slots.blueprint, status_feed.blueprint,
     ]
+    blueprints.append(rerank.blueprint)
     if sys_.audio is not None:  # the audio routes exist only with an audio model attached
         blueprints += [audio.blueprint, audio_realtime.blueprint]
     return _create_app(sys_, blueprints)

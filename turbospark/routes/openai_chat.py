@@ -15,6 +15,7 @@ from quart import Blueprint, Response, g
 from ..turns.chat import TemplateMessage, apply_default_system, image_urls, text_of, tool_call
 from ..errors import RequestInvalid
 from ..messages import ChatPrompt, RequestRouted
+from ..turns.grammars import demanded_grammar, peer_grammar
 from ..turns.structured import check_images, function_tools, grammar_for, json_demand, select_tools
 from ..wire.openai import ChatCompletionRequest
 from ..web.app import exception_body, json_response, read_body, system
@@ -101,6 +102,7 @@ async def chat_completions() -> Response:
         json_schema=schema, json_object=any_object, tools=tools, call_required=required,
         parallel=body.parallel_tool_calls is True,
     )
+    grammar = demanded_grammar(grammar, peer_grammar(body))
     n = body.n or 1
     if body.top_logprobs is not None and not body.logprobs:
         raise RequestInvalid("top_logprobs requires logprobs to be true", param="top_logprobs")

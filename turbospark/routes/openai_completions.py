@@ -10,6 +10,7 @@ from quart import Blueprint, Response, g
 
 from ..errors import RequestInvalid
 from ..messages import RequestRouted, TextPrompt
+from ..turns.grammars import demanded_grammar, peer_grammar
 from ..turns.structured import function_tools, grammar_for, json_demand, select_tools
 from ..wire.openai import CompletionRequest
 from ..web.app import exception_body, json_response, read_body, system
@@ -60,6 +61,7 @@ async def completions() -> Response:
         json_schema=schema, json_object=any_object, tools=tools, call_required=required,
         parallel=body.parallel_tool_calls is True,
     )
+    grammar = demanded_grammar(grammar, peer_grammar(body))
     params = sampling_params(
         body, max_tokens=body.max_tokens or DEFAULT_MAX_TOKENS, model_defaults=entry.sampling_defaults,
         logprobs=body.logprobs, grammar=grammar,

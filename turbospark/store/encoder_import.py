@@ -18,7 +18,7 @@ from .gguf_import import ModelImportError
 from .hf_import import kept_files
 from .progress import Progress
 
-__all__ = ["check_encoder_loads", "convert_encoder", "embedding_spec"]
+__all__ = ["check_encoder_loads", "convert_encoder", "embedding_spec", "is_cross_encoder"]
 
 # turbospark.model.bert (and the model package it pulls in) is imported where it is used, so that
 # `turbospark models list` and `rm` need not pay for it.
@@ -35,11 +35,16 @@ def embedding_spec(src: Path, config: dict[str, Any]) -> dict[str, Any]:
         except ValueError as exc:
             raise ModelImportError(f"{src / name} is not valid JSON ({exc})") from None
 
+    positions = int(config.get("max_position_embeddings", 512))
+    if is_cross_encoder(config):  # sentence-transformers' CrossEncoder: one relevance logit
+        labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 1))
+        if labels != 1:
+            raise ModelImportError(f"{src}: a classifier with {labels} labels; only one (a relevance score) is supported")
+        return {"pooling": "classifier", "labels": 1, "activation": "sigmoid", "max_tokens": positions, "dimensions": 1}
     pooling = read("1_Pooling/config.json") or {"pooling_mode_mean_tokens": True}
     others = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v and k != "pooling_mode_mean_tokens"]
     if not pooling.get("pooling_mode_mean_tokens") or others:
         raise ModelImportError(f"{src}: only mean pooling is supported (its pooling: {', '.join(others) or 'none'})")
-    positions = int(config.get("max_position_embeddings", 512))
     length = (read("sentence_bert_config.json") or {}).get("max_seq_length") or positions
     return {
         "pooling": "mean",
@@ -47,6 +52,11 @@ def embedding_spec(src: Path, config: dict[str, Any]) -> dict[str, Any]:
         "max_tokens": min(int(length), positions),
         "dimensions": int(config["hidden_size"]),
     }
+
+
+def is_cross_encoder(config: dict[str, Any]) -> bool:
+    """A ``BertForSequenceClassification`` (a cross-encoder) rather than a sentence encoder."""
+    return "BertForSequenceClassification" in (config.get("architectures") or ())
 
 
 def convert_encoder(src: Path, out: Path, *, dtype: str, progress: Progress) -> dict[str, Any]:
@@ -70,7 +80,7 @@ def convert_encoder(src: Path, out: Path, *, dtype: str, progress: Progress) -> 
     target = None if dtype == "native" else getattr(mx, dtype)
     renamed = {
         key: a.astype(target) if target is not None and mx.issubdtype(a.dtype, mx.floating) else a
-        for key, a in hf_to_mlx(weights).items()
+        for key, a in hf_to_mlx(weights, classifier=is_cross_encoder(config)).items()
     }
     mx.save_safetensors(str(out / "model.safetensors"), renamed, {"format": "mlx"})
     (out / EMBEDDING_CONFIG).write_text(json.dumps(spec, indent=2) + "\n")

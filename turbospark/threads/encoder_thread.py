@@ -82,6 +82,15 @@ class _Job:
     close: bool = False
 
 
+def _answer(entry: _Job, cross: bool) -> Vectors:
+    """A job's vectors; a rerank job's scores, by cosine similarity when no cross-encoder made
+    them (the vectors are unit vectors: the query's is first)."""
+    if entry.job.query is None or cross:
+        return Vectors(entry.vectors, entry.prompt_tokens)
+    scores = entry.vectors[1:] @ entry.vectors[0]
+    return Vectors(scores[:, None].astype(np.float32), entry.prompt_tokens, by_similarity=True)
+
+
 _News = tuple[trio.MemorySendChannel[EmbeddingReply], list[EmbeddingReply], bool]
 
 
@@ -121,9 +130,21 @@ class _Loop:
     # --- jobs ------------------------------------------------------------------------------
 
     def _accept(self, job: EmbeddingJob) -> None:
-        entry = _Job(job, np.zeros((len(job.inputs), self.encoder.dimensions), np.float32), len(job.inputs))
+        cross = getattr(self.encoder, "cross", False)
+        similarity = job.query is not None and not cross  # the query's vector, then the documents'
+        count = len(job.inputs) + similarity
+        entry = _Job(job, np.zeros((count, self.encoder.dimensions), np.float32), count)
         try:
-            entry.ids = self.encoder.tokenize(job.inputs, truncate=job.truncate)
+            if job.query is None and cross:
+                raise RequestInvalid(
+                    f"{self.encoder.model_id} is a cross-encoder: it scores pairs (/v1/rerank, "
+                    "/v1/score) and makes no embeddings", param="model",
+                )
+            if job.query is not None and cross:
+                entry.ids = self.encoder.tokenize_pairs(job.query, job.inputs, truncate=job.truncate)  # type: ignore[attr-defined]
+            else:
+                texts = (job.query, *job.inputs) if similarity else job.inputs
+                entry.ids = self.encoder.tokenize(texts, truncate=job.truncate)  # type: ignore[arg-type]
             if not job.truncate:
                 limit = self.encoder.max_tokens
                 for i, ids in enumerate(entry.ids):
@@ -153,7 +174,7 @@ class _Loop:
         job = entry.job
         self.events.append(Embedded(
             id=job.request_id, model=self.encoder.model_id, inputs=len(job.inputs),
-            computed=len(job.inputs) - entry.left, prompt_tokens=entry.prompt_tokens,
+            computed=max(0, len(job.inputs) - entry.left), prompt_tokens=entry.prompt_tokens,
             seconds=time.monotonic() - job.created, outcome=outcome,
         ))
         if last is not None:
@@ -189,7 +210,7 @@ class _Loop:
             entry.vectors[index] = vectors[row]
             entry.left -= 1
             if entry.left == 0:
-                self._end(entry, Vectors(entry.vectors, entry.prompt_tokens), "Done")
+                self._end(entry, _answer(entry, getattr(self.encoder, "cross", False)), "Done")
 
     # --- the crossing ----------------------------------------------------------------------
 

@@ -53,6 +53,7 @@ def _routes() -> tuple[Route, ...]:
     from ..wire.embeddings import EmbeddingRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest
     from ..wire.ollama import OllamaChatRequest, OllamaGenerateRequest
     from ..wire.openai import ChatCompletionRequest, CompletionRequest, ResponsesRequest
+    from ..wire.rerank import RerankBody, ScoreBody
 
     sse = ("text/event-stream",)
     out = [
@@ -86,6 +87,12 @@ def _routes() -> tuple[Route, ...]:
         Route("post", "/api/embed", "Ollama embeddings", "ollama", body=OllamaEmbedRequest, returns=_object("embeddings")),
         Route("post", "/api/embeddings", "Ollama embeddings (older shape)", "ollama", body=OllamaEmbeddingsRequest,
               returns=_object("embedding")),
+        Route("post", "/v1/rerank", "Rerank documents against a query (Jina/Cohere; TEI's texts)", body=RerankBody,
+              returns=_object("results")),
+        Route("post", "/v2/rerank", "Rerank (vLLM's second path)", body=RerankBody, returns=_object("results")),
+        Route("post", "/rerank", "Rerank (base URL without /v1)", body=RerankBody, returns=_object("results")),
+        Route("post", "/v1/score", "vLLM's score: text_1 against text_2", body=ScoreBody, returns=_LIST),
+        Route("post", "/score", "vLLM's score (base URL without /v1)", body=ScoreBody, returns=_LIST),
         Route("post", "/v1/audio/transcriptions", "Speech to text", raw_body="multipart/form-data", streams=("application/x-ndjson",)),
         Route("post", "/v1/audio/translations", "Not served (501)", raw_body="multipart/form-data", always=501),
         Route("post", "/v1/audio/speech", "Text to speech", body=SpeechRequest, success="audio/wav", streams=("audio/pcm",)),

@@ -162,6 +162,14 @@ class GenerationFields(SamplingFields):
     n: int | None = attrs.field(default=None, validator=_in_range(1, 128))  # OpenAI's bound
     logit_bias: dict[str, float] | None = attrs.field(default=None, validator=_logit_bias)
     user: str | None = None
+    # the peers' output constraints (turns/grammars.py checks their shapes): llama.cpp's, vLLM's
+    grammar: Any = None
+    json_schema: Any = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
 
 
 @attrs.frozen(kw_only=True)
