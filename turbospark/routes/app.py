@@ -9,7 +9,7 @@ from .._system import System
 from ..web.app import create_app as _create_app
 from . import (
     anthropic, audio, audio_realtime, health, metrics, models, ollama, ollama_embed, ollama_models,
-    ollama_pull, openai_chat, openai_completions, openai_embeddings, openai_responses, openapi_doc,
+    ollama_pull, openai_chat, openai_completions, openai_embeddings, openai_responses, openapi_doc, tokenize,
 )
 
 __all__ = ["create_app"]
@@ -20,7 +20,7 @@ def create_app(sys_: System) -> QuartTrio:
         health.blueprint, models.blueprint, metrics.blueprint, openai_chat.blueprint,
         openai_completions.blueprint, openai_responses.blueprint, openai_embeddings.blueprint,
         ollama_embed.blueprint, ollama.blueprint, ollama_models.blueprint, ollama_pull.blueprint,
-        anthropic.blueprint, openapi_doc.blueprint,
+        anthropic.blueprint, openapi_doc.blueprint, tokenize.blueprint,
     ]
     if sys_.audio is not None:  # the audio routes exist only with an audio model attached
         blueprints += [audio.blueprint, audio_realtime.blueprint]

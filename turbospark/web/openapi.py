@@ -53,6 +53,7 @@ def _routes() -> tuple[Route, ...]:
     from ..wire.embeddings import EmbeddingRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest
     from ..wire.ollama import OllamaChatRequest, OllamaGenerateRequest
     from ..wire.openai import ChatCompletionRequest, CompletionRequest, ResponsesRequest
+    from ..wire.tokenize import DetokenizeRequest, TokenizeRequest
 
     sse = ("text/event-stream",)
     out = [
@@ -82,6 +83,11 @@ def _routes() -> tuple[Route, ...]:
         Route("post", "/api/embed", "Ollama embeddings", "ollama", body=OllamaEmbedRequest, returns=_object("embeddings")),
         Route("post", "/api/embeddings", "Ollama embeddings (older shape)", "ollama", body=OllamaEmbeddingsRequest,
               returns=_object("embedding")),
+        Route("post", "/tokenize", "Token ids of a text or chat (llama.cpp's and vLLM's shapes)", body=TokenizeRequest,
+              returns=_object("tokens")),
+        Route("post", "/detokenize", "Text of token ids", body=DetokenizeRequest, returns=_object("content", "prompt")),
+        Route("post", "/apply-template", "A chat rendered with the model's template", body=ChatCompletionRequest,
+              returns=_object("prompt")),
         Route("post", "/v1/audio/transcriptions", "Speech to text", raw_body="multipart/form-data", streams=("application/x-ndjson",)),
         Route("post", "/v1/audio/translations", "Not served (501)", raw_body="multipart/form-data", always=501),
         Route("post", "/v1/audio/speech", "Text to speech", body=SpeechRequest, success="audio/wav", streams=("audio/pcm",)),
