@@ -33,6 +33,7 @@ __all__ = [
     "Generated",
     "GenerationBegan",
     "Phase",
+    "Progress",
     "QueueDepth",
     "QueueRejected",
     "ModelLoaded",
@@ -135,6 +136,8 @@ class Finished:
     completion_tokens: int
     cached_tokens: int
     index: int = 0
+    prefill_seconds: float = 0.0  # from admission to the first token (the prompt read)
+    decode_seconds: float = 0.0  # from the first token to the last
 
 
 @attrs.frozen
@@ -142,7 +145,19 @@ class Failed:
     error: TurboSparkError
 
 
-Reply = Started | Delta | Finished | Failed
+@attrs.frozen
+class Progress:
+    """The prompt is being read: ``processed`` of its ``total`` tokens are in the KV cache,
+    ``cache`` of them reused, ``seconds`` since the model started on it.  A report: delivered
+    only into an empty reply buffer (a reader that is behind misses some), never in the way."""
+
+    total: int
+    cache: int
+    processed: int
+    seconds: float
+
+
+Reply = Started | Delta | Finished | Failed | Progress
 
 
 # --- the generation queue's inbox ----------------------------------------------------------

@@ -162,6 +162,7 @@ class GenerationFields(SamplingFields):
     n: int | None = attrs.field(default=None, validator=_in_range(1, 128))  # OpenAI's bound
     logit_bias: dict[str, float] | None = attrs.field(default=None, validator=_logit_bias)
     user: str | None = None
+    return_progress: bool = False  # llama.cpp's: prompt_progress chunks while the prompt is read
 
 
 @attrs.frozen(kw_only=True)
