@@ -242,6 +242,9 @@ class Generated:
     phase: Phase | None = None  # where a cancelled generation stopped
     ttft_seconds: float | None = None
     began: bool = True  # False when it was cancelled before the model started on it
+    queue_seconds: float | None = None  # from accepted to the model starting on it
+    total_seconds: float | None = None  # from accepted to the end
+    token_gaps: tuple[float, ...] = ()  # seconds between consecutive tokens, every choice's
 
 
 @attrs.frozen
