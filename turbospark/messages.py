@@ -310,7 +310,7 @@ class EmbeddingJob:
 
     request_id: int
     model: str
-    inputs: tuple[str, ...]
+    inputs: tuple[str | tuple[int, ...], ...]  # texts, or token ids as the model reads them
     truncate: bool
     reply: trio.MemorySendChannel[EmbeddingReply]
     created: float  # time.monotonic() when the route accepted the request

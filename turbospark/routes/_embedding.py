@@ -40,7 +40,7 @@ async def embedding_model(request_id: int, name: str | None, keep_alive: float |
     return grant
 
 
-async def embed(*, request_id: int, model: ModelEntry, inputs: Sequence[str], truncate: bool) -> Vectors:
+async def embed(*, request_id: int, model: ModelEntry, inputs: Sequence[str | tuple[int, ...]], truncate: bool) -> Vectors:
     """The vectors of ``inputs`` from embedding model ``model`` (its entry, as resolved).
 
     Raises what the actor or the encoder answered (``QueueFull``, ``RequestInvalid``,
