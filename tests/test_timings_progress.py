@@ -5,6 +5,9 @@ scripted backend and sans-io."""
 from __future__ import annotations
 
 import json
+import math
+
+import pytest
 
 from turbospark.model.scripted import ScriptedBackend
 from turbospark.routes.openai_chat_events import ChatStream, Envelope, prompt_progress, timings
@@ -111,3 +114,33 @@ async def test_anthropic_pings_while_the_prompt_is_read(start_server, client) ->
     names = [name for name, _ in sse_events(r.text)]
     assert names.index("content_block_start") > 2 and names[:names.index("content_block_start")].count("ping") >= 2
     assert names[-1] == "message_stop"
+
+
+# --- llama.cpp's test_chat_completion.py::test_return_progress, ported -------------------------
+
+
+@pytest.mark.parametrize("reuse_cache", [False, True])
+async def test_llama_cpp_return_progress(start_server, client, reuse_cache) -> None:
+    """Their n_batch 64 is the scripted backend's 16-token chunk; paced steps, so the reader is
+    never behind (a report finds the reply buffer empty) and every chunk's report arrives."""
+    server = await start_server([ScriptedBackend(script="Sure, here it is.", token_delay=0.03)], keepalive_interval=60)
+    body = {"max_tokens": 10, "messages": [{"role": "user", "content": "This is a test" * 10}],
+            "stream": True, "return_progress": True}
+    if reuse_cache:  # a first request to populate the cache
+        await client.post(f"{server.url}/v1/chat/completions", json=body)
+    r = await client.post(f"{server.url}/v1/chat/completions", json=body)
+    last, count = None, 0
+    for _, data in sse_events(r.text):
+        if data == "[DONE]" or (cur := json.loads(data).get("prompt_progress")) is None:
+            continue
+        if count == 0:  # the first report: cache == processed
+            assert cur["total"] > 0 and cur["cache"] == cur["processed"]
+            if reuse_cache:
+                assert cur["cache"] > 0
+        if last is not None:
+            assert cur["total"] == last["total"] and cur["cache"] == last["cache"]
+            assert cur["processed"] > last["processed"]
+        count += 1
+        last = cur
+    assert last is not None and last["processed"] == last["total"]
+    assert count == 1 + math.ceil((last["total"] - last["cache"]) / 16)
