@@ -331,7 +331,7 @@ async def test_events_file_and_metrics(start_server, client: httpx.AsyncClient, 
     assert "turbospark_generations_in_flight 0.0" in metrics
     assert "turbospark_queue_depth 0.0" in metrics
     assert 'turbospark_cancellations_total{phase="decode"} 0.0' in metrics
-    assert "turbospark_time_to_first_token_seconds_count 1.0" in metrics
+    assert 'turbospark_time_to_first_token_seconds_count{model="scripted"} 1.0' in metrics
     assert "turbospark_queue_rejections_total 0.0" in metrics
     assert "# TYPE turbospark_generated_tokens_total counter" in v1
 

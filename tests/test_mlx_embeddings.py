@@ -241,3 +241,19 @@ def test_serve_refuses_a_model_of_the_wrong_kind(monkeypatch) -> None:
     assert model_id == "all-minilm-l6-v2" and path == minilm_store().path
     with pytest.raises(ModelSetupError, match="is an embedding model: attach it with --embedding-model"):
         stored_model("all-minilm-l6-v2")
+
+
+async def test_token_ids_give_the_texts_vectors(minilm_server, client) -> None:
+    """OpenAI's token-id inputs: the ids MiniLM's tokenizer gives a text (its [CLS] and [SEP]
+    included) embed to that text's vector; an id outside the vocabulary is a 400."""
+    tok = Tokenizer.from_file(str(minilm_store().path / "tokenizer.json"))
+    tok.no_padding()  # the file pads to 128
+    ids = tok.encode(SENTENCES[0]).ids
+    url = f"{minilm_server.url}/v1/embeddings"
+    text = (await client.post(url, json={"input": SENTENCES[0]})).json()
+    given = (await client.post(url, json={"input": [ids, SENTENCES[1]]})).json()
+    diff = np.abs(np.array(given["data"][0]["embedding"]) - text["data"][0]["embedding"]).max()
+    assert diff < 1e-5, diff
+    assert given["usage"]["prompt_tokens"] == len(ids) + len(tok.encode(SENTENCES[1]).ids)
+    bad = await client.post(url, json={"input": [ids + [tok.get_vocab_size()]]})
+    assert bad.status_code == 400 and "vocabulary" in bad.json()["error"]["message"]

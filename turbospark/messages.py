@@ -33,6 +33,7 @@ __all__ = [
     "Generated",
     "GenerationBegan",
     "Phase",
+    "Progress",
     "QueueDepth",
     "QueueRejected",
     "ModelLoaded",
@@ -135,6 +136,8 @@ class Finished:
     completion_tokens: int
     cached_tokens: int
     index: int = 0
+    prefill_seconds: float = 0.0  # from admission to the first token (the prompt read)
+    decode_seconds: float = 0.0  # from the first token to the last
 
 
 @attrs.frozen
@@ -142,7 +145,19 @@ class Failed:
     error: TurboSparkError
 
 
-Reply = Started | Delta | Finished | Failed
+@attrs.frozen
+class Progress:
+    """The prompt is being read: ``processed`` of its ``total`` tokens are in the KV cache,
+    ``cache`` of them reused, ``seconds`` since the model started on it.  A report: delivered
+    only into an empty reply buffer (a reader that is behind misses some), never in the way."""
+
+    total: int
+    cache: int
+    processed: int
+    seconds: float
+
+
+Reply = Started | Delta | Finished | Failed | Progress
 
 
 # --- the generation queue's inbox ----------------------------------------------------------
@@ -227,6 +242,9 @@ class Generated:
     phase: Phase | None = None  # where a cancelled generation stopped
     ttft_seconds: float | None = None
     began: bool = True  # False when it was cancelled before the model started on it
+    queue_seconds: float | None = None  # from accepted to the model starting on it
+    total_seconds: float | None = None  # from accepted to the end
+    token_gaps: tuple[float, ...] = ()  # seconds between consecutive tokens, every choice's
 
 
 @attrs.frozen
@@ -307,7 +325,7 @@ class EmbeddingJob:
 
     request_id: int
     model: str
-    inputs: tuple[str, ...]
+    inputs: tuple[str | tuple[int, ...], ...]  # texts, or token ids as the model reads them
     truncate: bool
     reply: trio.MemorySendChannel[EmbeddingReply]
     created: float  # time.monotonic() when the route accepted the request

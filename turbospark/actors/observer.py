@@ -43,6 +43,7 @@ from ..audio.messages import (
     AudioWorkEnded,
     JobsChanged,
 )
+from ._latency import Latency
 from ._mailbox import answer
 
 __all__ = ["Observer", "RenderMetrics", "Subscribe", "event_to_json", "observer"]
@@ -134,12 +135,7 @@ class _Metrics:
         self.rejections = Counter(
             "turbospark_queue_rejections", "Requests refused with queue_full", registry=reg
         )
-        self.ttft = Histogram(
-            "turbospark_time_to_first_token_seconds",
-            "From request accepted to first generated token",
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-            registry=reg,
-        )
+        self.latency = Latency(reg)  # per model, as vLLM's
         self.dropped = Gauge(
             "turbospark_observer_dropped_events",
             "Events lost because the observer's inbox was full (metrics may be off by these)",
@@ -244,8 +240,7 @@ class _Metrics:
             self.prompt_tokens.inc(event.prompt_tokens)
             if event.stop_reason == "Cancelled" and event.phase:
                 self.cancellations.labels(event.phase).inc()
-            if event.ttft_seconds is not None:
-                self.ttft.observe(event.ttft_seconds)
+            self.latency.record(event)
         elif isinstance(event, QueueRejected):
             self.rejections.inc()
         elif isinstance(event, BatchState):

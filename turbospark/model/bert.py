@@ -211,6 +211,7 @@ class BertEncoder:
         self._whole = _HFTokenizer.from_file(str(path / "tokenizer.json"))
         self._whole.no_padding()
         self._whole.no_truncation()
+        self.vocab_size = self._whole.get_vocab_size(with_added_tokens=True)
         self._cut = _HFTokenizer.from_file(str(path / "tokenizer.json"))
         self._cut.no_padding()
         self._cut.enable_truncation(self.max_tokens)

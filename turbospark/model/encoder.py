@@ -40,6 +40,7 @@ class Encoder(Protocol):
     dimensions: int  #: the width of every vector
     max_tokens: int  #: the longest input the model reads, special tokens included
     fingerprint: str
+    vocab_size: int  #: token ids an input given as ids may use: 0 to this, exclusive
 
     def tokenize(self, texts: Sequence[str], *, truncate: bool) -> list[list[int]]: ...
 
@@ -63,6 +64,7 @@ class ScriptedEncoder:
         self.model_id = model_id
         self.max_tokens = max_tokens
         self.tokenizer = tokenizer or shipped_tokenizer()
+        self.vocab_size = self.tokenizer.vocab_size
         self.fingerprint = fingerprint("scripted-embedding", f"turbospark {__version__}")
         #: every forward pass, in order: the token ids of each of its inputs
         self.batches: list[list[list[int]]] = []

@@ -51,6 +51,8 @@ class SequenceState:
     cached: int = 0
     prefilled: int = 0
     prefill_end: float | None = None
+    last_token: float | None = None
+    gaps: list[float] = attrs.field(factory=list)  # seconds between consecutive tokens
     stops: StopMatcher = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -67,9 +69,13 @@ class SequenceState:
         """One decoded token: the parts now safe to show (possibly none).  When the sequence
         ends here, ``stop_reason`` is set and the parts include everything still held back."""
         assert self.stop_reason is None, "a finished sequence was fed"
+        now = time.monotonic() if now is None else now
         if self.phase == "prefill":
             self.phase = "decode"
-            self.prefill_end = time.monotonic() if now is None else now
+            self.prefill_end = now
+        elif self.last_token is not None:
+            self.gaps.append(now - self.last_token)
+        self.last_token = now
         self.new_tokens += 1
         if token in self.stop_ids:
             self.stop_reason = "Eos" if token == self.eos_id else "EndOfTurn"

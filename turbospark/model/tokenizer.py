@@ -59,6 +59,19 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _byte_level_table() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, read backwards: the character that stands for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = dict(zip(printable, printable))
+    for b in range(256):
+        if b not in chars:
+            chars[b] = 256 + len(chars) - len(printable)
+    return {chr(c): b for b, c in chars.items()}
+
+
+_BYTE_OF = _byte_level_table()
+
+
 class Tokenizer:
     """Encode, decode and render chats for one model."""
 
@@ -217,6 +230,38 @@ class Tokenizer:
         """Text with the markup special tokens kept (for the output parser)."""
         hidden = self.hidden_ids
         return self._tok.decode([i for i in ids if i not in hidden], skip_special_tokens=False)
+
+    # --- the tokenizer endpoints (``/tokenize``, ``/detokenize``) --------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        """``text``'s ids as llama.cpp's ``/tokenize`` gives them: ``add_special`` adds the BOS
+        this model's prompts begin with (if any); without ``parse_special``, special-token text
+        is plain text."""
+        ids = (self._tok if parse_special else self._plain).encode(text, add_special_tokens=False).ids
+        if add_special and self.add_bos_token and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            ids = [self.bos_id, *ids]
+        return ids
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``, special tokens written out (as llama.cpp's ``/detokenize``)."""
+        return self._tok.decode(list(ids), skip_special_tokens=False)
+
+    def token_name(self, token_id: int) -> str:
+        """The vocabulary's own spelling of a token (``Ġthe``, ``<0xE5>``)."""
+        return self._tok.id_to_token(token_id) or ""
+
+    def piece(self, token_id: int) -> bytes:
+        """One token's bytes: a byte-level or byte-fallback token that is part of a character
+        is not UTF-8 on its own."""
+        text = self._tok.decode([token_id], skip_special_tokens=False)
+        if "\ufffd" not in text:
+            return text.encode()
+        raw = self.token_name(token_id)
+        if m := re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", raw):
+            return bytes([int(m.group(1), 16)])
+        if raw and all(c in _BYTE_OF for c in raw):
+            return bytes(_BYTE_OF[c] for c in raw)
+        return text.encode()
 
     def render_chat(
         self,

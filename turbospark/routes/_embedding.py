@@ -41,10 +41,12 @@ async def embedding_model(request_id: int, name: str | None, keep_alive: float |
 
 
 async def embed(
-    *, request_id: int, model: ModelEntry, inputs: Sequence[str], truncate: bool, query: str | None = None
+    *, request_id: int, model: ModelEntry, inputs: Sequence[str | tuple[int, ...]], truncate: bool,
+    query: str | None = None,
 ) -> Vectors:
-    """The vectors of ``inputs`` from embedding model ``model`` (its entry, as resolved); with
-    ``query``, their relevance to it instead (``(len(inputs), 1)``, see ``EmbeddingJob``).
+    """The vectors of ``inputs`` (texts, or token ids) from embedding model ``model`` (its entry,
+    as resolved); with ``query``, their relevance to it instead (``(len(inputs), 1)``, see
+    ``EmbeddingJob``).
 
     Raises what the actor or the encoder answered (``QueueFull``, ``RequestInvalid``,
     ``ShuttingDown`` ...).

@@ -27,10 +27,10 @@ import attrs
 import trio
 
 from ..errors import GenerationFailed, ShuttingDown, TurboSparkError
-from ..messages import ChatPrompt, Delta, Failed, Finished, Started, TextPrompt
+from ..messages import ChatPrompt, Delta, Failed, Finished, Progress, Started, TextPrompt
 from ..model.backend import SamplingParams
 from ..turns.guardrails import Guardrails
-from ..turns.turn_events import Collected, Error, Retried, TurnEvent
+from ..turns.turn_events import Collected, Error, Prefill, Retried, TurnEvent
 from ..turns.turn_stream import TurnStream
 from ._generation import Context, Replies, start
 
@@ -56,13 +56,24 @@ class TurnPlan:
 
 
 class Framer(Protocol):
-    """A family's sans-io framer: a turn's events as its wire format."""
+    """A family's sans-io framer: a turn's events as its wire format.  A framer with a
+    ``progress(Prefill)`` method frames the prompt's progress itself; for the others it is a
+    tick (a keep-alive comment, Anthropic's ping, Ollama's empty piece)."""
 
     def opening(self) -> list[bytes]: ...
 
     def feed(self, event: TurnEvent) -> list[bytes]: ...
 
     def tick(self) -> list[bytes]: ...
+
+
+def _frames(framer: Framer, event: TurnEvent | None) -> list[bytes]:
+    if event is None:
+        return framer.tick()
+    if isinstance(event, Prefill):
+        progress = getattr(framer, "progress", None)
+        return progress(event) if progress is not None else framer.tick()
+    return framer.feed(event)
 
 
 async def open_turn(
@@ -107,7 +118,7 @@ class Turn:
         while True:
             with replies:
                 while not (self.stream.done or self.stream.again):
-                    msg: Delta | Finished | Failed | None = None
+                    msg: Delta | Finished | Failed | Progress | None = None
                     with trio.move_on_at(quiet_since + keepalive):
                         try:
                             msg = await replies.receive()
@@ -121,6 +132,9 @@ class Turn:
                         yield Error(msg.error)
                         return
                     assert not isinstance(msg, Started), msg
+                    if isinstance(msg, Progress):  # not counted as sent: a framer may send nothing
+                        yield Prefill(msg.total, msg.cache, msg.processed, msg.seconds)
+                        continue
                     for event in self.stream.feed(msg):
                         quiet_since = trio.current_time()
                         yield event
@@ -173,7 +187,7 @@ def framed(turn: Turn, framer: Framer, *, keepalive: float, error: Callable[[Tur
                         return
                     if isinstance(event, Retried):
                         log.info("request %s: corrective retry %d", turn.request_id, event.attempt)
-                    for frame in framer.tick() if event is None else framer.feed(event):
+                    for frame in _frames(framer, event):
                         yield frame
         except TurboSparkError as exc:
             for frame in error(exc):

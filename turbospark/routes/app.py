@@ -10,7 +10,7 @@ from ..web.app import create_app as _create_app
 from . import (
     anthropic, audio, audio_realtime, health, metrics, models, ollama, ollama_create, ollama_embed, ollama_models,
     ollama_pull, openai_chat, openai_completions, openai_embeddings, openai_responses, openapi_doc,
-    page, slots, status_feed,
+    page, slots, status_feed, tokenize,
 )
 from . import rerank
 
@@ -23,6 +23,7 @@ def create_app(sys_: System) -> QuartTrio:
         openai_completions.blueprint, openai_responses.blueprint, openai_embeddings.blueprint,
         ollama_embed.blueprint, ollama.blueprint, ollama_models.blueprint, ollama_pull.blueprint, ollama_create.blueprint,
         anthropic.blueprint, openapi_doc.blueprint, page.blueprint, slots.blueprint, status_feed.blueprint,
+        tokenize.blueprint,
     ]
     blueprints.append(rerank.blueprint)
     if sys_.audio is not None:  # the audio routes exist only with an audio model attached

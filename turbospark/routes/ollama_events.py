@@ -19,7 +19,7 @@ import attrs
 
 from ..errors import TurboSparkError
 from ..messages import ToolCall
-from ..turns.turn_events import CallEnd, Collected, Finish, Reasoning, Text, TurnEvent, Usage, arguments_object
+from ..turns.turn_events import CallEnd, Collected, Finish, Prefill, Reasoning, Text, TurnEvent, Usage, arguments_object
 from ..wire.ollama import created_at, ndjson, nanoseconds
 
 __all__ = ["OllamaStream", "call_wire"]
@@ -87,6 +87,9 @@ class OllamaStream:
 
     def tick(self) -> list[bytes]:
         return [ndjson(self.piece(""))]
+
+    def progress(self, event: Prefill) -> list[bytes]:
+        return []  # Ollama has no such frame; the keep-alive pieces cover a long prefill
 
     def error(self, exc: TurboSparkError) -> list[bytes]:
         return [ndjson(self.error_object(exc))]

@@ -120,7 +120,7 @@ async def chat_completions() -> Response:
     turn = await open_turn(plan, request_id=g.record.id, guardrails=sys_.settings.guardrails)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        framer = ChatStream(env, n, logprobs, include_usage)
+        framer = ChatStream(env, n, logprobs, include_usage, return_progress=body.return_progress)
         response = stream_response(framed(
             turn, framer, keepalive=sys_.settings.keepalive_interval,
             error=lambda exc: framer.error(exception_body(exc, "openai")),

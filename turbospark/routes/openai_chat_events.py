@@ -23,13 +23,13 @@ import attrs
 
 from ..messages import TokenLogprob, ToolCall
 from ..turns.turn_events import (
-    ArgumentsDelta, CallEnd, CallStart, Collected, Finish, Reasoning, Retried, Text, TurnEvent, Usage,
+    ArgumentsDelta, CallEnd, CallStart, Collected, Finish, Prefill, Reasoning, Retried, Text, TurnEvent, Usage,
 )
 from ..web import sse as _sse
 
 __all__ = [
     "ChatStream", "CompletionStream", "Envelope", "call_wire", "chat_logprobs", "chat_whole",
-    "completion_logprobs", "completion_whole", "finish_reason", "usage",
+    "completion_logprobs", "completion_whole", "finish_reason", "prompt_progress", "timings", "usage",
 ]
 
 _ids = itertools.count()
@@ -70,6 +70,37 @@ def usage(u: Usage) -> dict[str, Any]:
     return out
 
 
+def timings(u: Usage) -> dict[str, Any]:
+    """llama.cpp's ``timings``: the prompt tokens read (the cached ones are ``cache_n``) and
+    the tokens generated, with the model thread's own clock; a rate with nothing to divide is 0."""
+    prompt_n = u.prompt_tokens - u.cached_tokens
+    prompt_ms, predicted_ms = u.prompt_seconds * 1e3, u.decode_seconds * 1e3
+
+    def per_token(ms: float, n: int) -> float:
+        return ms / n if n else 0.0
+
+    def per_second(ms: float, n: int) -> float:
+        return 1e3 * n / ms if ms > 0 else 0.0
+
+    return {
+        "cache_n": u.cached_tokens,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": per_token(prompt_ms, prompt_n),
+        "prompt_per_second": per_second(prompt_ms, prompt_n),
+        "predicted_n": u.completion_tokens,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": per_token(predicted_ms, u.completion_tokens),
+        "predicted_per_second": per_second(predicted_ms, u.completion_tokens),
+    }
+
+
+def prompt_progress(event: Prefill) -> dict[str, Any]:
+    """llama.cpp's ``prompt_progress`` object."""
+    return {"total": event.total, "cache": event.cache, "processed": event.processed,
+            "time_ms": int(event.seconds * 1e3)}
+
+
 def finish_reason(fin: Finish) -> str:
     """``tool_calls`` when it called and stopped by itself; ``length`` when the budget ended
     it (a call cut short included), else ``stop``."""
@@ -94,13 +125,41 @@ def call_wire(call: ToolCall) -> dict[str, Any]:
 
 class _SSE:
     """What an OpenAI stream writes while nothing else is due, and when it fails after its first
-    byte: an SSE comment, and one ``event: error`` frame (no ``[DONE]``)."""
+    byte: an SSE comment, and one ``event: error`` frame (no ``[DONE]``).
+
+    The last chunk before ``[DONE]`` carries llama.cpp's ``timings``: the usage chunk, or
+    without one the last finish chunk, so a finish chunk waits for the next event."""
+
+    held: list[dict[str, Any]]
+    return_progress: bool
 
     def tick(self) -> list[bytes]:
         return [_sse.KEEPALIVE]
 
+    def progress(self, event: Prefill) -> list[bytes]:
+        """The prompt being read: llama.cpp's ``prompt_progress`` chunk when the request asked
+        for it (``return_progress``), else an SSE comment that says as much."""
+        if not self.return_progress:
+            return [_sse.comment(f"prompt_progress {event.processed}/{event.total}")]
+        return [*self._release(), _sse.data(self._progress_chunk() | {"prompt_progress": prompt_progress(event)})]
+
+    def _progress_chunk(self) -> dict[str, Any]:
+        raise NotImplementedError
+
     def error(self, body: dict[str, Any]) -> list[bytes]:
-        return [_sse.event("error", body)]
+        return [*self._release(), _sse.event("error", body)]
+
+    def _release(self) -> list[bytes]:
+        out, self.held = [_sse.data(c) for c in self.held], []
+        return out
+
+    def _last(self, event: Usage, obj: str, include_usage: bool) -> list[bytes]:
+        """The end of the stream: the finish chunks held, the usage chunk, ``[DONE]``."""
+        if include_usage:
+            self.held.append(self.env.wrap(obj, []) | {"usage": usage(event)})  # type: ignore[attr-defined]
+        if self.held:
+            self.held[-1] = self.held[-1] | {"timings": timings(event)}
+        return [*self._release(), _sse.DONE]
 
 
 @attrs.define
@@ -110,6 +169,11 @@ class ChatStream(_SSE):
     logprobs: int | None = None  # asked for: each chunk carries its tokens'
     include_usage: bool = False
     retries: int = 0
+    return_progress: bool = False
+    held: list[dict[str, Any]] = attrs.field(factory=list)
+
+    def _progress_chunk(self) -> dict[str, Any]:
+        return self.chunk({"role": "assistant", "content": None}, 0)
 
     def chunk(self, delta: dict[str, Any], index: int, finish: str | None = None,
               entries: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
@@ -121,6 +185,15 @@ class ChatStream(_SSE):
         return [_sse.data(self.chunk({"role": "assistant", "content": ""}, i)) for i in range(self.n)]
 
     def feed(self, event: TurnEvent) -> list[bytes]:
+        if isinstance(event, Usage):
+            return self._last(event, "chat.completion.chunk", self.include_usage)
+        if isinstance(event, Finish):
+            last = self.chunk({}, event.choice, finish_reason(event), event.logprobs)
+            self.held.append(last | ({"retries": self.retries} if self.retries else {}))
+            return []
+        return [*self._release(), *self._piece(event)]
+
+    def _piece(self, event: TurnEvent) -> list[bytes]:
         if isinstance(event, Text):
             return [_sse.data(self.chunk({"content": event.text}, event.choice, None, event.logprobs))]
         if isinstance(event, Reasoning):
@@ -133,12 +206,6 @@ class ChatStream(_SSE):
         if isinstance(event, ArgumentsDelta):
             call = {"index": event.index, "function": {"arguments": event.text}}
             return [_sse.data(self.chunk({"tool_calls": [call]}, event.choice))]
-        if isinstance(event, Finish):
-            last = self.chunk({}, event.choice, finish_reason(event), event.logprobs)
-            return [_sse.data(last | ({"retries": self.retries} if self.retries else {}))]
-        if isinstance(event, Usage):
-            tail = [_sse.data(self.env.wrap("chat.completion.chunk", []) | {"usage": usage(event)})] if self.include_usage else []
-            return [*tail, _sse.DONE]
         if isinstance(event, Retried):
             self.retries = event.attempt
         return []  # CallEnd: its deltas were the call
@@ -160,7 +227,7 @@ def chat_whole(env: Envelope, done: Collected, logprobs: int | None) -> dict[str
             "finish_reason": finish_reason(c.finish),
         })
     assert done.usage is not None
-    return env.wrap("chat.completion", choices) | {"usage": usage(done.usage)}
+    return env.wrap("chat.completion", choices) | {"usage": usage(done.usage), "timings": timings(done.usage)}
 
 
 # --- legacy completions ------------------------------------------------------------------------
@@ -187,6 +254,11 @@ class CompletionStream(_SSE):
     logprobs: int | None = None
     include_usage: bool = False
     echoed: str = ""
+    return_progress: bool = False
+    held: list[dict[str, Any]] = attrs.field(factory=list)
+
+    def _progress_chunk(self) -> dict[str, Any]:
+        return self.env.wrap("text_completion", [self.choice("", 0)])
 
     def choice(self, text: str, index: int, finish: str | None = None,
                entries: Sequence[TokenLogprob] = (), calls: Sequence[ToolCall] = ()) -> dict[str, Any]:
@@ -207,13 +279,14 @@ class CompletionStream(_SSE):
         elif isinstance(event, CallEnd):
             piece = self.choice("", event.choice, None, (), (event.call,))
         elif isinstance(event, Finish):
-            piece = self.choice("", event.choice, finish_reason(event), event.logprobs)
+            self.held.append(self.env.wrap("text_completion", [
+                self.choice("", event.choice, finish_reason(event), event.logprobs)]))
+            return []
         elif isinstance(event, Usage):
-            tail = [_sse.data(self.env.wrap("text_completion", []) | {"usage": usage(event)})] if self.include_usage else []
-            return [*tail, _sse.DONE]
+            return self._last(event, "text_completion", self.include_usage)
         else:
             return []
-        return [_sse.data(self.env.wrap("text_completion", [piece]))]
+        return [*self._release(), _sse.data(self.env.wrap("text_completion", [piece]))]
 
 
 def completion_whole(stream: CompletionStream, done: Collected) -> dict[str, Any]:
@@ -222,4 +295,4 @@ def completion_whole(stream: CompletionStream, done: Collected) -> dict[str, Any
         assert c.finish is not None
         choices.append(stream.choice(stream.echoed + c.text, i, finish_reason(c.finish), c.logprobs, c.calls))
     assert done.usage is not None
-    return stream.env.wrap("text_completion", choices) | {"usage": usage(done.usage)}
+    return stream.env.wrap("text_completion", choices) | {"usage": usage(done.usage), "timings": timings(done.usage)}

@@ -71,7 +71,7 @@ async def completions() -> Response:
     turn = await open_turn(plan, request_id=g.record.id, guardrails=sys_.settings.guardrails)
     env = Envelope.new("cmpl", body.model or entry.id, entry.fingerprint)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    framer = CompletionStream(env, n, body.logprobs, include_usage, echoed)
+    framer = CompletionStream(env, n, body.logprobs, include_usage, echoed, return_progress=body.return_progress)
     if body.stream:
         response = stream_response(framed(
             turn, framer, keepalive=sys_.settings.keepalive_interval,

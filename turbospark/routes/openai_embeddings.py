@@ -25,7 +25,7 @@ blueprint = Blueprint("openai_embeddings", __name__)
 async def embeddings() -> Response:
     body = await read_body(EmbeddingRequest)
     encoding_format = check_encoding_format(body.encoding_format)
-    inputs = inputs_of(body.input)
+    inputs = inputs_of(body.input, ids=True)
     check_inputs(inputs)
     check_dimensions(body.dimensions)
     entry = (await embedding_model(g.record.id, body.model)).entry

@@ -25,13 +25,16 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections import deque
 
 import attrs
 import trio
 
 from ..errors import GenerationFailed, ShuttingDown, TurboSparkError
-from ..messages import BatchState, Delta, Failed, Finished, GenerationBegan, GenerationJob, Reply, Started, TokenLogprob
+from ..messages import (
+    BatchState, Delta, Failed, Finished, GenerationBegan, GenerationJob, Progress, Reply, Started, TokenLogprob,
+)
 from ._admission import Admission
 from ._jobs import Choice, Job, generated
 from ..model.backend import Backend, StepOutput
@@ -93,6 +96,9 @@ class Batch:
         for sid, progress in out.progress.items():
             if (choice := self.running.get(sid)) is not None:
                 choice.state.progress(progress)
+                if choice.index == 0:
+                    choice.job.outbox.append(Progress(
+                        progress.total, progress.cached, progress.done, time.monotonic() - choice.state.began))
                 if progress.done == progress.total and sid in self.forks:
                     self._fork(sid)
         for sid, token in out.tokens.items():
@@ -200,6 +206,8 @@ class Batch:
                 continue
             for choice in job.choices:
                 choice.state.cached = choice.state.prefilled = job.cached
+            # the first report, before any chunk is read (what the cache already holds)
+            job.outbox.append(Progress(len(job.ids), job.cached, job.cached, time.monotonic() - first.state.began))
             if others:
                 self.forks[first.sid] = others
 
@@ -212,6 +220,8 @@ class Batch:
         # first's, so one request's siblings do not push other conversations out of it.
         self.backend.remove(choice.sid, keep_cache=choice.index == 0)
         self._release(choice)
+        now = time.monotonic()
+        first = state.prefill_end or now
         job.outbox.append(Finished(
             finish_reason=state.finish_reason,
             stop_reason=state.stop_reason,
@@ -220,6 +230,8 @@ class Batch:
             completion_tokens=state.new_tokens,
             cached_tokens=job.cached,
             index=choice.index,
+            prefill_seconds=first - state.began,
+            decode_seconds=now - first,
         ))
         if not self._live(job):
             self._end(job, None, state.stop_reason)

@@ -71,4 +71,7 @@ def generated(job: Job, model: str, reason: StopReason) -> Generated:
         prefilled_tokens=state.prompt_tokens if prefill_end else state.prefilled,
         phase=state.phase if reason == "Cancelled" else None,
         ttft_seconds=prefill_end - request.created if prefill_end else None,
+        queue_seconds=state.began - request.created,
+        total_seconds=ended - request.created,
+        token_gaps=tuple(g for c in job.choices for g in c.state.gaps),
     )

@@ -142,9 +142,10 @@ class _Loop:
                 )
             if job.query is not None and cross:
                 entry.ids = self.encoder.tokenize_pairs(job.query, job.inputs, truncate=job.truncate)  # type: ignore[attr-defined]
+            elif similarity:
+                entry.ids = self.encoder.tokenize((job.query, *job.inputs), truncate=job.truncate)  # type: ignore[arg-type]
             else:
-                texts = (job.query, *job.inputs) if similarity else job.inputs
-                entry.ids = self.encoder.tokenize(texts, truncate=job.truncate)  # type: ignore[arg-type]
+                entry.ids = self._tokenize(job)
             if not job.truncate:
                 limit = self.encoder.max_tokens
                 for i, ids in enumerate(entry.ids):
@@ -167,6 +168,26 @@ class _Loop:
             return
         self.jobs[entry] = entry
         self.pool.add(entry, [len(ids) for ids in entry.ids])
+
+    def _tokenize(self, job: EmbeddingJob) -> list[list[int]]:
+        """Each input's ids: texts through the model's tokenizer, ids as given, checked against
+        its vocabulary (cut to what the model reads, like a text, when truncating)."""
+        texts = [x for x in job.inputs if isinstance(x, str)]
+        tokenized = iter(self.encoder.tokenize(texts, truncate=job.truncate) if texts else ())
+        vocab = getattr(self.encoder, "vocab_size", None)
+        out: list[list[int]] = []
+        for i, x in enumerate(job.inputs):
+            if isinstance(x, str):
+                out.append(next(tokenized))
+                continue
+            if not x:
+                raise RequestInvalid(f"input {i} is an empty list of token ids", param="input")
+            if vocab is not None and (bad := next((t for t in x if not 0 <= t < vocab), None)) is not None:
+                raise RequestInvalid(
+                    f"input {i} holds token id {bad}, outside this model's vocabulary (0-{vocab - 1})",
+                    param="input")
+            out.append(list(x[: self.encoder.max_tokens] if job.truncate else x))
+        return out
 
     def _end(self, entry: _Job, last: EmbeddingReply | None, outcome: EmbeddingOutcome) -> None:
         self.pool.remove(entry)

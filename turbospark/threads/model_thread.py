@@ -43,7 +43,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from ..messages import GenerationJob
+from ..messages import GenerationJob, Progress
 from ._admission import Admission
 from ._batch import Batch, News
 from ..model.backend import Backend
@@ -86,6 +86,8 @@ def deliver(
             if not messages and reply.statistics().open_receive_channels == 0:
                 gone.append(i)
             for message in messages:
+                if isinstance(message, Progress) and reply.statistics().current_buffer_used:
+                    continue  # a report goes only into an empty buffer: never in a reply's way
                 reply.send_nowait(message)
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
             gone.append(i)

@@ -28,7 +28,7 @@ from ..messages import TokenLogprob
 
 __all__ = [
     "ArgumentsDelta", "CallEnd", "CallStart", "ChoiceResult", "Collected", "Error", "Finish",
-    "Reasoning", "Retried", "Text", "TurnEvent", "Usage", "arguments_object", "split_arguments",
+    "Prefill", "Reasoning", "Retried", "Text", "TurnEvent", "Usage", "arguments_object", "split_arguments",
 ]
 
 
@@ -95,6 +95,8 @@ class Usage:
     completion_tokens: int
     cached_tokens: int
     retries: int = 0
+    prompt_seconds: float = 0.0  # reading the prompts (every attempt's)
+    decode_seconds: float = 0.0  # generating, first token to last (choices decode together)
 
 
 @attrs.frozen
@@ -110,7 +112,18 @@ class Error:
     error: TurboSparkError
 
 
-TurnEvent = Text | Reasoning | CallStart | ArgumentsDelta | CallEnd | Finish | Usage | Retried | Error
+@attrs.frozen
+class Prefill:
+    """The prompt is being read (llama.cpp's ``prompt_progress``): ``processed`` of ``total``
+    tokens, ``cache`` of them reused, ``seconds`` since the model started on it."""
+
+    total: int
+    cache: int
+    processed: int
+    seconds: float
+
+
+TurnEvent = Text | Reasoning | CallStart | ArgumentsDelta | CallEnd | Finish | Usage | Retried | Error | Prefill
 
 
 def arguments_object(text: str) -> dict[str, Any]:
@@ -212,7 +225,7 @@ class Collected:
             self.usage = event
         elif isinstance(event, Error):
             self.error = event.error
-        elif isinstance(event, Retried):
+        elif isinstance(event, Retried | Prefill):
             pass
         else:
             choice = self.choices[event.choice]

@@ -56,6 +56,7 @@ class _Choice:
     sent_now: bool = False  # a call of this attempt was sent
     held: list[TurnEvent] | None = None  # behind a refused call; None when nothing is held
     finished: Finished | None = None
+    decode_seconds: float = 0.0  # every attempt's
 
 
 class TurnStream:
@@ -84,6 +85,7 @@ class TurnStream:
         self.again: Again | None = None
         self.done = False
         self._prompt_tokens = self._cached_tokens = 0
+        self._prompt_seconds = 0.0
         self._choices = [self._choice() for _ in range(n)]
 
     def _choice(self) -> _Choice:
@@ -154,9 +156,11 @@ class TurnStream:
     def _finished(self, c: _Choice, fin: Finished) -> list[TurnEvent]:
         c.finished = fin
         c.completion_tokens += fin.completion_tokens
+        c.decode_seconds += fin.decode_seconds
         if fin.index == 0:
             self._prompt_tokens += fin.prompt_tokens
             self._cached_tokens += fin.cached_tokens
+            self._prompt_seconds += fin.prefill_seconds
         out: list[TurnEvent] = []
         leftover = c.holdback.finish() if c.holdback is not None else ""
         verdict = inspect(
@@ -183,7 +187,8 @@ class TurnStream:
             self.done = True
             out.append(Usage(
                 self._prompt_tokens, sum(ch.completion_tokens for ch in self._choices),
-                self._cached_tokens, self.attempt,
+                self._cached_tokens, self.attempt, self._prompt_seconds,
+                max(ch.decode_seconds for ch in self._choices),
             ))
         return out
 

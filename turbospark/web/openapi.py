@@ -54,6 +54,7 @@ def _routes() -> tuple[Route, ...]:
     from ..wire.ollama import OllamaChatRequest, OllamaGenerateRequest
     from ..wire.openai import ChatCompletionRequest, CompletionRequest, ResponsesRequest
     from ..wire.rerank import RerankBody, ScoreBody
+    from ..wire.tokenize import DetokenizeRequest, TokenizeRequest
 
     sse = ("text/event-stream",)
     out = [
@@ -93,6 +94,11 @@ def _routes() -> tuple[Route, ...]:
         Route("post", "/rerank", "Rerank (base URL without /v1)", body=RerankBody, returns=_object("results")),
         Route("post", "/v1/score", "vLLM's score: text_1 against text_2", body=ScoreBody, returns=_LIST),
         Route("post", "/score", "vLLM's score (base URL without /v1)", body=ScoreBody, returns=_LIST),
+        Route("post", "/tokenize", "Token ids of a text or chat (llama.cpp's and vLLM's shapes)", body=TokenizeRequest,
+              returns=_object("tokens")),
+        Route("post", "/detokenize", "Text of token ids", body=DetokenizeRequest, returns=_object("content", "prompt")),
+        Route("post", "/apply-template", "A chat rendered with the model's template", body=ChatCompletionRequest,
+              returns=_object("prompt")),
         Route("post", "/v1/audio/transcriptions", "Speech to text", raw_body="multipart/form-data", streams=("application/x-ndjson",)),
         Route("post", "/v1/audio/translations", "Not served (501)", raw_body="multipart/form-data", always=501),
         Route("post", "/v1/audio/speech", "Text to speech", body=SpeechRequest, success="audio/wav", streams=("audio/pcm",)),

@@ -32,20 +32,31 @@ MAX_INPUT_BYTES = 1 << 20
 ENCODING_FORMATS = ("float", "base64")
 
 
-def inputs_of(value: Any, field: str = "input") -> list[str]:
-    """The texts of an ``input`` field: a string or an array of strings."""
+def inputs_of(value: Any, field: str = "input", *, ids: bool = False) -> list[str | tuple[int, ...]]:
+    """The inputs of an ``input`` field: a string or an array of strings; with ``ids`` (OpenAI's
+    spec) also an array of token ids (one input) or an array of such arrays, strings and arrays
+    mixed (the ids are checked against the model's vocabulary by the encoder thread)."""
     if isinstance(value, str):
         return [value]
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return value
-    if isinstance(value, list) and value and all(
-        _is_int(v) or (isinstance(v, list) and all(_is_int(t) for t in v)) for v in value
-    ):
+        return value  # type: ignore[return-value]
+    tokens = isinstance(value, list) and value and all(
+        _is_int(v) or (isinstance(v, list) and all(_is_int(t) for t in v)) for v in value)
+    if ids and isinstance(value, list) and value:
+        if all(_is_int(v) for v in value):
+            return [tuple(value)]
+        if all(isinstance(v, str) or (isinstance(v, list) and all(_is_int(t) for t in v)) for v in value):
+            return [v if isinstance(v, str) else tuple(v) for v in value]
+    if tokens:
         raise RequestInvalid(
             f"{field} as token ids is not supported: this model reads text with its own "
             "tokenizer; send strings",
             param=field,
         )
+    if ids:
+        raise RequestInvalid(
+            f"{field} must be a string, an array of strings, an array of token ids or an array of such arrays",
+            param=field)
     raise RequestInvalid(f"{field} must be a string or an array of strings", param=field)
 
 
@@ -60,9 +71,9 @@ def check_encoding_format(value: str | None) -> str:
     return fmt
 
 
-def check_inputs(inputs: Sequence[str], *, field: str = "input", allow_empty: bool = False) -> None:
+def check_inputs(inputs: Sequence[str | tuple[int, ...]], *, field: str = "input", allow_empty: bool = False) -> None:
     """At least one input (unless ``allow_empty``), at most ``MAX_INPUTS``, at most
-    ``MAX_INPUT_BYTES`` of UTF-8 in all."""
+    ``MAX_INPUT_BYTES`` of UTF-8 in all (a token id counts 4 bytes)."""
     if not inputs and not allow_empty:
         raise RequestInvalid(f"{field} must not be empty", param=field)
     if len(inputs) > MAX_INPUTS:
@@ -71,6 +82,9 @@ def check_inputs(inputs: Sequence[str], *, field: str = "input", allow_empty: bo
         )
     size = 0
     for i, text in enumerate(inputs):
+        if not isinstance(text, str):
+            size += 4 * len(text)
+            continue
         try:
             size += len(text.encode("utf-8"))
         except UnicodeEncodeError:

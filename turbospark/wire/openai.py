@@ -170,6 +170,7 @@ class GenerationFields(SamplingFields):
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
+    return_progress: bool = False  # llama.cpp's: prompt_progress chunks while the prompt is read
 
 
 @attrs.frozen(kw_only=True)
