@@ -21,6 +21,7 @@ import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 from prometheus_client.exposition import generate_latest
 
+from ..errors import inject
 from ..messages import (
     BatchState,
     Embedded,
@@ -331,12 +332,16 @@ async def observer(
                 if isinstance(msg, Subscribe):
                     subscribers.append(msg.events)
                     continue
-                metrics.record(msg)
+                try:
+                    metrics.record(msg)
+                except Exception:  # one event the metrics cannot read never ends the observer
+                    log.exception("recording event %r failed", type(msg).__name__)
                 if sink is not None:
                     try:
+                        inject("observer write")
                         await sink.write(json.dumps(event_to_json(msg), default=str) + "\n")
                         await sink.flush()
-                    except (OSError, ValueError) as exc:
+                    except Exception as exc:
                         log.error("writing the events file %s failed (%s); events are no longer written",
                                   events_path, exc)
                         with trio.CancelScope(shield=True), trio.move_on_after(1):

@@ -35,7 +35,7 @@ from typing import Any
 import attrs
 import trio
 
-from ..errors import ModelNotFound, NoModel, ResolutionBusy, ResolutionFailed, ShuttingDown, TurboSparkError
+from ..errors import ModelNotFound, NoModel, ResolutionBusy, ResolutionFailed, ShuttingDown, TurboSparkError, inject
 from ..messages import ModelLoaded, ModelUnloaded, Open
 from ._mailbox import answer
 from ._residency import Decision, Granted, Instance, Load, Loaded, Refused, Residency, Stop, Unloaded
@@ -329,6 +329,7 @@ class _Resolver:
         error: BaseException | None = None
         try:
             with scope:
+                inject("resolver load")
                 if model.loadable.kind == "generation":
                     await self.life.queue.send(Open(model.id))
                 async with trio.open_nursery() as nursery:

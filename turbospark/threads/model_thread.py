@@ -36,6 +36,7 @@ loop and its crossings.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
@@ -43,7 +44,8 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from ..messages import GenerationJob
+from ..errors import GenerationFailed, inject
+from ..messages import Failed, GenerationJob
 from ._admission import Admission
 from ._batch import Batch, News
 from ..model.backend import Backend
@@ -85,9 +87,18 @@ def deliver(
             if not messages and reply.statistics().open_receive_channels == 0:
                 gone.append(i)
             for message in messages:
+                inject("delivery")
                 reply.send_nowait(message)
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
             gone.append(i)
+        except Exception:  # that job's delivery failed: it ends with a 500, the others go on
+            error = GenerationFailed.new()
+            log.exception("delivering a reply failed (error id %s)", error.error_id)
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+                reply.send_nowait(Failed(error))
+            reply.close()
+            gone.append(i)
+            continue
         if close:
             reply.close()
     return gone
