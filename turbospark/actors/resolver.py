@@ -220,8 +220,7 @@ class _Resolver:
             answer(msg.reply, self._publish())
 
     async def read_notes(self, notes: trio.MemoryReceiveChannel[Any]) -> None:
-        """Notes, between two inbox messages; the inbox loop looks again (a nearer deadline?)."""
-        async for msg in notes:
+        async for msg in notes:  # between two inbox messages; the inbox loop looks again
             self.handle(msg)
             if self.waiting is not None:
                 self.waiting.cancel()
