@@ -15,6 +15,7 @@ from turbospark.model.encoder import ScriptedEncoder
 from turbospark.model.scripted import ScriptedBackend
 
 from ._support import chat_body, wait_for
+from .test_mlx_server import mlx_server  # noqa: F401  (the real-model server fixture)
 
 PATH = "/v1/chat/completions"
 GENERATION_POINTS = ["admission", "prefill chunk", "decode step", "delivery", "stop", "prefix-cache store"]
@@ -116,3 +117,23 @@ async def test_a_fault_writing_the_events_file_keeps_the_metrics(start_server, c
     text = (await client.get(f"{server.url}/metrics")).text
     assert re.search(r'^turbospark_requests_total\{[^}]*status="200"[^}]*\} (\d+)', text, re.M)
     assert (await client.get(f"{server.url}/health")).json()["status"] == "ok"
+
+
+async def test_a_decode_fault_on_the_real_model_fails_one_request_alone(mlx_server, client) -> None:
+    body = {"model": "smollm2-135m-instruct", "temperature": 0, "max_tokens": 16,
+            "messages": [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]}
+    body["model"] = (await client.get(f"{mlx_server.url}/v1/models")).json()["data"][0]["id"]
+    expected = (await client.post(f"{mlx_server.url}{PATH}", json=body)).json()["choices"][0]["message"]["content"]
+    errors.arm("decode step")
+    results: list = []
+
+    async def one() -> None:
+        results.append(await client.post(f"{mlx_server.url}{PATH}", json=body))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(one)
+    assert sorted(r.status_code for r in results) == [200, 200, 500]
+    assert [r.json()["choices"][0]["message"]["content"] for r in results if r.status_code == 200] == [expected] * 2
+    assert (await client.post(f"{mlx_server.url}{PATH}", json=body)).json()["choices"][0]["message"]["content"] == expected
+    await _gauges_at_zero(client, mlx_server.url)
