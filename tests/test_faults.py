@@ -70,6 +70,9 @@ async def test_a_fault_fails_its_request_alone(start_server, client, point) -> N
     again = await client.post(f"{server.url}{PATH}", json=body)  # the model thread carries on
     assert again.status_code == 200 and again.json()["choices"][0]["message"]["content"] == expected
     await _gauges_at_zero(client, server.url)
+    metrics = (await client.get(f"{server.url}/metrics")).text
+    assert re.findall(r"^turbospark_job_faults_total\{[^}]*\} (\S+)$", metrics, re.M) == ["1.0"]
+    assert (await client.get(f"{server.url}/health")).json()["status"] == "ok"
 
 
 async def test_a_fault_in_an_encoder_batch_fails_that_batch_and_the_encoder_carries_on(start_server, client) -> None:

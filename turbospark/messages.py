@@ -34,6 +34,7 @@ __all__ = [
     "GenerationBegan",
     "Phase",
     "QueueDepth",
+    "JobFault",
     "QueueRejected",
     "ModelLoaded",
     "ModelUnloaded",
@@ -261,6 +262,14 @@ class ModelUnloaded:
 class QueueDepth:
     model: str
     depth: int
+
+
+@attrs.frozen
+class JobFault:
+    """A job failed on an internal fault (answered 500 with ``error_id``); the actor carries on."""
+
+    model: str
+    error_id: str
 
 
 @attrs.frozen

@@ -28,6 +28,7 @@ from ..messages import (
     EmbeddingBatch,
     Generated,
     GenerationBegan,
+    JobFault,
     ModelLoaded,
     ModelUnloaded,
     QueueDepth,
@@ -58,6 +59,7 @@ Event = (
     | Generated
     | QueueDepth
     | QueueRejected
+    | JobFault
     | RequestFinished
     | EmbeddingBatch
     | Embedded
@@ -125,6 +127,10 @@ class _Metrics:
         )
         for phase in ("queued", "prefill", "decode"):
             self.cancellations.labels(phase)
+        self.faults = Counter(
+            "turbospark_job_faults", "Jobs failed by an internal fault (a 500 with an error id)", ["model"],
+            registry=reg,
+        )
         self.rejections = Counter(
             "turbospark_queue_rejections", "Requests refused with queue_full", registry=reg
         )
@@ -235,6 +241,8 @@ class _Metrics:
                 self.ttft.observe(event.ttft_seconds)
         elif isinstance(event, QueueRejected):
             self.rejections.inc()
+        elif isinstance(event, JobFault):
+            self.faults.labels(event.model).inc()
         elif isinstance(event, BatchState):
             # Gauges are set from the state each event reports, never counted up and down, so
             # an event dropped under load is corrected by the next one.

@@ -31,7 +31,9 @@ import attrs
 import trio
 
 from ..errors import GenerationFailed, ShuttingDown, TurboSparkError, inject
-from ..messages import BatchState, Delta, Failed, Finished, GenerationBegan, GenerationJob, Reply, Started, TokenLogprob
+from ..messages import (
+    BatchState, Delta, Failed, Finished, GenerationBegan, GenerationJob, JobFault, Reply, Started, TokenLogprob,
+)
 from ._admission import Admission
 from ._jobs import Choice, Job, generated
 from ..model.backend import Backend, StepOutput
@@ -247,6 +249,7 @@ class Batch:
         error = GenerationFailed.new()
         log.error("model %s: " + what + " (error id %s)", self.backend.model_id, request_id,
                   error.error_id, exc_info=exc_info)
+        self.events.append(JobFault(self.backend.model_id, error.error_id))
         return error
 
     def _fail(self, job: Job, error: GenerationFailed, *, removed: bool = False) -> None:

@@ -45,7 +45,7 @@ import attrs
 import trio
 
 from ..errors import GenerationFailed, inject
-from ..messages import Failed, GenerationJob
+from ..messages import Failed, GenerationJob, JobFault
 from ._admission import Admission
 from ._batch import Batch, News
 from ..model.backend import Backend
@@ -94,6 +94,7 @@ def deliver(
         except Exception:  # that job's delivery failed: it ends with a 500, the others go on
             error = GenerationFailed.new()
             log.exception("delivering a reply failed (error id %s)", error.error_id)
+            emit(JobFault("", error.error_id))
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
                 reply.send_nowait(Failed(error))
             reply.close()
