@@ -132,3 +132,26 @@ def test_voice_activity_commits_at_pauses_and_asks_for_partials():
         assert session.binary(silence) == []
     assert session.buffered <= 0.6 * 16000
     assert session.text('{"type":"session","vad":false}') == [Send({"type": "session", "vad": False})]
+
+
+async def test_an_open_session_holds_its_model_loaded(start_server):
+    from turbospark.actors.lifecycle import Loadable
+
+    lazy = Loadable(id="lazy-stt", make=lambda: ScriptedSpeechToText(model_id="lazy-stt"),
+                    capabilities=frozenset({"speech_to_text"}), context_window=0, size=10,
+                    kind="speech-to-text")
+    server = await start_server(library=[lazy], keep_alive=0.0)  # idle on-demand models go at once
+    async with open_websocket_url(ws_url(server, "model=lazy-stt")) as ws:
+        (held,) = [m for m in await server.system.running() if m.entry.id == "lazy-stt"]
+        assert held.requests == 1  # the session's lease
+        await server.system.unload("lazy-stt")  # asked to unload: it waits for the session
+        await ws.send_message(pcm(0.1))
+        await ws.send_message(json.dumps({"type": "commit"}))
+        assert "0.10 s" in json.loads(await ws.get_message())["text"]
+        assert [m.entry.id for m in await server.system.running()].count("lazy-stt") == 1
+    # the socket closed: the lease went back and the model unloads
+    async def gone() -> None:
+        while "lazy-stt" in [m.entry.id for m in await server.system.running()]:
+            await trio.sleep(0.02)
+    with trio.fail_after(10):
+        await gone()

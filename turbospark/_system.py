@@ -7,8 +7,9 @@
     ├── audio_actor         inbox: ResolveAudio, SubmitAudio, jobs, AttachModel/DetachModel;
     │                       runs the attached audio models' worker threads and queues, and the
     │                       async jobs (started when an audio model may be served)
-    └── resolver            inbox: Resolve, Abandon, Release, Unload, Running, Refresh, Adopt;
-        │                   owns the resolution slots, the keep-alive timers and:
+    └── resolver            inbox: Resolve, Unload, Running, Refresh, Adopt; notes (unbounded,
+        │                   never dropped): Release, Abandon; owns the resolution slots, the
+        │                   keep-alive timers and:
         └── models nursery (``System.models_scope``)
             └── one life × loaded model, each in its own cancel scope (loaded on demand,
                 unloaded when idle; the models handed to ``serve`` loaded at start and kept):
@@ -27,6 +28,7 @@ nursery (``server.serve``) ends after HTTP has.
 from __future__ import annotations
 
 import contextvars
+import math
 from contextlib import ExitStack
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -92,6 +94,8 @@ class System:
     observer: Observer
     queue: trio.MemorySendChannel[QueueMessage]
     resolver: trio.MemorySendChannel[Any]
+    #: the resolver's lease bookkeeping (Release, Abandon): unbounded, so never dropped
+    notes: trio.MemorySendChannel[Any] | None = None
     published: Published = attrs.field(factory=Published)
     #: cancelled at shutdown: every model actor (the resolver's nursery) and every load
     models_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
@@ -163,11 +167,13 @@ class System:
         return result
 
     def _post(self, msg: object) -> None:
-        """Sync, never blocking: safe in a cancelled ``finally`` (the inbox leaves room)."""
+        """Sync, never blocking, never dropped: safe in a cancelled ``finally``.  The notes
+        channel is unbounded; what it holds is bounded by the leases and resolutions
+        outstanding (decision 0019)."""
         try:
-            self.resolver.send_nowait(msg)
+            (self.notes or self.resolver).send_nowait(msg)
         except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-            pass
+            pass  # the resolver has ended (the server is stopping)
 
     async def unload(self, name: str) -> ModelEntry:
         """Unload ``name`` now if idle, else once its requests end; 404 if unknown."""
@@ -275,7 +281,7 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
         obs = Observer(obs_send)
 
         # Withdraw is sent with send_nowait from cancelled routes: leave it room.
-        queue_send, queue_recv = trio.open_memory_channel[QueueMessage](1024)
+        queue_send, queue_recv = trio.open_memory_channel[QueueMessage](QUEUE_INBOX)
         await nursery.start(
             partial(generation_queue, queue_recv, obs.emit, max_queue=settings.max_queue)
         )
@@ -309,13 +315,15 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
             keep_alive=settings.keep_alive, max_models=settings.max_loaded_models,
             max_memory=settings.max_loaded_memory,
         )
-        # Release and Abandon are sent with send_nowait from leaving routes: leave them room.
-        resolve_send, resolve_recv = trio.open_memory_channel[Any](1024)
+        resolve_send, resolve_recv = trio.open_memory_channel[Any](RESOLVER_INBOX)
+        # Release and Abandon are sent with send_nowait from leaving routes: their own channel
+        notes_send, notes_recv = trio.open_memory_channel[Any](math.inf)
         published = Published()
         models_scope = trio.CancelScope()
         await nursery.start(
             partial(
-                resolver, resolve_recv, resolve_send.clone(), lifecycle=lifecycle, published=published,
+                resolver, resolve_recv, resolve_send.clone(), notes=(notes_send.clone(), notes_recv),
+                lifecycle=lifecycle, published=published,
                 models_scope=models_scope, library=library, pinned=pinned,
                 slots=settings.max_resolutions, resolve=spec.resolve,
             )
@@ -326,6 +334,7 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
                 observer=obs,
                 queue=queue_send,
                 resolver=resolve_send,
+                notes=notes_send,
                 published=published,
                 models_scope=models_scope,
                 model_scopes=tuple(scopes),
@@ -335,6 +344,13 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
             )
         )
 
+
+#: how many Resolve, Unload, Running, Refresh and Adopt may wait for the resolver (a route's
+#: send waits when it is full; lease bookkeeping has its own channel)
+RESOLVER_INBOX = 1024
+#: how many Submit, Take and Open may wait for the queue (Withdraw too: one dropped on a full
+#: inbox only costs the queue a place until the model thread finds its reply channel closed)
+QUEUE_INBOX = 1024
 
 #: the audio task of each audio kind
 _AUDIO_TASK: dict[str, Any] = {"speech-to-text": "speech_to_text", "text-to-speech": "text_to_speech"}

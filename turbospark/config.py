@@ -29,7 +29,7 @@ class Settings:
     models: tuple[str, ...] = ()
     api_key: str | None = None
     system_prompt: str | None = None
-    max_queue: int = 16
+    max_queue: int = 512  # Ollama's OLLAMA_MAX_QUEUE: a burst waits, a runaway is refused
     max_resolutions: int = 4
     # Sequences a model runs at once: what benchmarks/bench_batch.py shows is best on CPU (see
     # the README): 16 streams give 1.6x the aggregate throughput of 8, each keeping over 80 % of

@@ -206,3 +206,52 @@ class GenerationFailed(TurboSparkError):
         error = cls(f"{what} (error id {error_id})")
         error.error_id = error_id
         return error
+
+
+# --- fault injection (tests only) ------------------------------------------------------------
+# Named points in the actors and threads call ``inject(point)``; it raises ``InjectedFault``
+# when a test armed that point (``arm``, or ``TURBOSPARK_FAULTS="point[:times],..."`` in a
+# server's environment).  Nothing in the HTTP API reaches it; unarmed, it is one dict lookup.
+
+FAULT_POINTS = (
+    "admission", "prefill chunk", "decode step", "delivery", "stop", "prefix-cache store",
+    "encoder batch", "audio job", "resolver load", "observer write",
+)
+_armed: dict[str, int] = {}
+
+
+class InjectedFault(Exception):
+    """Raised at an armed fault point (tests only)."""
+
+
+def arm(point: str, times: int = 1) -> None:
+    """Make the next ``times`` passes through ``point`` raise (``times`` 0: disarm)."""
+    if point not in FAULT_POINTS:
+        raise ValueError(f"no fault point {point!r}")
+    if times:
+        _armed[point] = times
+    else:
+        _armed.pop(point, None)
+
+
+def inject(point: str) -> None:
+    if not _armed:
+        return
+    left = _armed.get(point, 0)
+    if left:
+        if left == 1:
+            del _armed[point]
+        else:
+            _armed[point] = left - 1
+        raise InjectedFault(f"fault injected at {point}")
+
+
+def _arm_from_environment() -> None:
+    import os
+
+    for item in filter(None, os.environ.get("TURBOSPARK_FAULTS", "").split(",")):
+        point, _, times = item.partition(":")
+        arm(point.strip(), int(times or 1))
+
+
+_arm_from_environment()

@@ -35,6 +35,7 @@ __all__ = [
     "Phase",
     "Progress",
     "QueueDepth",
+    "JobFault",
     "QueueRejected",
     "ModelLoaded",
     "ModelUnloaded",
@@ -279,6 +280,14 @@ class ModelUnloaded:
 class QueueDepth:
     model: str
     depth: int
+
+
+@attrs.frozen
+class JobFault:
+    """A job failed on an internal fault (answered 500 with ``error_id``); the actor carries on."""
+
+    model: str
+    error_id: str
 
 
 @attrs.frozen

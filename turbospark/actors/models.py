@@ -243,7 +243,8 @@ async def model_actor(
         finally:
             for job in intake.close():  # pushed to it, never taken
                 answer(job.reply, Failed(ShuttingDown()))
-            try:
-                queue.send_nowait(Retire(model_id))  # nobody takes this model's jobs any more
-            except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-                pass
+            # nobody takes this model's jobs any more: never dropped (the jobs waiting for it
+            # would never be answered), and prompt: the queue handles each message at once
+            with trio.CancelScope(shield=True):
+                with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
+                    await queue.send(Retire(model_id))

@@ -21,12 +21,14 @@ import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 from prometheus_client.exposition import generate_latest
 
+from ..errors import inject
 from ..messages import (
     BatchState,
     Embedded,
     EmbeddingBatch,
     Generated,
     GenerationBegan,
+    JobFault,
     ModelLoaded,
     ModelUnloaded,
     QueueDepth,
@@ -58,6 +60,7 @@ Event = (
     | Generated
     | QueueDepth
     | QueueRejected
+    | JobFault
     | RequestFinished
     | EmbeddingBatch
     | Embedded
@@ -132,6 +135,10 @@ class _Metrics:
         )
         for phase in ("queued", "prefill", "decode"):
             self.cancellations.labels(phase)
+        self.faults = Counter(
+            "turbospark_job_faults", "Jobs failed by an internal fault (a 500 with an error id)", ["model"],
+            registry=reg,
+        )
         self.rejections = Counter(
             "turbospark_queue_rejections", "Requests refused with queue_full", registry=reg
         )
@@ -243,6 +250,8 @@ class _Metrics:
             self.latency.record(event)
         elif isinstance(event, QueueRejected):
             self.rejections.inc()
+        elif isinstance(event, JobFault):
+            self.faults.labels(event.model).inc()
         elif isinstance(event, BatchState):
             # Gauges are set from the state each event reports, never counted up and down, so
             # an event dropped under load is corrected by the next one.
@@ -346,12 +355,16 @@ async def observer(
                 if isinstance(msg, ReadDepths):
                     answer(msg.reply, dict(metrics._depths))
                     continue
-                metrics.record(msg)
+                try:
+                    metrics.record(msg)
+                except Exception:  # one event the metrics cannot read never ends the observer
+                    log.exception("recording event %r failed", type(msg).__name__)
                 if sink is not None:
                     try:
+                        inject("observer write")
                         await sink.write(json.dumps(event_to_json(msg), default=str) + "\n")
                         await sink.flush()
-                    except (OSError, ValueError) as exc:
+                    except Exception as exc:
                         log.error("writing the events file %s failed (%s); events are no longer written",
                                   events_path, exc)
                         with trio.CancelScope(shield=True), trio.move_on_after(1):

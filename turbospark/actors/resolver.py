@@ -9,11 +9,12 @@ inbox loop (waiting on the nearest keep-alive deadline with ``move_on_at``, no t
 the lookups that need a task, each model's life, and carrying out the policy's decisions.
 
 Its own tasks post ``_Looked`` (a lookup's answer), ``_Known`` (the library, read on a worker
-thread), ``_Ready`` and ``_Ended`` (a model's start and end).  Every kind of model lives the same
-way, through ``Lifecycle.start_model``: a generation model's actor (a load tells the queue
-``Open`` first; unloading cancels the actor's scope: its thread stops within one step, and the
-actor tells the queue ``Retire``), an embedding model's actor (its inbox is on its registry
-entry), an audio model attached to the audio actor for as long as it is loaded.
+thread), ``_Ready`` and ``_Ended`` (a model's start and end); these two, ``Release`` and
+``Abandon`` come on ``notes``, unbounded and so never dropped (decision 0019).  Every kind of
+model lives the same way, through ``Lifecycle.start_model``: a generation model's actor (a load
+tells the queue ``Open`` first; unloading cancels the actor's scope: its thread stops within one
+step, and the actor tells the queue ``Retire``), an embedding model's actor (its inbox is on its
+registry entry), an audio model attached to the audio actor for as long as it is loaded.
 
 Imports ``resolution``, ``_residency``, ``lifecycle``, ``registry``, ``_mailbox``, ``messages``
 and ``errors``; the model actor comes in through ``Lifecycle.start_model``.  Never ``routes``,
@@ -22,7 +23,9 @@ and ``errors``; the model actor comes in through ``Lifecycle.start_model``.  Nev
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -32,7 +35,7 @@ from typing import Any
 import attrs
 import trio
 
-from ..errors import ModelNotFound, NoModel, ResolutionBusy, ResolutionFailed, ShuttingDown, TurboSparkError
+from ..errors import ModelNotFound, NoModel, ResolutionBusy, ResolutionFailed, ShuttingDown, TurboSparkError, inject
 from ..messages import ModelLoaded, ModelUnloaded, Open
 from ._mailbox import answer
 from ._residency import Decision, Granted, Instance, Load, Loaded, Refused, Residency, Stop, Unloaded
@@ -87,6 +90,7 @@ class _Resolver:
     def __init__(
         self,
         post: trio.MemorySendChannel[Any],
+        note: trio.MemorySendChannel[Any],
         tasks: trio.Nursery,
         models: trio.Nursery,
         models_scope: trio.CancelScope,
@@ -98,7 +102,7 @@ class _Resolver:
         slots: int,
         published: Published,
     ) -> None:
-        self.post = post
+        self.post, self.note = post, note  # the inbox's send end; the notes' (never full)
         self.tasks = tasks
         self.nursery = models
         self.models_scope = models_scope
@@ -113,6 +117,7 @@ class _Resolver:
             max_memory=lifecycle.max_memory,
         )
         self.scopes: dict[Instance, trio.CancelScope] = {}  # each loading or loaded model's
+        self.waiting: trio.CancelScope | None = None  # the inbox loop's wait for a deadline
         self.known: dict[str, Loadable] = dict(self.pinned)
         self._publish()
 
@@ -213,6 +218,12 @@ class _Resolver:
             loadable = described(attrs.evolve(msg.loadable, pinned=True), self.known.get(msg.loadable.id))
             self.pinned[loadable.id] = self.known[loadable.id] = loadable
             answer(msg.reply, self._publish())
+
+    async def read_notes(self, notes: trio.MemoryReceiveChannel[Any]) -> None:
+        async for msg in notes:  # between two inbox messages; the inbox loop looks again
+            self.handle(msg)
+            if self.waiting is not None:
+                self.waiting.cancel()
 
     def expire(self) -> None:
         self.policy.stopping = self.models_scope.cancel_called
@@ -317,19 +328,17 @@ class _Resolver:
         error: BaseException | None = None
         try:
             with scope:
+                inject("resolver load")
                 if model.loadable.kind == "generation":
                     await self.life.queue.send(Open(model.id))
                 async with trio.open_nursery() as nursery:
                     info = await nursery.start(partial(self.life.start_model, model.loadable))
-                    await self.post.send(_Ready(model, info))
+                    self.note.send_nowait(_Ready(model, info))
         except Exception as exc:
             error = exc
         finally:
-            with trio.CancelScope(shield=True):
-                try:
-                    await self.post.send(_Ended(model, error))
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass  # the resolver itself has ended (the server is stopping)
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                self.note.send_nowait(_Ended(model, error))  # unless the resolver has ended
 
 
 def _gone(request: Resolve) -> bool:
@@ -343,6 +352,7 @@ async def resolver(
     inbox: trio.MemoryReceiveChannel[Any],
     post: trio.MemorySendChannel[Any],
     *,
+    notes: tuple[trio.MemorySendChannel[Any], trio.MemoryReceiveChannel[Any]] | None = None,
     lifecycle: Lifecycle,
     published: Published,
     models_scope: trio.CancelScope,
@@ -353,13 +363,16 @@ async def resolver(
     resolve: ResolveFn = resolve_in_registry,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``inbox`` until cancelled; ``post`` is a send end of ``inbox`` for its own tasks.
+    """Serve ``inbox`` until cancelled; ``post`` is a send end of ``inbox`` for its own tasks,
+    ``notes`` both ends of the unbounded channel for lease bookkeeping (opened if not given).
     Ready once every pinned model has loaded (a failure there is raised)."""
-    with inbox, post:
+    note, noted = notes if notes is not None else trio.open_memory_channel[Any](math.inf)
+    with inbox, post, note, noted:
         async with trio.open_nursery() as tasks:
             models: trio.Nursery = await tasks.start(_models_nursery, models_scope)
-            state = _Resolver(post, tasks, models, models_scope, lifecycle, library, pinned, fixed,
+            state = _Resolver(post, note, tasks, models, models_scope, lifecycle, library, pinned, fixed,
                               resolve, slots, published)
+            tasks.start_soon(state.read_notes, noted)
             try:
                 state.handle(_Known(tuple(await trio.to_thread.run_sync(library))))
             except Exception:
@@ -369,14 +382,13 @@ async def resolver(
             if ready:
                 task_status.started()
             while True:
-                with trio.move_on_at(state.policy.next_deadline()):
-                    msg = await inbox.receive()
-                    state.handle(msg)
-                    if state.policy.start_error is not None and not ready:
-                        raise state.policy.start_error
-                    if not ready and not state.policy.starting:
-                        ready = True
-                        task_status.started()
+                if state.policy.start_error is not None and not ready:
+                    raise state.policy.start_error
+                if not ready and not state.policy.starting:
+                    ready = True
+                    task_status.started()
+                with trio.move_on_at(state.policy.next_deadline()) as state.waiting:
+                    state.handle(await inbox.receive())
                     continue
                 state.expire()
 

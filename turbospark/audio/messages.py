@@ -19,7 +19,6 @@ from .engines import Task
 from .wire import Transcript
 
 __all__ = [
-    "AttachAudio",
     "AudioBusyEvent",
     "AudioInfo",
     "AudioModelsChanged",
@@ -29,7 +28,6 @@ __all__ = [
     "AudioWorkEnded",
     "Chunk",
     "DeleteJob",
-    "DetachAudio",
     "Endpoint",
     "GetJob",
     "JobsChanged",
@@ -124,18 +122,6 @@ class SubmitAudio:
 @attrs.frozen
 class ListAudio:
     reply: trio.MemorySendChannel[list[AudioInfo]]
-
-
-@attrs.frozen
-class AttachAudio:
-    alias: str
-    reply: trio.MemorySendChannel[AudioInfo | TurboSparkError]
-
-
-@attrs.frozen
-class DetachAudio:
-    model: str
-    reply: trio.MemorySendChannel[None | TurboSparkError]
 
 
 @attrs.frozen

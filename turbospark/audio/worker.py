@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from ..errors import GenerationFailed, ShuttingDown, TurboSparkError
+from ..errors import GenerationFailed, ShuttingDown, TurboSparkError, inject
 from .engines import Engine, Stop
 from .messages import AudioWork, AudioWorkBegan, AudioWorkEnded, Chunk, Synthesize, WorkDone, WorkFailed
 
@@ -82,6 +82,7 @@ def _run(engine: Engine, work: AudioWork, emit: Callable[[object], None]) -> Non
         return
     trio.from_thread.run_sync(emit, AudioWorkBegan(engine.model_id, work.endpoint))
     try:
+        inject("audio job")
         if isinstance(work.args, Synthesize):
             samples = 0
             for pcm in engine.synthesize(work.args.text, work.args.voice, work.args.speed, check):  # type: ignore[union-attr]
@@ -110,6 +111,7 @@ def _run(engine: Engine, work: AudioWork, emit: Callable[[object], None]) -> Non
         trio.from_thread.run_sync(deliver, WorkFailed(exc))
         end("failed", "running")
     except Exception:
-        log.exception("audio model %s: %s work failed", engine.model_id, work.endpoint)
-        trio.from_thread.run_sync(deliver, WorkFailed(GenerationFailed(f"{engine.task.replace('_', '-')} failed")))
+        error = GenerationFailed.new(f"{engine.task.replace('_', '-')} failed")
+        log.exception("audio model %s: %s work failed (error id %s)", engine.model_id, work.endpoint, error.error_id)
+        trio.from_thread.run_sync(deliver, WorkFailed(error))
         end("failed", "running")

@@ -151,9 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--max-queue",
         type=_positive_int,
-        default=16,
+        default=512,
         metavar="N",
-        help="generations allowed to wait per model; more are refused with 503 queue_full (default 16)",
+        help="generations allowed to wait per model; more are refused with 503 queue_full (default 512)",
     )
     s.add_argument(
         "--max-resolutions",

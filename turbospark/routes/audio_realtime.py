@@ -12,7 +12,9 @@ The session's state is ``audio/realtime.py`` (sans-io); this handler carries out
     └── partial × ≤1      a hypothesis of the segment so far; a commit cancels it
 
 Every transcription's reply channel lives in the handler's scope: a client that hangs up (or
-a commit that supersedes a partial) closes it, and the worker stops at its next step.
+a commit that supersedes a partial) closes it, and the worker stops at its next step.  The
+session holds a lease on its model from the handshake until the socket closes, as every request
+holds its model: neither ``keep_alive`` nor eviction unloads it under an open session.
 """
 
 from __future__ import annotations
@@ -20,18 +22,17 @@ from __future__ import annotations
 import json
 import time
 from contextlib import ExitStack
-from functools import partial
 from typing import Any
 
 import trio
 from quart import Blueprint, current_app, websocket
 
-from ..audio.messages import AudioRequest, ResolveAudio, Transcribe, WorkDone, WorkFailed
+from ..audio.messages import AudioRequest, Transcribe, WorkDone, WorkFailed
 from ..audio.realtime import Commit, Partial, RealtimeLimits, Send, Session
 from ..audio.wire import check_language, segments_json
 from ..errors import RequestInvalid, TurboSparkError
 from ..web.app import system
-from ._audio import ask, receive, submit
+from ._audio import receive, resolve_audio, submit
 
 blueprint = Blueprint("audio_realtime", __name__)
 
@@ -90,7 +91,6 @@ async def _realtime() -> None:
     vad_text = (args.get("vad") or "").lower()
     if vad_text not in ("", "true", "1", "false", "0"):
         raise RequestInvalid(f'vad must be true or false, not "{vad_text}"', param="vad")
-    info = await ask(partial(ResolveAudio, model, "speech_to_text"))
     detector = _vad_detector()
     if vad_text in ("true", "1") and detector is None:
         raise RequestInvalid("voice activity detection is not available on this server", param="vad")
@@ -100,10 +100,12 @@ async def _realtime() -> None:
         raise TooManySessions(f"{limits.max_sessions} realtime sessions are open; retry shortly")
     app.realtime_sessions += 1
     try:
-        # the web page offers "turbospark" (and its key as another subprotocol, web/app.py)
-        await websocket.accept(subprotocol="turbospark" if "turbospark" in websocket.requested_subprotocols else None)
-        session = Session(encoding, vad=vad_text in ("true", "1"), is_speech=detector, limits=limits)
-        await _serve(session, info.id, language, limits)
+        with ExitStack() as held:  # the session's lease on its model, until the socket closes
+            info = await resolve_audio(model, "speech_to_text", scope=held)
+            # the web page offers "turbospark" (and its key as another subprotocol, web/app.py)
+            await websocket.accept(subprotocol="turbospark" if "turbospark" in websocket.requested_subprotocols else None)
+            session = Session(encoding, vad=vad_text in ("true", "1"), is_speech=detector, limits=limits)
+            await _serve(session, info.id, language, limits)
     finally:
         app.realtime_sessions -= 1
 

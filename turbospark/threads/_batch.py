@@ -31,9 +31,9 @@ from collections import deque
 import attrs
 import trio
 
-from ..errors import GenerationFailed, ShuttingDown, TurboSparkError
+from ..errors import GenerationFailed, ShuttingDown, TurboSparkError, inject
 from ..messages import (
-    BatchState, Delta, Failed, Finished, GenerationBegan, GenerationJob, Progress, Reply, Started, TokenLogprob,
+    BatchState, Delta, Failed, Finished, GenerationBegan, GenerationJob, JobFault, Progress, Reply, Started, TokenLogprob,
 )
 from ._admission import Admission
 from ._jobs import Choice, Job, generated
@@ -95,7 +95,12 @@ class Batch:
                                                     choice.job.job.request_id, exc_info=exc))
         for sid, progress in out.progress.items():
             if (choice := self.running.get(sid)) is not None:
-                choice.state.progress(progress)
+                try:
+                    inject("prefill chunk")
+                    choice.state.progress(progress)
+                except Exception:
+                    self._fail(choice.job, self._logged("prefilling request %d failed", choice.job.job.request_id))
+                    continue
                 if choice.index == 0:
                     choice.job.outbox.append(Progress(
                         progress.total, progress.cached, progress.done, time.monotonic() - choice.state.began))
@@ -107,6 +112,7 @@ class Batch:
                 continue
             job, state = choice.job, choice.state
             try:
+                inject("decode step")
                 logprob = self._logprob(token, out.logprobs.get(sid))
                 parts = state.feed(token)
                 job.outbox.append(
@@ -158,31 +164,39 @@ class Batch:
     def admit(self) -> None:
         while self.waiting and self.admission.fits(self.waiting[0].grow, self.waiting[0].job.n):
             job = self.waiting.popleft()
-            tok = self.backend.tokenizer
-            params = job.job.params
-            for i in range(job.job.n):
-                # with a seed, choice i draws from seed + i: reproducible, and distinct
-                own = params if i == 0 or params.seed is None else attrs.evolve(params, seed=params.seed + i)
-                state = SequenceState(
-                    params=own,
-                    decoder=tok.stream_decoder(),
-                    stop_ids=tok.stop_ids,
-                    eos_id=tok.eos_id,
-                    prompt_tokens=len(job.ids),
-                    created=job.job.created,
-                    parser=OutputParser(
-                        tok.dialect,
-                        tools=job.job.prompt.tools,
-                        in_reasoning=job.in_reasoning,
-                    ),
-                )
-                choice = Choice(job, i, own, next(self.seq_ids), state)
-                job.choices.append(choice)
-                self.running[choice.sid] = choice
-                self.admission.admit(choice.sid, job.grow)
-            job.admitted = True
-            self.jobs.append(job)
-            job.outbox.append(Started(len(job.ids), self._cached_prefix(job.ids)))
+            try:
+                self._admit(job)
+            except Exception:  # that job fails alone; its batch-mates never notice
+                self._fail(job, self._logged("admitting request %d failed", job.job.request_id), removed=True)
+
+    def _admit(self, job: Job) -> None:
+        """``job``'s sequences enter the batch: every choice's state, its slot, ``Started``."""
+        inject("admission")
+        tok = self.backend.tokenizer
+        params = job.job.params
+        for i in range(job.job.n):
+            # with a seed, choice i draws from seed + i: reproducible, and distinct
+            own = params if i == 0 or params.seed is None else attrs.evolve(params, seed=params.seed + i)
+            state = SequenceState(
+                params=own,
+                decoder=tok.stream_decoder(),
+                stop_ids=tok.stop_ids,
+                eos_id=tok.eos_id,
+                prompt_tokens=len(job.ids),
+                created=job.job.created,
+                parser=OutputParser(
+                    tok.dialect,
+                    tools=job.job.prompt.tools,
+                    in_reasoning=job.in_reasoning,
+                ),
+            )
+            choice = Choice(job, i, own, next(self.seq_ids), state)
+            job.choices.append(choice)
+            self.running[choice.sid] = choice
+            self.admission.admit(choice.sid, job.grow)
+        job.admitted = True
+        self.jobs.append(job)
+        job.outbox.append(Started(len(job.ids), self._cached_prefix(job.ids)))
 
     def _cached_prefix(self, ids: list[int]) -> int:
         try:
@@ -216,6 +230,9 @@ class Batch:
     def _finish(self, choice: Choice) -> None:
         job, state = choice.job, choice.state
         assert state.stop_reason is not None
+        inject("stop")
+        if choice.index == 0:
+            inject("prefix-cache store")
         # Its KV goes back to the prefix cache (raising: _fail); of several choices only the
         # first's, so one request's siblings do not push other conversations out of it.
         self.backend.remove(choice.sid, keep_cache=choice.index == 0)
@@ -242,6 +259,7 @@ class Batch:
         error = GenerationFailed.new()
         log.error("model %s: " + what + " (error id %s)", self.backend.model_id, request_id,
                   error.error_id, exc_info=exc_info)
+        self.events.append(JobFault(self.backend.model_id, error.error_id))
         return error
 
     def _fail(self, job: Job, error: GenerationFailed, *, removed: bool = False) -> None:

@@ -38,7 +38,7 @@ import attrs
 import numpy as np
 import trio
 
-from ..errors import GenerationFailed, RequestInvalid, ShuttingDown, TurboSparkError
+from ..errors import GenerationFailed, RequestInvalid, ShuttingDown, TurboSparkError, inject
 from ..messages import EmbeddingBatch, Embedded, EmbeddingJob, EmbeddingOutcome, EmbeddingReply, Failed, Vectors
 from ._embed_pool import EmbeddingPool
 from .model_thread import deliver
@@ -209,6 +209,7 @@ class _Loop:
         inputs = [self.jobs[key].ids[index] for key, index in batch]
         began = time.monotonic()
         try:
+            inject("encoder batch")
             vectors = self.encoder.embed(inputs)
             if vectors.shape != (len(batch), self.encoder.dimensions):
                 raise ValueError(f"the encoder gave {vectors.shape} vectors for {len(batch)} inputs")

@@ -36,6 +36,7 @@ loop and its crossings.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
@@ -43,7 +44,8 @@ from typing import Any, Protocol
 import attrs
 import trio
 
-from ..messages import GenerationJob, Progress
+from ..errors import GenerationFailed, inject
+from ..messages import Failed, GenerationJob, JobFault, Progress
 from ._admission import Admission
 from ._batch import Batch, News
 from ..model.backend import Backend
@@ -88,9 +90,19 @@ def deliver(
             for message in messages:
                 if isinstance(message, Progress) and reply.statistics().current_buffer_used:
                     continue  # a report goes only into an empty buffer: never in a reply's way
+                inject("delivery")
                 reply.send_nowait(message)
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
             gone.append(i)
+        except Exception:  # that job's delivery failed: it ends with a 500, the others go on
+            error = GenerationFailed.new()
+            log.exception("delivering a reply failed (error id %s)", error.error_id)
+            emit(JobFault("", error.error_id))
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
+                reply.send_nowait(Failed(error))
+            reply.close()
+            gone.append(i)
+            continue
         if close:
             reply.close()
     return gone
