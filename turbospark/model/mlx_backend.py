@@ -5,9 +5,12 @@ This module is the engine adapter: ``MlxBackend`` implements ``backend.Backend``
 are thread-local): loading, the prefix cache, prefill and decode.
 
 - Each ``step`` is one decode step for every generating sequence and one prefill chunk for the
-  sequences still reading their prompts.  The chunk is shared: ``prefill_chunk`` tokens a step
-  in all, split between the prompts being read, so a new arrival stalls the running streams by
-  one chunk's compute at most, and a cancelled prompt stops within one chunk.
+  sequences still reading their prompts.  The chunk is shared: at most ``prefill_chunk`` tokens
+  a step in all, split between the prompts being read, so a cancelled prompt stops within one
+  chunk; while others decode, ``pacing.JoinPacer`` sizes it so that their longest gap between
+  tokens stays within about twice their usual one.
+- While at most ``speculate_up_to`` sequences decode and none reads a prompt, a step checks
+  prompt-lookup drafts instead (``mlx_speculate``): several exact tokens a step.
 - Decode is pipelined (step n+1 is dispatched before token n is read back).
 - Samplers and logits processors are per sequence (``mlx_sampling``).  One that raises fails its
   own sequence only: the error is recorded, the step goes on with a harmless stand-in, and the
@@ -21,6 +24,7 @@ are thread-local): loading, the prefix cache, prefill and decode.
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,7 @@ from mlx_lm.utils import load_model
 from .backend import PrefillProgress, SamplingParams, StepOutput
 from .mlx_load import context_window, generation_defaults, kv_sizes, model_fingerprint
 from .lookup import Lookup, Pace
+from .pacing import JoinPacer
 from .mlx_sampling import Sampler, constrain, greedy, make_processors, make_sampler, top_logprobs
 from .mlx_speculate import can_speculate, pending_tokens, verify
 from .prefix_cache import PrefixCache, trimmable
@@ -83,6 +88,7 @@ class MlxBackend:
         # Small chunks on CPU: a new arrival stalls the running streams, and a cancelled prompt
         # runs on, for one chunk at most.
         self.prefill_chunk = prefill_chunk or (512 if on_gpu else 128)
+        self.pacer = JoinPacer(self.prefill_chunk)
         self.max_batch = max_batch
         self.prefix_cache = PrefixCache(cache_entries, cache_bytes)
         # Prompt-lookup speculation runs while at most this many sequences decode (0: never).
@@ -186,9 +192,14 @@ class MlxBackend:
         if (out := self._speculate()) is not None:
             return out
         prefilling = sum(r.reading for r in self._running.values())
-        # One chunk a step in all, shared by the prompts being read.
-        self.engine.prefill_step_size = max(16, self.prefill_chunk // max(1, prefilling))
+        decoding = len(self.engine._generation_batch)
+        # One chunk a step in all, shared by the prompts being read, sized by the pacer so the
+        # streams decoding meanwhile wait at most about twice their usual gap.
+        chunk = self.pacer.size(decoding)
+        self.engine.prefill_step_size = max(8, chunk // max(1, prefilling))
+        began = time.perf_counter()
         prompt_responses, generation_responses = self.engine.next()
+        self.pacer.record(time.perf_counter() - began, decoding, prefilling)
         self.engine_steps += 1
         progress: dict[int, PrefillProgress] = {}
         for r in prompt_responses:
