@@ -72,7 +72,7 @@ class Sampler:
     def rewind(self, kept: int) -> None:
         """Keep only the first ``kept`` draws since ``mark``."""
         assert self._keys is not None, "rewind without mark"
-        self.key = self._keys[kept]
+        self.key = self._keys[min(kept, len(self._keys) - 1)]  # fewer: a guard stood in
         self._keys = None
 
 
