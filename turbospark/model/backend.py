@@ -8,8 +8,8 @@ once, each named by an id the model thread chooses:
   says how many prompt tokens it found in the prefix cache;
 - ``step()`` does one engine step for every sequence it holds: one prefill chunk for sequences
   still reading their prompt (the chunk is the cancellation bound of prefill) and one decode step
-  for the others; it reports progress, one token per decoding sequence, and the sequences that
-  failed alone (they are already out of the batch);
+  for the others; it reports progress, one token per decoding sequence (and, after a
+  speculative step, the further tokens it accepted), and the sequences that failed alone (they are already out of the batch);
 - ``fork(seq, new)`` starts more sequences from ``seq``'s prompt once ``seq`` has read it (the
   choices of one request: the prompt is prefilled once), or says it cannot share that cache;
 - ``remove(seq)`` takes a sequence out (finished, or its client left) and hands its KV cache back
@@ -64,6 +64,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     logprobs: int | None = None  # report each token's log-probability and this many alternatives
     grammar: Grammar | None = None  # constrained decoding: only what the grammar accepts
+    speculative: bool = True  # prompt-lookup drafts may be checked (the backend decides when)
 
 
 @attrs.frozen
@@ -81,6 +82,8 @@ class StepOutput:
 
     progress: Mapping[int, PrefillProgress] = attrs.field(factory=dict)
     tokens: Mapping[int, int] = attrs.field(factory=dict)
+    #: Tokens a speculative step accepted after ``tokens[seq]``, in order (usually none).
+    more: Mapping[int, tuple[int, ...]] = attrs.field(factory=dict)
     failed: Mapping[int, BaseException] = attrs.field(factory=dict)
     #: For sequences that asked: the token's log-probability, and the most likely alternatives
     #: as (token id, log-probability), most likely first.

@@ -5,9 +5,12 @@ This module is the engine adapter: ``MlxBackend`` implements ``backend.Backend``
 are thread-local): loading, the prefix cache, prefill and decode.
 
 - Each ``step`` is one decode step for every generating sequence and one prefill chunk for the
-  sequences still reading their prompts.  The chunk is shared: ``prefill_chunk`` tokens a step
-  in all, split between the prompts being read, so a new arrival stalls the running streams by
-  one chunk's compute at most, and a cancelled prompt stops within one chunk.
+  sequences still reading their prompts.  The chunk is shared: at most ``prefill_chunk`` tokens
+  a step in all, split between the prompts being read, so a cancelled prompt stops within one
+  chunk; while others decode, ``pacing.JoinPacer`` sizes it so that their longest gap between
+  tokens stays within about twice their usual one.
+- While at most ``speculate_up_to`` sequences decode and none reads a prompt, a step checks
+  prompt-lookup drafts instead (``mlx_speculate``): several exact tokens a step.
 - Decode is pipelined (step n+1 is dispatched before token n is read back).
 - Samplers and logits processors are per sequence (``mlx_sampling``).  One that raises fails its
   own sequence only: the error is recorded, the step goes on with a harmless stand-in, and the
@@ -21,6 +24,7 @@ are thread-local): loading, the prefix cache, prefill and decode.
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,7 +37,10 @@ from mlx_lm.utils import load_model
 
 from .backend import PrefillProgress, SamplingParams, StepOutput
 from .mlx_load import context_window, generation_defaults, kv_sizes, model_fingerprint
-from .mlx_sampling import constrain, greedy, make_processors, make_sampler, top_logprobs
+from .lookup import Lookup, Pace
+from .pacing import JoinPacer
+from .mlx_sampling import Sampler, constrain, greedy, make_processors, make_sampler, top_logprobs
+from .mlx_speculate import can_speculate, pending_tokens, verify
 from .prefix_cache import PrefixCache, trimmable
 from .prompt_files import PromptFiles, tokenizer_digest
 from .prompt_slots import Slots
@@ -49,6 +56,9 @@ class _Running:
     cached: int
     reading: bool = True  # still in prefill
     logprobs: int | None = None  # alternatives to report per token, when asked
+    sampler: Sampler | None = None  # its own draws (None: greedy)
+    lookup: Lookup | None = None  # its prompt-lookup index (None: it never speculates)
+    pace: Pace = attrs.field(factory=Pace)
 
 
 class MlxBackend:
@@ -66,6 +76,7 @@ class MlxBackend:
         group: mx.distributed.Group | None = None,
         prompt_cache_dir: Path | None = None,
         prompt_cache_bytes: int = 4 << 30,
+        speculate_up_to: int = 1,
     ) -> None:
         self.model_id = model_id
         self.stream = mx.new_thread_local_stream(mx.default_device())
@@ -87,6 +98,7 @@ class MlxBackend:
         # Small chunks on CPU: a new arrival stalls the running streams, and a cancelled prompt
         # runs on, for one chunk at most.
         self.prefill_chunk = prefill_chunk or (512 if on_gpu else 128)
+        self.pacer = JoinPacer(self.prefill_chunk)
         self.max_batch = max_batch
         files = None
         if prompt_cache_dir is not None:  # entries persist across restarts (prompt_files)
@@ -94,7 +106,10 @@ class MlxBackend:
         self.prefix_cache = PrefixCache(cache_entries, cache_bytes, files=files)
         with mx.stream(self.stream):
             self.prefix_cache.restore()
+        # Prompt-lookup speculation runs while at most this many sequences decode (0: never).
+        self.speculate_up_to = speculate_up_to
         self.decode_steps = 0  # tokens decoded, all sequences together (tests, benchmarks)
+        self.drafted = self.accepted = 0  # draft tokens checked and kept (benchmarks)
         self.engine_steps = 0
         self._running: dict[int, _Running] = {}
         self._by_uid: dict[int, int] = {}
@@ -148,9 +163,9 @@ class MlxBackend:
         return True
 
     def _insert(self, seq: int, prompt: list[int], params: SamplingParams, cache: list[Any] | None, cached: int) -> None:
-        sampler = make_sampler(params)
+        sampler = own = make_sampler(params)
         if sampler is not greedy:
-            sampler = self._guard(seq, sampler, greedy)
+            own = self._guard(seq, sampler, greedy)
         steps = make_processors(params, len(prompt))
         if params.grammar is not None:
             steps.append(constrain(self.tokenizer.grammars.matcher(params.grammar)))
@@ -161,10 +176,17 @@ class MlxBackend:
                 max_tokens=[params.max_tokens + 2],  # the model thread ends it, never the engine
                 caches=[cache] if cache is not None else None,
                 all_tokens=[prompt[:cached]],
-                samplers=[sampler],
+                samplers=[own],
                 logits_processors=[processors],
             )
-        self._running[seq] = _Running(uid, prompt, cached, logprobs=params.logprobs)
+        # Speculation keeps every token exact, but a grammar's matcher consumes tokens one at a
+        # time and log-probabilities are reported one step at a time: those sequences never draft.
+        drafts = params.speculative and params.grammar is None and params.logprobs is None
+        self._running[seq] = _Running(
+            uid, prompt, cached, logprobs=params.logprobs,
+            sampler=sampler if isinstance(sampler, Sampler) else None,
+            lookup=Lookup() if drafts else None,
+        )
         self._by_uid[uid] = seq
 
     def _guard(self, seq: int, fn: Callable[..., mx.array], stand_in: Callable[..., mx.array]) -> Callable[..., mx.array]:
@@ -182,10 +204,17 @@ class MlxBackend:
         return guarded
 
     def step(self) -> StepOutput:
+        if (out := self._speculate()) is not None:
+            return out
         prefilling = sum(r.reading for r in self._running.values())
-        # One chunk a step in all, shared by the prompts being read.
-        self.engine.prefill_step_size = max(16, self.prefill_chunk // max(1, prefilling))
+        decoding = len(self.engine._generation_batch)
+        # One chunk a step in all, shared by the prompts being read, sized by the pacer so the
+        # streams decoding meanwhile wait at most about twice their usual gap.
+        chunk = self.pacer.size(decoding)
+        self.engine.prefill_step_size = max(8, chunk // max(1, prefilling))
+        began = time.perf_counter()
         prompt_responses, generation_responses = self.engine.next()
+        self.pacer.record(time.perf_counter() - began, decoding, prefilling)
         self.engine_steps += 1
         progress: dict[int, PrefillProgress] = {}
         for r in prompt_responses:
@@ -207,11 +236,58 @@ class MlxBackend:
                 if (k := self._running[seq].logprobs) is not None:
                     asked.append((seq, r.logprobs, r.token, k))
         logprobs = top_logprobs(asked)
+        failed = self._drop_failed(tokens)
+        return StepOutput(progress, tokens, failed=failed, logprobs={s: v for s, v in logprobs.items() if s in tokens})
+
+    def _drop_failed(self, tokens: dict[int, int]) -> dict[int, BaseException]:
         failed, self._failed = self._failed, {}
         for seq in failed:
             self.remove(seq, keep_cache=False)
             tokens.pop(seq, None)
-        return StepOutput(progress, tokens, failed, {s: v for s, v in logprobs.items() if s in tokens})
+        return failed
+
+    def _speculate(self) -> StepOutput | None:
+        """A speculative step (``mlx_speculate``), when only a few sequences decode, none reads
+        a prompt, and one at least has a draft from its own prompt and output; otherwise None
+        (the engine's plain step runs)."""
+        engine = self.engine
+        batch = engine._generation_batch
+        if (not 0 < len(batch) <= self.speculate_up_to or len(engine._prompt_batch)
+                or engine._unprocessed_sequences):
+            return None
+        seqs = [self._by_uid.get(uid) for uid in batch.uids]
+        if None in seqs:
+            return None
+        runs = [self._running[s] for s in seqs]  # type: ignore[index]
+        if all(r.lookup is None for r in runs) or not can_speculate(batch):
+            return None
+        with mx.stream(self.stream):
+            drafts = []
+            for e, (run, y) in enumerate(zip(runs, pending_tokens(batch), strict=True)):
+                if run.lookup is None:
+                    drafts.append([])
+                    continue
+                run.lookup.extend(batch.tokens[e][len(run.lookup.tokens):])
+                run.lookup.extend([y])
+                room = batch.max_tokens[e] - 3 - batch._num_tokens[e]  # our budget, after y
+                drafts.append(run.lookup.draft(min(run.pace.k, room)))
+            if not any(drafts):
+                return None
+            emitted = verify(batch, drafts, [r.sampler for r in runs])
+        self.engine_steps += 1
+        tokens: dict[int, int] = {}
+        more: dict[int, tuple[int, ...]] = {}
+        for seq, run, draft, out in zip(seqs, runs, drafts, emitted, strict=True):
+            assert seq is not None
+            run.pace.record(len(draft), len(out) - 1)
+            self.drafted += len(draft)
+            self.accepted += len(out) - 1
+            self.decode_steps += len(out)
+            tokens[seq] = out[0]
+            if len(out) > 1:
+                more[seq] = tuple(out[1:])
+        failed = self._drop_failed(tokens)
+        return StepOutput(tokens=tokens, more={s: m for s, m in more.items() if s in tokens}, failed=failed)
 
     def remove(self, seq: int, *, keep_cache: bool = True) -> None:
         run = self._running.get(seq)

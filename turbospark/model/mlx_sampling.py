@@ -31,34 +31,58 @@ from mlx_lm.sample_utils import (
 from .backend import SamplingParams
 from .constraint import Matcher
 
-__all__ = ["constrain", "greedy", "make_processors", "make_sampler", "top_logprobs"]
+__all__ = ["Sampler", "constrain", "greedy", "make_processors", "make_sampler", "top_logprobs"]
 
 
 def greedy(logprobs: mx.array) -> mx.array:
     return mx.argmax(logprobs, axis=-1)
 
 
-def make_sampler(params: SamplingParams) -> Callable[[mx.array], mx.array]:
-    """Greedy at temperature 0 (or ``top_p`` 0, OpenAI's most restrictive nucleus); otherwise
-    top-k / top-p / min-p, then a draw with this request's own key."""
-    if params.temperature == 0 or params.top_p == 0:
-        return greedy
-    seed = params.seed if params.seed is not None else secrets.randbits(63)
-    key = mx.random.key(seed % 2**64)
-    inv_temp = 1.0 / params.temperature
+class Sampler:
+    """A draw with one request's own key: top-k / top-p / min-p, then a categorical draw.
 
-    def sample(logprobs: mx.array) -> mx.array:
-        nonlocal key
-        key, draw = mx.random.split(key)
+    Each call splits the key once.  ``mark`` and ``rewind`` let a speculative step draw for
+    several positions and then give back the draws of the positions it rejected, so the
+    ``i``-th token of a sequence always comes from the ``i``-th split of its seed's key,
+    speculating or not."""
+
+    def __init__(self, params: SamplingParams, seed: int) -> None:
+        self.params = params
+        self.key = mx.random.key(seed % 2**64)
+        self.inv_temp = 1.0 / params.temperature
+        self._keys: list[mx.array] | None = None  # since ``mark``: the key after each draw
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        self.key, draw = mx.random.split(self.key)
+        if self._keys is not None:
+            self._keys.append(self.key)
+        params = self.params
         if 0 < params.top_k < logprobs.shape[-1]:  # a k past the vocabulary filters nothing
             logprobs = apply_top_k(logprobs, params.top_k)
         if params.top_p < 1:
             logprobs = apply_top_p(logprobs, params.top_p)
         if params.min_p > 0:
             logprobs = apply_min_p(logprobs, params.min_p)
-        return mx.random.categorical(logprobs * inv_temp, key=draw)
+        return mx.random.categorical(logprobs * self.inv_temp, key=draw)
 
-    return sample
+    def mark(self) -> None:
+        """Remember the key as it is now: the draws after this one may be given back."""
+        self._keys = [self.key]
+
+    def rewind(self, kept: int) -> None:
+        """Keep only the first ``kept`` draws since ``mark``."""
+        assert self._keys is not None, "rewind without mark"
+        self.key = self._keys[min(kept, len(self._keys) - 1)]  # fewer: a guard stood in
+        self._keys = None
+
+
+def make_sampler(params: SamplingParams) -> Callable[[mx.array], mx.array]:
+    """Greedy at temperature 0 (or ``top_p`` 0, OpenAI's most restrictive nucleus); otherwise
+    a ``Sampler`` with this request's own key."""
+    if params.temperature == 0 or params.top_p == 0:
+        return greedy
+    seed = params.seed if params.seed is not None else secrets.randbits(63)
+    return Sampler(params, seed)
 
 
 def make_processors(params: SamplingParams, prompt_len: int) -> list[Callable[..., mx.array]]:

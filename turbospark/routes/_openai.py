@@ -34,7 +34,8 @@ def sampling_params(
     """An OpenAI-family request's sampling fields (``turns.sampling``: the request's, else the
     model's, else the server's)."""
     stop = body.stop if isinstance(body.stop, list) else [body.stop] if body.stop else []
-    given = {name: getattr(body, name, None) for name in _FIELDS} | {"max_tokens": max_tokens}
+    given = {name: getattr(body, name, None) for name in _FIELDS} | {
+        "max_tokens": max_tokens, "speculative": getattr(body, "speculative", None)}
     bias = tuple((int(k), float(v)) for k, v in (getattr(body, "logit_bias", None) or {}).items())
     return sampling(
         model_defaults, given, seed=body.seed, stop=tuple(stop), logit_bias=bias, logprobs=logprobs, grammar=grammar,

@@ -114,10 +114,14 @@ class Batch:
             try:
                 inject("decode step")
                 logprob = self._logprob(token, out.logprobs.get(sid))
-                parts = state.feed(token)
-                job.outbox.append(
-                    Delta(parts.content, choice.index, logprob, parts.reasoning, parts.calls)
-                )
+                for fed in (token, *out.more.get(sid, ())):  # a speculative step's tokens after the first
+                    parts = state.feed(fed)
+                    job.outbox.append(
+                        Delta(parts.content, choice.index, logprob, parts.reasoning, parts.calls)
+                    )
+                    logprob = None
+                    if state.stop_reason is not None:  # what follows the end never reaches the client
+                        break
                 if state.stop_reason is not None:
                     self._finish(choice)
             except Exception:

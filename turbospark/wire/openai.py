@@ -150,6 +150,7 @@ class SamplingFields:
     presence_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
     frequency_penalty: float | None = attrs.field(default=None, validator=_in_range(-2.0, 2.0))
     repetition_penalty: float | None = attrs.field(default=None, validator=_in_range(0.01, 10.0))
+    speculative: bool | None = None  # extension: false turns prompt-lookup speculation off
 
 
 @attrs.frozen(kw_only=True)

@@ -1,0 +1,183 @@
+"""Prompt-lookup speculation side by side: one stream's decode speed, plain against speculative.
+
+Three workloads on the same model, greedy: free prose (little to copy), repeating back a given
+~300-word passage, and code completion that copies from its context.  For each, plain and
+speculative runs alternate (so whatever else the machine is doing weighs on both alike); every run
+starts cold (no prefix cache).  Reported per workload: decode tok/s, medians over the runs
+((new tokens - 1) / time from the first token to the last), the ratio, the share of draft tokens
+kept, and whether the greedy text is identical.  Then the join stall: ``--streams`` streams
+decode, a ~300-token request arrives; the streams' median gap between tokens before it, their
+longest gap while it prefills, and its time to first token, with the whole chunk every mixed
+step (as before pacing) against the paced chunk (``pacing.JoinPacer``), alternating.
+
+    python benchmarks/bench_speculative.py [--model smollm2-135m-instruct] [--runs 3] [--max-tokens 96]
+
+It drives the backend in-process (the engine step the server runs), with OpenBLAS preloaded where
+installed, as ``python -m turbospark serve`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+PASSAGE = (
+    "The lighthouse stood on a narrow spit of rock at the mouth of the harbour, and for forty years "
+    "the same family had kept its lamp burning. Every evening at dusk the keeper climbed the one "
+    "hundred and twelve steps of the spiral stair, carrying a can of oil, a clean cloth and a small "
+    "notebook bound in green leather. In the notebook he wrote the colour of the sky, the direction "
+    "and strength of the wind, the height of the swell and the names of the ships that passed. Most "
+    "nights were quiet. The fishing boats came home before dark, the ferry crossed twice, and the "
+    "only sound was the slow turning of the lens and the water breaking on the rocks below. But in "
+    "winter the storms came in from the west without warning, and then the keeper did not sleep. He "
+    "watched the light, trimmed the wick, wiped the salt from the glass and listened for the horns "
+    "of ships that had lost their way. Once, in a gale that tore the roof from the boathouse, a "
+    "cargo ship ran aground on the outer reef, and the keeper rowed out alone in the grey morning to "
+    "bring the crew ashore, six men in three trips, his hands bleeding on the oars. The harbour "
+    "master gave him a medal, which he kept in a drawer with his spare wicks and never wore. When "
+    "the light was finally automated, the keeper moved to a cottage in the village, but every "
+    "evening at dusk he still walked to the end of the pier to watch the lamp come on by itself."
+)
+
+CODE = '''def load_users(path):
+    users = []
+    with open(path) as f:
+        for line in f:
+            name, email, age = line.strip().split(",")
+            users.append({"name": name, "email": email, "age": int(age)})
+    return users
+
+
+def load_orders(path):
+    orders = []
+    with open(path) as f:
+        for line in f:
+'''
+
+WORKLOADS = {
+    "free prose": [{"role": "user", "content": "Write a short story about a dragon who learns to bake bread."}],
+    "repeat a passage": [{"role": "user", "content": "Repeat the following passage back to me exactly, word for word:\n\n" + PASSAGE}],
+    "code completion": [{"role": "user", "content": "Complete this Python file. Reply with the whole file in one code block.\n\n```python\n" + CODE + "```"}],
+}
+
+
+def run(backend, ids: list[int], speculate: bool, max_tokens: int) -> tuple[float, list[int], int, int]:
+    from turbospark.model.backend import SamplingParams
+
+    backend.speculate_up_to = 1 if speculate else 0
+    backend.drafted = backend.accepted = 0
+    backend.insert(0, ids, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    out: list[int] = []
+    first = last = 0.0
+    while len(out) < max_tokens:
+        step = backend.step()
+        if 0 in step.tokens:
+            last = time.perf_counter()
+            first = first or last
+            out += [step.tokens[0], *step.more.get(0, ())]
+            if backend.tokenizer.stop_ids and out[-1] in backend.tokenizer.stop_ids:
+                break
+    backend.remove(0, keep_cache=False)
+    return (len(out) - 1) / (last - first), out, backend.drafted, backend.accepted
+
+
+def join(backend, running: list[list[int]], joiner: list[int], paced: bool, before: int = 6) -> tuple[float, float, float]:
+    """``running`` streams decode; after ``before`` steps ``joiner`` arrives.  Returns the
+    streams' median gap before it came, their longest gap while it prefilled, and its time to
+    first token (seconds).  ``paced`` False: every mixed step prefills the whole chunk."""
+    from turbospark.model.backend import SamplingParams
+    from turbospark.model.pacing import JoinPacer
+
+    backend.speculate_up_to = 0
+    backend.pacer = JoinPacer(backend.prefill_chunk)
+    if not paced:
+        backend.pacer.size = lambda decoding: backend.prefill_chunk
+    for seq, ids in enumerate(running):
+        backend.insert(seq, ids, SamplingParams(max_tokens=400, temperature=0.0))
+    while len(backend.step().tokens) < len(running):  # every stream decodes
+        pass
+    gaps, last = [], time.perf_counter()
+    for _ in range(before):
+        backend.step()
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+    new = len(running)
+    arrived = time.perf_counter()
+    backend.insert(new, joiner, SamplingParams(max_tokens=4, temperature=0.0))
+    stalls = []
+    while True:
+        step = backend.step()
+        now = time.perf_counter()
+        stalls.append(now - last)
+        last = now
+        if new in step.tokens:
+            break
+    for seq in range(new + 1):
+        backend.remove(seq, keep_cache=False)
+    return statistics.median(gaps), max(stalls), now - arrived
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--streams", type=int, default=8, help="streams decoding when a request joins")
+    parser.add_argument("--skip-speed", action="store_true", help="only the join part")
+    args = parser.parse_args()
+
+    from turbospark.cli.attach import stored_model
+    from turbospark.cli.blas import describe, reexec_with_openblas
+
+    reexec_with_openblas([sys.executable, *sys.argv])
+    from turbospark.model.mlx_backend import MlxBackend
+
+    model_dir, _ = stored_model(args.model)
+    backend = MlxBackend(model_dir, model_id=args.model, cache_entries=0)
+    tok = backend.tokenizer
+    print(f"model {args.model}, {args.runs} runs alternating, {args.max_tokens} new tokens, greedy; "
+          f"BLAS: {describe()}", flush=True)
+    print(f"{'workload':<18} {'prompt':>6} {'plain tok/s':>11} {'lookup tok/s':>12} {'ratio':>6} "
+          f"{'kept':>6} {'identical':>9}")
+    run(backend, tok.encode(tok.render_chat(WORKLOADS["free prose"])), False, 4)  # warm-up
+    for name, messages in ({} if args.skip_speed else WORKLOADS).items():
+        ids = tok.encode(tok.render_chat(messages))
+        speeds: dict[bool, list[float]] = {False: [], True: []}
+        texts: dict[bool, list[int]] = {}
+        drafted = accepted = 0
+        for _ in range(args.runs):
+            for speculate in (False, True):
+                speed, out, d, a = run(backend, ids, speculate, args.max_tokens)
+                speeds[speculate].append(speed)
+                texts[speculate] = out
+                drafted, accepted = drafted + d, accepted + a
+        plain, spec = statistics.median(speeds[False]), statistics.median(speeds[True])
+        kept = accepted / drafted if drafted else 0.0
+        print(f"{name:<18} {len(ids):>6} {plain:>11.1f} {spec:>12.1f} {spec / plain:>5.2f}x "
+              f"{kept:>6.0%} {str(texts[False] == texts[True]):>9}", flush=True)
+
+    # --- a ~300-token request joining streams that decode -----------------------------------
+    topics = ["the sea", "a dragon", "Paris", "the moon", "a robot", "winter", "a garden", "trains"]
+    running = [tok.encode(tok.render_chat([{"role": "user", "content": f"Write a story about {t}."}]))
+               for t in (topics * 4)[:args.streams]]
+    joiner = [{"role": "user", "content": "Summarise these notes:\n" + PASSAGE[:1500]}]
+    results: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
+    for run_ in range(args.runs):
+        for paced in (False, True):
+            ids = tok.encode(tok.render_chat([{"role": "user", "content": f"Run {run_}, {paced}."}, *joiner]))
+            results[paced].append(join(backend, running, ids, paced))
+    print(f"a {len(ids)}-token request joining {args.streams} decoding streams (medians of {args.runs}):")
+    print(f"{'chunk':<26} {'median gap s':>12} {'longest gap s':>13} {'longest/median':>14} {'joiner TTFT s':>13}")
+    for paced, label in ((False, "fixed (prefill_chunk)"), (True, "paced")):
+        med = statistics.median(r[0] for r in results[paced])
+        worst = statistics.median(r[1] for r in results[paced])
+        ratio = statistics.median(r[1] / r[0] for r in results[paced])
+        ttft = statistics.median(r[2] for r in results[paced])
+        print(f"{label:<26} {med:>12.3f} {worst:>13.3f} {ratio:>13.1f}x {ttft:>13.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""Prompt-lookup speculation with the real default model (SmolLM2-135M-Instruct): greedy text with
+speculation equals greedy text without it, alone and in a batch of two, while drafts really are
+kept; a request can turn it off; a client that leaves while its drafts are checked stops within
+that step."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from turbospark.config import Settings
+from turbospark.messages import Generated
+from turbospark.model.backend import BackendSpec, SamplingParams
+from turbospark.server import serve
+
+from ._support import raw_post, read_until
+from .realmodels import smollm2_store
+
+pytestmark = pytest.mark.mlx
+PASSAGE = (
+    "The keeper climbed the spiral stair at dusk with a can of oil and a green notebook. He wrote "
+    "the colour of the sky, the wind, the swell and the names of the ships that passed."
+)
+COPY = [{"role": "user", "content": "Repeat this text exactly:\n\n" + PASSAGE}]
+STORY = [{"role": "user", "content": "Write a short story about a dragon."}]
+
+
+def greedy(backend, prompts: list[list[int]], new: int, speculate: int) -> list[list[int]]:
+    backend.speculate_up_to = speculate
+    for seq, ids in enumerate(prompts):
+        backend.insert(seq, ids, SamplingParams(max_tokens=new, temperature=0.0))
+    out: list[list[int]] = [[] for _ in prompts]
+    while any(len(o) < new for o in out):
+        step = backend.step()
+        for seq, token in step.tokens.items():
+            out[seq] += [token, *step.more.get(seq, ())]
+    for seq in range(len(prompts)):
+        backend.remove(seq, keep_cache=False)
+    return [o[:new] for o in out]
+
+
+def test_greedy_text_is_the_same_with_speculation_alone_and_in_a_batch() -> None:
+    from turbospark.model.mlx_backend import MlxBackend
+
+    stored = smollm2_store()
+    backend = MlxBackend(stored.path, model_id=stored.name, cache_entries=0)
+    tok = backend.tokenizer
+    copy, story = (tok.encode(tok.render_chat(m)) for m in (COPY, STORY))
+    plain = greedy(backend, [copy, story], 24, speculate=0)
+    backend.accepted = 0
+    assert greedy(backend, [copy], 24, speculate=1) == plain[:1]
+    assert backend.accepted > 0  # drafts were checked and kept
+    backend.accepted = 0
+    assert greedy(backend, [copy, story], 24, speculate=2) == plain
+    assert backend.accepted > 0
+
+
+@pytest.fixture
+async def spec_server(nursery: trio.Nursery):
+    from turbospark.model.mlx_backend import MlxBackend
+
+    stored = smollm2_store()
+    make = lambda: MlxBackend(stored.path, model_id=stored.name, prefill_chunk=64)  # noqa: E731
+    settings = Settings(host="127.0.0.1", port=0, graceful_timeout=1.0, max_batch=4)
+    server = await nursery.start(serve, settings, [BackendSpec(stored.name, make)])
+    yield server
+    server.stop.set()
+
+
+async def test_speculative_false_gives_the_same_text_and_a_bad_value_is_a_400(spec_server, client) -> None:
+    url = f"{spec_server.url}/v1/chat/completions"
+    body = {"messages": COPY, "max_tokens": 16, "temperature": 0}
+    on = await client.post(url, json=body)
+    off = await client.post(url, json={**body, "speculative": False})
+    assert on.json()["choices"][0]["message"]["content"] == off.json()["choices"][0]["message"]["content"]
+    bad = await client.post(url, json={**body, "speculative": "sometimes"})
+    assert bad.status_code == 400
+    assert "speculative" in bad.json()["error"]["message"]
+
+
+async def test_a_client_leaving_while_drafts_are_checked_stops_within_that_step(spec_server) -> None:
+    events = spec_server.system.subscribe(buffer=100_000)
+    leaving = await raw_post(spec_server.url, "/v1/chat/completions", {
+        "messages": COPY, "max_tokens": 200, "stream": True, "temperature": 0})
+    await read_until(leaving, b'"content"', timeout=120)
+    seen = b""
+    for _ in range(6):
+        seen += await read_until(leaving, b"\n\n", timeout=60)
+    await leaving.aclose()
+    with trio.fail_after(60):
+        async for event in events:
+            if isinstance(event, Generated) and event.stop_reason == "Cancelled":
+                break
+    assert event.phase == "decode"
+    # what it had shown, then at most the step in flight and one more, each of at most a full
+    # draft (12) and its bonus token: far short of the 200 it asked for
+    assert event.new_tokens <= seen.count(b'"content"') + 1 + 2 * 13
