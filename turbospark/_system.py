@@ -42,15 +42,12 @@ from .actors.audio import AttachModel, AudioMessage, DetachModel, audio_actor
 from .actors.embedding import embedding_model
 from .actors.generation import QueueMessage, generation_queue
 from .actors.models import model_actor
-from .actors.observer import Observer, ObserverMessage, ReadDepths, RenderMetrics, Subscribe, observer
-from .actors.resolution import (
-    Abandon, Adopt, Grant, Lifecycle, LoadedModel, Published, Refresh, Release, Resolve, Running, Unload,
-)
+from .actors.observer import Event, Observer, ObserverMessage, ReadDepths, RenderMetrics, Subscribe, observer
+from .actors.resolution import Abandon, Adopt, Grant, Lifecycle, LoadedModel, Published, Refresh, Release, Resolve, Running, Unload
 from .actors.resolver import Library, ResolveFn, resolve_in_registry, resolver
 from .config import Settings
 from .turns.conversations import ResponseStore
 from .errors import ModelLoadFailed, QueueFull, ShuttingDown, TurboSparkError
-from .actors.observer import Event
 from .messages import EmbeddingJob, GenerationJob, QueueRejected, SlotCommand, Submit, Withdraw
 from .threads.encoder_thread import EmbeddingLimits
 from .threads.model_thread import Limits
@@ -85,7 +82,6 @@ def current_scope() -> ExitStack | None:
 def enter_request_scope(stack: ExitStack) -> contextvars.Token[ExitStack]:
     """Make ``stack`` the current request's scope (``web/app.py``, once per request)."""
     return _request_scope.set(stack)
-
 
 
 @attrs.frozen
