@@ -8,6 +8,7 @@ import itertools
 import json
 from functools import partial
 
+import attrs
 import httpx
 import trio
 
@@ -137,7 +138,7 @@ class PoisonedBackend(ScriptedBackend):
             del self.poisoned[seq]
             self.remove(seq)
         tokens = {s: t for s, t in out.tokens.items() if s not in failed}
-        return type(out)(out.progress, tokens, failed)
+        return attrs.evolve(out, tokens=tokens, failed=failed)
 
     def remove(self, seq, *, keep_cache=True):
         if keep_cache and self.poisoned.get(seq) == "end":
