@@ -71,6 +71,24 @@ def test_input_checks_in_order() -> None:
     check_dimensions(4, 4)
     with pytest.raises(RequestInvalid, match="width of 4"):
         check_dimensions(5, 4)
+    # short of the width only for a model trained for it (vLLM's rule)
+    check_dimensions(2, 4, True, "m")
+    check_dimensions(4, 4, False, "m")
+    with pytest.raises(RequestInvalid, match="model 'm' does not support dimensions") as refused:
+        check_dimensions(2, 4, False, "m")
+    assert refused.value.param == "dimensions"
+    check_dimensions(256, 768, (64, 128, 256, 512), "nomic")
+    with pytest.raises(RequestInvalid, match=r"supports dimensions of 64, 128, 256, 512 \(or its own width of 768\), got 300"):
+        check_dimensions(300, 768, (64, 128, 256, 512), "nomic")
+
+
+def test_import_reads_whether_a_model_was_trained_for_truncation(tmp_path) -> None:
+    from turbospark.store.encoder_import import embedding_spec
+
+    base = {"hidden_size": 768, "max_position_embeddings": 512}
+    assert "matryoshka" not in embedding_spec(tmp_path, base)
+    assert embedding_spec(tmp_path, {**base, "matryoshka_dimensions": [768, 64, 256]})["matryoshka"] == [64, 256, 768]
+    assert embedding_spec(tmp_path, {**base, "is_matryoshka": True})["matryoshka"] is True
 
 
 def test_shorten_renormalises_and_encodings_agree() -> None:

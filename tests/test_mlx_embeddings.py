@@ -146,6 +146,12 @@ async def test_openai_sdk_float_and_base64_match_numpy_float64(minilm_server, re
         assert r.usage.prompt_tokens == sum(len(reference.ids(s)) for s in SENTENCES)
     default = await sdk.embeddings.create(model="text-embedding-3-small", input=SENTENCES[0])  # SDK asks base64
     close_to(np.array(default.data[0].embedding), wants[0])
+    # all-MiniLM-L6-v2 was not trained for truncated vectors: its own width only, else a 400
+    full = await sdk.embeddings.create(model="m", input=SENTENCES[0], dimensions=384, encoding_format="float")
+    close_to(np.array(full.data[0].embedding), wants[0])
+    with pytest.raises(openai.BadRequestError, match="does not support dimensions") as refused:
+        await sdk.embeddings.create(model="m", input=SENTENCES[0], dimensions=128)
+    assert refused.value.body["param"] == "dimensions"
 
 
 async def test_ollama_client_ranks_paraphrases_above_unrelated(minilm_server, reference) -> None:

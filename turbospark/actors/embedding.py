@@ -43,6 +43,8 @@ class EncoderInfo:
     dimensions: int
     max_tokens: int
     fingerprint: str
+    #: whether ``dimensions`` may cut its vectors short (``Encoder.matryoshka``)
+    matryoshka: bool | tuple[int, ...] = False
     #: the actor's inbox (``embedding_model`` fills it in)
     inbox: trio.MemorySendChannel[EmbeddingJob] | None = attrs.field(default=None, eq=False, repr=False)
 
@@ -83,6 +85,7 @@ async def embedding_actor(
                         dimensions=encoder.dimensions,
                         max_tokens=encoder.max_tokens,
                         fingerprint=encoder.fingerprint,
+                        matryoshka=getattr(encoder, "matryoshka", False),
                     )
                 )
         finally:

@@ -137,6 +137,7 @@ def entry_for(loadable: Loadable, info: Any | None = None, *, now: float) -> Mod
         return ModelEntry(
             id=loadable.id, context_window=info.max_tokens, capabilities=loadable.capabilities,
             created=created, fingerprint=info.fingerprint, dimensions=info.dimensions, inbox=info.inbox,
+            matryoshka=info.matryoshka,
         )
     if not generative:  # an audio model: routes reach it through the audio actor
         return ModelEntry(

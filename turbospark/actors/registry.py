@@ -65,6 +65,8 @@ class ModelEntry:
     sampling_defaults: dict[str, float] = attrs.field(factory=dict, hash=False)
     fingerprint: str = ""  # OpenAI's system_fingerprint for what this model generates
     dimensions: int | None = None  # an embedding model's vector width
+    #: whether ``dimensions`` may cut an embedding model's vectors short (``Encoder.matryoshka``)
+    matryoshka: bool | tuple[int, ...] = False
     #: A generative model's tokenizer and chat template (thread-safe), for counting a prompt's
     #: tokens without the model thread (``/v1/messages/count_tokens``).
     tokenizer: Any = attrs.field(default=None, eq=False, hash=False, repr=False)

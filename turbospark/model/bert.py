@@ -186,7 +186,7 @@ class BertEncoder:
 
     The directory holds ``config.json``, ``model.safetensors`` (this module's names, written by
     the store), ``tokenizer.json`` and ``embedding.json`` (``pooling``, ``normalize``,
-    ``max_tokens``).  Build it on the thread that will use it: its MLX stream is that thread's.
+    ``max_tokens``, and ``matryoshka`` where the model was trained for truncated vectors).  Build it on the thread that will use it: its MLX stream is that thread's.
     """
 
     def __init__(self, path: Path, *, model_id: str) -> None:
@@ -202,6 +202,8 @@ class BertEncoder:
         bert = BertConfig(config)
         self.dimensions = 1 if self.cross else bert.hidden_size
         self.max_tokens = min(int(spec["max_tokens"]), bert.max_positions)
+        widths = spec.get("matryoshka", False)
+        self.matryoshka: bool | tuple[int, ...] = tuple(widths) if isinstance(widths, list) else bool(widths)
         self.stream = mx.new_thread_local_stream(mx.default_device())
         with mx.stream(self.stream):
             self.model = Bert(bert, labels=1 if self.cross else 0)

@@ -41,6 +41,9 @@ class Encoder(Protocol):
     max_tokens: int  #: the longest input the model reads, special tokens included
     fingerprint: str
     vocab_size: int  #: token ids an input given as ids may use: 0 to this, exclusive
+    #: Whether its vectors may be cut short (``dimensions``): trained for it (Matryoshka
+    #: representation learning) at any width (``True``) or at these widths; ``False``, not at all.
+    matryoshka: bool | tuple[int, ...]
 
     def tokenize(self, texts: Sequence[str], *, truncate: bool) -> list[list[int]]: ...
 
@@ -51,6 +54,9 @@ class ScriptedEncoder:
     """A deterministic 4-dimensional encoder for client tests (no model, no MLX)."""
 
     dimensions = 4
+    #: its vectors keep their order when cut short, as a Matryoshka model's do (the tests of
+    #: ``dimensions`` use it)
+    matryoshka = True
 
     def __init__(
         self,

@@ -54,7 +54,7 @@ async def embed_route() -> Response:
     keep_alive = parse_keep_alive(body.keep_alive)
     grant = await embedding_model(g.record.id, body.model, keep_alive)
     entry = grant.entry
-    check_dimensions(body.dimensions, entry.dimensions)
+    check_dimensions(body.dimensions, entry.dimensions, entry.matryoshka, entry.id)
     vectors: list[list[float]] = []
     tokens = 0
     if inputs:

@@ -29,7 +29,7 @@ async def embeddings() -> Response:
     check_inputs(inputs)
     check_dimensions(body.dimensions)
     entry = (await embedding_model(g.record.id, body.model)).entry
-    check_dimensions(body.dimensions, entry.dimensions)
+    check_dimensions(body.dimensions, entry.dimensions, entry.matryoshka, entry.id)
     result = await embed(request_id=g.record.id, model=entry, inputs=inputs, truncate=True)
     vectors = shorten(result.vectors, body.dimensions)
     data = [

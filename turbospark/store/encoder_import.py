@@ -1,8 +1,8 @@
 """BERT sentence encoders (a Hugging Face directory with sentence-transformers' configs beside it)
 into the store: the weights renamed once for the runtime's own BERT
 (:func:`turbospark.model.bert.hf_to_mlx`) and cast to the dtype asked for, and ``embedding.json``
-(pooling, normalisation, the longest input it reads, its width) written from the
-sentence-transformers files.  The result is checked by building the encoder.
+(pooling, normalisation, the longest input it reads, its width, and whether its vectors may be
+cut short) written from the sentence-transformers files and the model's config.  The result is checked by building the encoder.
 """
 
 from __future__ import annotations
@@ -46,12 +46,19 @@ def embedding_spec(src: Path, config: dict[str, Any]) -> dict[str, Any]:
     if not pooling.get("pooling_mode_mean_tokens") or others:
         raise ModelImportError(f"{src}: only mean pooling is supported (its pooling: {', '.join(others) or 'none'})")
     length = (read("sentence_bert_config.json") or {}).get("max_seq_length") or positions
-    return {
+    spec: dict[str, Any] = {
         "pooling": "mean",
         "normalize": True,
         "max_tokens": min(int(length), positions),
         "dimensions": int(config["hidden_size"]),
     }
+    # Trained for truncated vectors (Matryoshka representation learning), as the model's config
+    # says it the way vLLM reads it: ``matryoshka_dimensions`` (the widths) or ``is_matryoshka``.
+    if isinstance(widths := config.get("matryoshka_dimensions"), list) and widths:
+        spec["matryoshka"] = sorted({int(w) for w in widths})
+    elif config.get("is_matryoshka") is True:
+        spec["matryoshka"] = True
+    return spec
 
 
 def is_cross_encoder(config: dict[str, Any]) -> bool:

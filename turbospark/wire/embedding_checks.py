@@ -95,15 +95,35 @@ def check_inputs(inputs: Sequence[str | tuple[int, ...]], *, field: str = "input
         )
 
 
-def check_dimensions(dimensions: int | None, width: int | None = None) -> None:
-    """``dimensions`` is positive, and (once the model is known) at most its ``width``."""
+def check_dimensions(
+    dimensions: int | None, width: int | None = None, matryoshka: bool | tuple[int, ...] = True, model: str = ""
+) -> None:
+    """``dimensions`` is positive, and (once the model is known) at most its ``width``; short of
+    that width only for a model trained for truncated vectors (``matryoshka``: any width, or
+    these), as vLLM has it: another's cut vectors would be poor, and a 400 says so."""
     if dimensions is None:
         return
     if dimensions <= 0:
         raise RequestInvalid(f"dimensions must be greater than 0, got {dimensions}", param="dimensions")
-    if width is not None and dimensions > width:
+    if width is None:
+        return
+    if dimensions > width:
         raise RequestInvalid(
             f"dimensions {dimensions} exceeds this model's own width of {width}", param="dimensions"
+        )
+    if dimensions == width or matryoshka is True:
+        return
+    if not matryoshka:
+        raise RequestInvalid(
+            f"model {model!r} does not support dimensions: it was not trained for truncated vectors"
+            f" (Matryoshka representation), so only its own width of {width} is accepted",
+            param="dimensions",
+        )
+    if dimensions not in matryoshka:
+        widths = ", ".join(map(str, matryoshka))
+        raise RequestInvalid(
+            f"model {model!r} supports dimensions of {widths} (or its own width of {width}), got {dimensions}",
+            param="dimensions",
         )
 
 
