@@ -167,17 +167,22 @@ def run_alone(backend, prompt: list[int], params, *, leave_after: int | None = N
     With ``leave_after`` N it leaves, as a client would, after N engine steps (0: before any)."""
     cached = backend.insert(seq, prompt, params)
     out: list[int] = []
-    steps = 0
-    while leave_after is None or steps < leave_after:
+    steps = idle = 0
+    while (leave_after is None or steps < leave_after) and len(out) < params.max_tokens:
         result = backend.step()
         steps += 1
-        if seq in result.tokens:
-            token = result.tokens[seq]
-            if token in backend.tokenizer.stop_ids:
+        if seq not in result.tokens:
+            idle += 1  # still reading its prompt; an engine that ended it gives nothing for ever
+            assert idle < 10_000, "the engine stopped giving this sequence tokens"
+            continue
+        # a speculative step gives the tokens it accepted after the first in ``more``
+        for token in (result.tokens[seq], *result.more.get(seq, ())):
+            if token in backend.tokenizer.stop_ids or len(out) == params.max_tokens:
                 break
             out.append(token)
-            if len(out) == params.max_tokens:
-                break
+        else:
+            continue
+        break
     backend.remove(seq)
     return out, cached
 
