@@ -51,13 +51,15 @@ class Deployment:
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
         self.pids: dict[str, int] = {}
         assert self.proc.stderr is not None
+        said: list[str] = []
         for line in self.proc.stderr:
+            said.append(line)
             if m := re.match(r"\s+(replica\d+): pid (\d+)", line):
                 self.pids[m[1]] = int(m[2])
                 if len(self.pids) == 2:
                     break
         else:
-            raise AssertionError(f"deploy-local ended: {self.proc.wait()}")
+            raise AssertionError(f"deploy-local ended: {self.proc.wait()}; it said:\n{''.join(said[-30:])}")
         # keep reading its output, so the pipe never fills
         threading.Thread(target=lambda: [None for _ in self.proc.stderr], daemon=True).start()
 

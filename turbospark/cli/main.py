@@ -84,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if needs_mlx(settings):
             reexec_with_openblas([sys.executable, "-m", "turbospark", *argv])
+            import_mlx_lm_keeping_the_fd_limit()
         with interruptible():  # a pull or import stops at once, leaving nothing half-written
             if settings.distributed:
                 from .distributed import distributed_group, follow_rank, sharded_spec
@@ -110,6 +111,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"turbospark: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def import_mlx_lm_keeping_the_fd_limit() -> None:
+    """Import ``mlx_lm.utils`` without the open-file limit its import sets, (2048, 4096) "for large
+    models with lots of files": that lowers the hard limit for good (raising it again needs a
+    privilege), and a server holds a descriptor per connection, its children (a balancer started
+    beside it) inheriting the limit.  The soft limit is raised to 2048 where the hard one allows,
+    which is what that import wanted."""
+    import resource
+
+    if "mlx_lm.utils" in sys.modules:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    setrlimit = resource.setrlimit
+    resource.setrlimit = lambda *_: None  # type: ignore[assignment]
+    try:
+        import mlx_lm.utils  # noqa: F401
+    finally:
+        resource.setrlimit = setrlimit
+    wanted = 2048 if hard == resource.RLIM_INFINITY else min(2048, hard)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
