@@ -249,6 +249,63 @@ async def test_a_pull_moves_the_progress_bar_and_lists_the_model(
     assert "completion" in row and "stored" in row
 
 
+async def test_json_schema_output_in_the_playground_matches_the_schema(start_server) -> None:
+    server = await start_server([ScriptedBackend(script="Here you go: not JSON at all")])
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+              "additionalProperties": False}  # fmt: skip
+
+    def drive(page):  # type: ignore[no-untyped-def]
+        page.goto(server.url)
+        conv = page.locator('[data-conversation="1"]')
+        conv.locator(".settings summary").click()
+        conv.locator(".schema").fill(json.dumps(schema))
+        conv.locator(".input").fill("Who are you?")
+        conv.locator(".send").click()
+        answer = conv.locator("li.assistant[data-state=done]")
+        answer.wait_for()
+        shot(page, "playground-json")
+        return answer.locator(".content").inner_text()
+
+    text = await browse(server.url, drive)
+    answer = json.loads(text)
+    assert set(answer) == {"name"} and isinstance(answer["name"], str)
+
+
+@pytest.mark.mlx  # the imported GGUFs are converted with MLX
+async def test_import_a_file_and_from_ollamas_store_then_delete(
+    start_server, tmp_path: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+) -> None:
+    from .model.test_ollama_import import lay_out
+
+    lay_out(tmp_path / "ollama", "registry.ollama.ai/library/tiny/1b", tiny_gguf)
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "ollama"))
+    store = ModelStore(tmp_path / "models")
+    shelf = StoreShelf(store, load_mlx)
+    server = await start_server(library=shelf.loadables, shelf=shelf)
+
+    def drive(page):  # type: ignore[no-untyped-def]
+        page.on("dialog", lambda dialog: dialog.accept())  # "Delete … from the store?"
+        page.goto(f"{server.url}/#models")
+        page.set_input_files("#import-file", str(tiny_gguf))
+        assert page.input_value("#import-file-name") == "tiny-chat.q4_0"  # named after the file
+        page.fill("#import-file-name", "from-file")
+        page.click("#import-file-form button[type=submit]")
+        page.wait_for_selector('#store-models tr[data-model="from-file"]')
+        page.wait_for_selector('#import-status:text("Imported from-file.")')
+        steps = page.evaluate("+document.querySelector('#import-progress').dataset.steps")
+        page.wait_for_selector("#import-ollama option[value='ollama:tiny:1b']", state="attached")
+        page.click("#import-ollama-form button[type=submit]")
+        page.wait_for_selector('#store-models tr[data-model="tiny:1b"]')
+        shot(page, "models-import")
+        page.locator('#store-models tr[data-model="from-file"] button.delete').click()
+        page.wait_for_selector('#store-models tr[data-model="from-file"]', state="detached")
+        return steps, page.inner_text("#models-message")
+
+    steps, message = await browse(server.url, drive)
+    assert steps >= 1 and message == "from-file deleted"
+    assert sorted(m.name for m in store.list()) == ["tiny:1b"]
+
+
 def _tone_wav(path: Path, seconds: float = 3.0, rate: int = 48000) -> Path:
     t = np.arange(int(seconds * rate)) / rate
     samples = (0.3 * np.sin(2 * np.pi * 220 * t) * np.sin(2 * np.pi * 3 * t) * 32767).astype("<i2")

@@ -90,16 +90,18 @@ def _inherited(base: StoredModel, spec: ModelSpec) -> ModelSpec:
     )
 
 
-def create_derived(store: StoreDirectory, name: str, spec: ModelSpec) -> StoredModel:
+def create_derived(store: StoreDirectory, name: str, spec: ModelSpec, *, in_place: bool = False) -> StoredModel:
     """Make model ``name`` from ``spec`` in ``store`` (replacing a model of that name); the
-    store is unchanged when it fails (``BaseNotFound``, or ``ModelImportError`` saying why)."""
+    store is unchanged when it fails (``BaseNotFound``, or ``ModelImportError`` saying why).
+    ``in_place``: ``name`` is the base itself, given its settings (a model just made from
+    uploaded files with a Modelfile's ``SYSTEM`` or ``PARAMETER`` lines)."""
     name = check_name(name.removesuffix(":latest"))
     base = store.get(spec.base.removesuffix(":latest"))
     if base is None:
         raise BaseNotFound(spec.base)
     if base.kind != "generation":
         raise ModelImportError(f"'{base.name}' is a {base.kind} model: only chat and completion models can be derived")
-    if name == base.name:
+    if name == base.name and not in_place:
         raise ModelImportError(f"a model cannot be derived from itself ('{name}')")
     with store.scratch() as work:
         model_dir = work / "model"
@@ -113,10 +115,10 @@ def create_derived(store: StoreDirectory, name: str, spec: ModelSpec) -> StoredM
                 shutil.copy2(file, model_dir / file.name)
         honoured, not_honoured = _apply(model_dir, spec)
         manifest: dict[str, Any] = dict(base.manifest)
+        if not in_place:
+            manifest.update(source=f"derived from {base.name}", parent_model=base.name)
         manifest.update(
             name=name,
-            source=f"derived from {base.name}",
-            parent_model=base.name,
             created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             ollama={
                 "modelfile": attrs.asdict(_inherited(base, spec)),

@@ -19,12 +19,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from ..actors.lifecycle import KINDS, Loadable
 from ..actors.registry import Capability
 from .card import card_for, parameter_size, weights_of
 from .catalogue import CATALOGUE
+from .blobs import BlobStore, lay_out
 from .derive import create_derived, spec_of
-from .directory import StoredModel
+from .directory import StoredModel, check_name
+from .ollama_import import PREFIX as OLLAMA_PREFIX
+from .ollama_import import available as ollama_available
 from ..wire.modelfile import ModelSpec, render
 from .progress import Progress, Report
 from .pull import pull
@@ -86,6 +91,42 @@ class StoreShelf:
         """Make the derived model ``name`` (``derive.py``); the digest of its base's weights."""
         stored = create_derived(self.store, name, spec)
         return str(stored.manifest.get("source_sha256", ""))
+
+    @property
+    def blobs(self) -> BlobStore:
+        return BlobStore(self.store.root)
+
+    def import_files(self, name: str, files: dict[str, str], spec: ModelSpec | None, report: Report) -> str:
+        """Make model ``name`` from uploaded blobs (``files``: file name -> digest), given
+        ``spec``'s settings when it has any; the digest of its weights.  The store is unchanged
+        when it fails (``ModelImportError`` saying why)."""
+        check_name(name)
+        with self.store.scratch() as work:
+            source = lay_out(self.blobs, files, work)
+            label = "uploaded " + ", ".join(f"{n} ({d})" for n, d in sorted(files.items()))
+            stored = self.store.import_source(source, name=name, progress=Progress(report=report), label=label)
+        return self._settle(stored, spec, report)
+
+    def import_ollama(self, name: str, source: str, spec: ModelSpec | None, report: Report) -> str:
+        """Import ``ollama:NAME[:TAG]`` from Ollama's store as ``name``, given ``spec``'s
+        settings when it has any; its digest."""
+        check_name(name)
+        stored = self.store.import_source(source, name=name, progress=Progress(report=report))
+        return self._settle(stored, spec, report)
+
+    def _settle(self, stored: StoredModel, spec: ModelSpec | None, report: Report) -> str:
+        if spec is not None:
+            report("applying the settings", None, None)
+            stored = create_derived(self.store, stored.name, attrs.evolve(spec, base=stored.name), in_place=True)
+        return str(stored.manifest.get("source_sha256", ""))
+
+    def ollama_models(self) -> list[dict[str, Any]]:
+        """The models in Ollama's store on this machine, as the page offers them for import."""
+        return [
+            {"name": f"{OLLAMA_PREFIX}{listed.name}", "store_name": listed.name.store_name, "size": listed.size,
+             "family": listed.family, "quantization": listed.quantization, "problem": listed.problem}
+            for listed in ollama_available()
+        ]
 
     def modelfile(self, name: str) -> tuple[str, str] | None:
         """The Modelfile that makes ``name`` (a derived model's settings, an imported Ollama

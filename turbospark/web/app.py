@@ -108,12 +108,15 @@ AUDIO_BODY_LIMIT = 128 * 1024 * 1024
 
 
 class _Request(TrioRequest):
-    """The body limit is chosen when the request is made: 128 MiB under /v1/audio/."""
+    """The body limit is chosen when the request is made: 128 MiB under /v1/audio/, none for a
+    blob (a model's weights, streamed to disk as they arrive, never held whole)."""
 
     def __init__(self, method: str, scheme: str, path: str, *args: Any, max_content_length: int | None = None,
                  **kwargs: Any) -> None:  # fmt: skip
         if path.startswith("/v1/audio/"):
             max_content_length = AUDIO_BODY_LIMIT
+        elif path.startswith("/api/blobs/"):
+            max_content_length = None
         super().__init__(method, scheme, path, *args, max_content_length=max_content_length, **kwargs)
 
 

@@ -132,8 +132,12 @@ def _routes() -> tuple[Route, ...]:
         Route("get", "/ui/{name}", "The web page's files (GET / with Accept: text/html is the page)", success="text/javascript"),
         Route("get", "/slots", "llama.cpp's slots: the prefix cache's places", "openai", returns={"type": "array"}),
         Route("post", "/slots/{slot}", "Save, restore or erase a slot (?action=)", "openai", raw_body="application/json"),
-        Route("post", "/api/create", "Make a model from a stored one: system, parameters, messages (NDJSON status)",
-              "ollama", raw_body="application/json", streams=ndjson),
+        Route("post", "/api/create", "Make a model from a stored one, from uploaded files or from Ollama's store "
+              "(NDJSON status)", "ollama", raw_body="application/json", streams=ndjson),
+        Route("post", "/api/blobs/{digest}", "Upload a file for /api/create's files (201; HEAD: is it there)", "ollama",
+              raw_body="application/octet-stream", success="text/plain"),
+        Route("get", "/api/ollama/models", "The models in Ollama's store on this machine, for import", "ollama",
+              returns=_object("models")),
     ]
     return tuple(out)
 

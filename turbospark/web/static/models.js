@@ -1,5 +1,7 @@
 // The model manager: the store (/api/tags, /api/show, /api/ps), the catalogue (/api/catalogue,
-// /api/pull with progress), load and unload (keep_alive), delete.
+// /api/pull with progress), load and unload (keep_alive), delete, and import: a GGUF file from
+// this computer (uploaded as Ollama's client does, /api/blobs then /api/create with files) or a
+// model from Ollama's store on the server's machine (/api/ollama/models, /api/create from ollama:).
 import { api, bytes, el, errorText, json, lines, postJSON } from "./api.js";
 
 const message = () => document.getElementById("models-message");
@@ -7,6 +9,12 @@ const message = () => document.getElementById("models-message");
 export function startModels() {
   document.getElementById("tab-models").addEventListener("shown", refresh);
   document.getElementById("pull-form").addEventListener("submit", (e) => { e.preventDefault(); pull(); });
+  document.getElementById("import-file-form").addEventListener("submit", (e) => { e.preventDefault(); importFile(); });
+  document.getElementById("import-ollama-form").addEventListener("submit", (e) => { e.preventDefault(); importOllama(); });
+  document.getElementById("import-file").addEventListener("change", (e) => {
+    const file = e.target.files[0], name = document.getElementById("import-file-name");
+    if (file && !name.value) name.value = file.name.replace(/\.gguf$/i, "").toLowerCase().replace(/[^a-z0-9._-]+/g, "-");
+  });
   refresh();
 }
 
@@ -38,6 +46,11 @@ async function refresh() {
     select.replaceChildren(...catalogue.models.map((m) =>
       el("option", { value: m.name }, have.has(m.name) ? `${m.name} (stored)` : m.name)));
     select.disabled = !catalogue.models.length;
+    const local = await json("/api/ollama/models");
+    const offered = document.getElementById("import-ollama");
+    offered.replaceChildren(...local.models.map((m) => el("option", { value: m.name, "data-name": m.store_name, ...(m.problem ? { disabled: "" } : {}) },
+      `${m.name.slice(7)} (${bytes(m.size)}${m.problem ? `: ${m.problem}` : ""})`)));
+    if (!local.models.length) offered.replaceChildren(el("option", { value: "", disabled: "" }, "none found"));
   } catch (err) {
     message().textContent = `Could not read the models: ${err.message}`;
   }
@@ -61,26 +74,65 @@ async function remove(model) {
 
 async function pull() {
   const name = document.getElementById("pull-name").value;
-  const bar = document.getElementById("pull-progress");
-  const status = document.getElementById("pull-status");
   if (!name) return;
+  const report = progress("pull");
+  report.say(`Pulling ${name}…`);
+  if (await report.follow(await postJSON("/api/pull", { model: name }))) report.say(`Pulled ${name}.`);
+  refresh();
+}
+
+// A progress bar and its status line, following an NDJSON progress stream to its end; true when
+// it ended with success.
+function progress(prefix) {
+  const bar = document.getElementById(`${prefix}-progress`);
+  const status = document.getElementById(`${prefix}-status`);
   bar.value = 0; bar.max = 1;
-  status.textContent = `Pulling ${name}…`;
-  const response = await postJSON("/api/pull", { model: name });
-  if (!response.ok) { status.textContent = errorText(await response.json(), response.status); return; }
-  let steps = 0;
-  for await (const line of lines(response)) {
-    if (!line.trim()) continue;
-    const p = JSON.parse(line);
-    if (p.error) { status.textContent = `Failed: ${p.error}`; return; }
-    if (p.total) {
-      bar.max = p.total; bar.value = p.completed;
-      steps++;
-      bar.dataset.steps = steps;
-      status.textContent = `${p.status}: ${bytes(p.completed)} of ${bytes(p.total)}`;
-    } else status.textContent = p.status;
+  return {
+    say(text) { status.textContent = text; },
+    async follow(response) {
+      if (!response.ok) { status.textContent = errorText(await response.json(), response.status); return false; }
+      let steps = 0;
+      for await (const line of lines(response)) {
+        if (!line.trim()) continue;
+        const p = JSON.parse(line);
+        if (p.error) { status.textContent = `Failed: ${p.error}`; return false; }
+        if (p.total) {
+          bar.max = p.total; bar.value = p.completed;
+          bar.dataset.steps = ++steps;
+          status.textContent = `${p.status}: ${bytes(p.completed)} of ${bytes(p.total)}`;
+        } else status.textContent = p.status;
+      }
+      bar.value = bar.max;
+      return true;
+    },
+  };
+}
+
+async function importFile() {
+  const file = document.getElementById("import-file").files[0];
+  const name = document.getElementById("import-file-name").value.trim();
+  const report = progress("import");
+  if (!file || !name) { report.say("Choose a GGUF file and a name."); return; }
+  if (!crypto.subtle) { report.say("Hashing the file needs a secure page (localhost or https)."); return; }
+  report.say(`Reading ${file.name}…`);
+  const hash = await crypto.subtle.digest("SHA-256", await file.arrayBuffer());
+  const digest = "sha256:" + [...new Uint8Array(hash)].map((b) => b.toString(16).padStart(2, "0")).join("");
+  if ((await api(`/api/blobs/${digest}`, { method: "HEAD" })).status !== 200) {
+    report.say(`Uploading ${file.name} (${bytes(file.size)})…`);
+    const sent = await api(`/api/blobs/${digest}`, { method: "POST", body: file });
+    if (sent.status !== 201) { report.say(errorText(await sent.json(), sent.status)); return; }
   }
-  bar.value = bar.max;
-  status.textContent = `Pulled ${name}.`;
+  const made = await report.follow(await postJSON("/api/create", { model: name, files: { [file.name]: digest } }));
+  if (made) report.say(`Imported ${name}.`);
+  refresh();
+}
+
+async function importOllama() {
+  const chosen = document.getElementById("import-ollama").selectedOptions[0];
+  if (!chosen || !chosen.value) return;
+  const source = chosen.value, name = chosen.dataset.name;
+  const report = progress("import");
+  report.say(`Importing ${source}…`);
+  if (await report.follow(await postJSON("/api/create", { model: name, from: source }))) report.say(`Imported ${name}.`);
   refresh();
 }

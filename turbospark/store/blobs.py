@@ -1,0 +1,130 @@
+"""Uploaded files, kept by digest until a create names them (Ollama's ``/api/blobs`` and
+``/api/create`` with ``files``): how ``ollama create`` sends a GGUF or a safetensors directory,
+and how the web page imports a file from the user's disk.
+
+Blobs live under the store's root in ``.blobs/sha256-<hex>`` (a name no model can have).  An
+upload is written to a temporary file beside them, hashed as it arrives, and renamed into place
+only when its bytes hash to the digest it was sent under; a short or wrong upload leaves nothing.
+:func:`lay_out` turns a create's ``files`` (file name -> digest) into what ``import_source``
+reads: the GGUF itself when one GGUF is named, else a directory of hard links by file name.
+Everything here is blocking file work: the routes run it on a worker thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path, PurePosixPath
+
+from .gguf_errors import ModelImportError
+
+__all__ = ["BlobError", "BlobStore", "BlobUpload", "check_digest", "lay_out"]
+
+_DIGEST_RE = re.compile(r"sha256[:-]([0-9a-f]{64})")
+
+
+class BlobError(ModelImportError, ValueError):
+    """A digest that is malformed, unknown or not what the bytes hash to; a file name a create
+    cannot lay out."""
+
+
+def check_digest(digest: str) -> str:
+    """The hex of ``sha256:<64 hex>`` (Ollama also writes ``sha256-``); a ``BlobError`` else."""
+    match = _DIGEST_RE.fullmatch(digest)
+    if match is None:
+        raise BlobError(f"invalid digest {digest!r}: expected sha256:<64 lowercase hex digits>")
+    return match[1]
+
+
+class BlobUpload:
+    """One upload in progress: ``write`` its chunks, then ``finish`` (kept under its digest when
+    the bytes match, else a ``BlobError``) or ``discard``."""
+
+    def __init__(self, final: Path, expected: str) -> None:
+        self.final, self.expected = final, expected
+        self.temp = final.with_name(f".upload-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        self.file = self.temp.open("wb")
+        self.hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, chunk: bytes) -> None:
+        self.hash.update(chunk)
+        self.file.write(chunk)
+        self.size += len(chunk)
+
+    def finish(self) -> int:
+        """Keep the blob; its size in bytes."""
+        self.file.close()
+        if self.hash.hexdigest() != self.expected:
+            self.temp.unlink(missing_ok=True)
+            raise BlobError(f"digest mismatch: the {self.size} bytes sent hash to sha256:{self.hash.hexdigest()}")
+        os.replace(self.temp, self.final)
+        return self.size
+
+    def discard(self) -> None:
+        self.file.close()
+        self.temp.unlink(missing_ok=True)
+
+
+class BlobStore:
+    """The blobs under one model store's root."""
+
+    def __init__(self, store_root: Path) -> None:
+        self.root = store_root / ".blobs"
+
+    def path(self, digest: str) -> Path:
+        return self.root / f"sha256-{check_digest(digest)}"
+
+    def has(self, digest: str) -> bool:
+        return self.path(digest).is_file()
+
+    def upload(self, digest: str) -> BlobUpload:
+        final = self.path(digest)
+        self.root.mkdir(parents=True, exist_ok=True)
+        return BlobUpload(final, check_digest(digest))
+
+    def remove(self, digest: str) -> None:
+        self.path(digest).unlink(missing_ok=True)
+
+
+def _file_name(name: object) -> PurePosixPath:
+    if not isinstance(name, str) or not name:
+        raise BlobError("files: each key must be a file name")
+    path = PurePosixPath(name)
+    if path.is_absolute() or ".." in path.parts or "\\" in name or not path.parts:
+        raise BlobError(f"files: {name!r} is not a relative file name")
+    return path
+
+
+def lay_out(blobs: BlobStore, files: object, work: Path) -> Path:
+    """What ``import_source`` reads for a create's ``files``: the blob itself when the files are
+    one ``.gguf``, else a directory under ``work`` with each blob hard-linked under its name (a
+    Hugging Face or safetensors directory, as ``ollama create`` sends one)."""
+    if not isinstance(files, dict) or not files:
+        raise BlobError("files must be an object of file names to blob digests")
+    named = {_file_name(name): blobs.path(str(digest)) if isinstance(digest, str) else None
+             for name, digest in files.items()}  # fmt: skip
+    for name, path in named.items():
+        if path is None:
+            raise BlobError(f"files: the digest of {str(name)!r} must be a string")
+        if not path.is_file():
+            raise BlobError(f"files: {str(name)!r} names blob {path.name.replace('-', ':', 1)}, which was never uploaded")
+    ggufs = [n for n in named if n.suffix == ".gguf"]
+    if len(ggufs) > 1:
+        raise BlobError(f"files: one GGUF at a time, not {len(ggufs)} ({', '.join(str(n) for n in ggufs)})")
+    if ggufs:
+        if len(named) > 1:
+            raise BlobError("files: a GGUF carries its tokenizer and config; send it alone")
+        return named[ggufs[0]]  # type: ignore[return-value]
+    directory = work / "files"
+    for name, blob in named.items():
+        target = directory.joinpath(*name.parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(blob, target)  # type: ignore[arg-type]
+        except OSError:
+            shutil.copy2(blob, target)  # type: ignore[arg-type]
+    return directory
