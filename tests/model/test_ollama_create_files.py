@@ -61,6 +61,12 @@ async def test_the_ollama_client_creates_a_model_from_a_gguf_and_chats_with_it(s
     statuses = [s.status for s in steps]
     assert statuses[-1] == "success" and len(statuses) > 2, statuses
     assert _models(store) == ["mine"]
+    async with httpx.AsyncClient() as h:  # converted into the store, the upload is not kept twice
+        assert (await h.head(f"{server.url}/api/blobs/{digest}")).status_code == 404
+    # a GGUF is known by its bytes, whatever it is called (Ollama's FROM ./model.bin)
+    digest = await c.create_blob(tiny_gguf)
+    await c.create(model="from-bin", files={"model.bin": digest}, stream=False)
+    assert _models(store) == ["from-bin", "mine"]
     shown = await c.show("mine")
     assert "You are tiny." in (shown.modelfile or "") and "temperature 0.25" in (shown.parameters or "")
     r = await c.chat(model="mine", messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 3})
@@ -104,9 +110,8 @@ async def test_bad_uploads_and_creates_are_a_400_and_keep_nothing(served, tiny_g
         assert never.status_code == 400 and "never uploaded" in never.json()["error"]
         digest = _digest(data)
         assert (await h.post(f"{server.url}/api/blobs/{digest}", content=data)).status_code == 201
-        outside = await h.post(f"{server.url}/api/create", json={"model": "m", "files": {"../m.gguf": digest},
-                                                                 "stream": False})  # fmt: skip
-        assert outside.status_code == 400 and "not a relative file name" in outside.json()["error"]
+        outside = await h.post(f"{server.url}/api/create", json={"model": "m", "files": {"../m.gguf": digest}})
+        assert outside.status_code == 400 and "not a relative file name" in outside.json()["error"]  # before any stream
         junk = _digest(b"not a model")
         assert (await h.post(f"{server.url}/api/blobs/{junk}", content=b"not a model")).status_code == 201
         streamed = await h.post(f"{server.url}/api/create", json={"model": "m", "files": {"m.gguf": junk}})

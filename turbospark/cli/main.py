@@ -95,7 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 specs = [sharded_spec(settings, group), *backend_specs(settings, models=False), *audio_specs(settings)]
             else:
                 specs = [*backend_specs(settings), *audio_specs(settings)]
-        trio.run(_run, settings, specs, shelf_for(settings))
+        shelf = shelf_for(settings)
+        if shelf is not None:  # on-demand loads and imports use mlx_lm even beside scripted models
+            import_mlx_lm_keeping_the_fd_limit()
+        trio.run(_run, settings, specs, shelf)
     except KeyboardInterrupt:
         print("turbospark: interrupted while preparing models; nothing half-written was left in "
               "the model store", file=sys.stderr)

@@ -132,6 +132,10 @@ async def _import(sys_: Any, store: Any, name: str, body: dict[str, Any], stream
             raise RequestInvalid("files must be an object of file names to blob digests", param="files")
         for file_name, digest in files.items():
             try:
+                store.check_file_name(file_name)
+            except ValueError as exc:
+                raise RequestInvalid(str(exc), param="files") from None
+            try:
                 present = store.blobs.has(digest)
             except ValueError as exc:
                 raise RequestInvalid(f"files: {file_name}: {exc}", param="files") from None

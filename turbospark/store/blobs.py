@@ -21,9 +21,10 @@ from pathlib import Path, PurePosixPath
 
 from .gguf_errors import ModelImportError
 
-__all__ = ["BlobError", "BlobStore", "BlobUpload", "check_digest", "lay_out"]
+__all__ = ["BlobError", "BlobStore", "BlobUpload", "check_digest", "check_file_name", "lay_out"]
 
-_DIGEST_RE = re.compile(r"sha256[:-]([0-9a-f]{64})")
+_DIGEST_RE = re.compile(r"sha256[:-]([0-9a-fA-F]{64})")
+_UPLOAD_PREFIX = ".upload-"
 
 
 class BlobError(ModelImportError, ValueError):
@@ -35,8 +36,8 @@ def check_digest(digest: str) -> str:
     """The hex of ``sha256:<64 hex>`` (Ollama also writes ``sha256-``); a ``BlobError`` else."""
     match = _DIGEST_RE.fullmatch(digest)
     if match is None:
-        raise BlobError(f"invalid digest {digest!r}: expected sha256:<64 lowercase hex digits>")
-    return match[1]
+        raise BlobError(f"invalid digest {digest!r}: expected sha256:<64 hex digits>")
+    return match[1].lower()
 
 
 class BlobUpload:
@@ -45,7 +46,7 @@ class BlobUpload:
 
     def __init__(self, final: Path, expected: str) -> None:
         self.final, self.expected = final, expected
-        self.temp = final.with_name(f".upload-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        self.temp = final.with_name(f"{_UPLOAD_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}")
         self.file = self.temp.open("wb")
         self.hash = hashlib.sha256()
         self.size = 0
@@ -84,13 +85,33 @@ class BlobStore:
     def upload(self, digest: str) -> BlobUpload:
         final = self.path(digest)
         self.root.mkdir(parents=True, exist_ok=True)
+        self._sweep_stale()
         return BlobUpload(final, check_digest(digest))
+
+    def _sweep_stale(self) -> None:
+        """Remove the partial uploads of processes that died mid-upload."""
+        for entry in self.root.glob(f"{_UPLOAD_PREFIX}*"):
+            pid = entry.name.removeprefix(_UPLOAD_PREFIX).split("-", 1)[0]
+            if pid.isdigit() and not _alive(int(pid)):
+                entry.unlink(missing_ok=True)
 
     def remove(self, digest: str) -> None:
         self.path(digest).unlink(missing_ok=True)
 
 
-def _file_name(name: object) -> PurePosixPath:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def check_file_name(name: object) -> PurePosixPath:
+    """A create's file name as a relative path; a ``BlobError`` for anything that could leave
+    the directory it is laid out in."""
     if not isinstance(name, str) or not name:
         raise BlobError("files: each key must be a file name")
     path = PurePosixPath(name)
@@ -99,20 +120,30 @@ def _file_name(name: object) -> PurePosixPath:
     return path
 
 
+def _is_gguf(path: Path) -> bool:
+    """A GGUF by its magic bytes, whatever its name (``FROM ./model.bin``)."""
+    with path.open("rb") as f:
+        return f.read(4) == b"GGUF"
+
+
 def lay_out(blobs: BlobStore, files: object, work: Path) -> Path:
     """What ``import_source`` reads for a create's ``files``: the blob itself when the files are
     one ``.gguf``, else a directory under ``work`` with each blob hard-linked under its name (a
     Hugging Face or safetensors directory, as ``ollama create`` sends one)."""
     if not isinstance(files, dict) or not files:
         raise BlobError("files must be an object of file names to blob digests")
-    named = {_file_name(name): blobs.path(str(digest)) if isinstance(digest, str) else None
+    named = {check_file_name(name): blobs.path(str(digest)) if isinstance(digest, str) else None
              for name, digest in files.items()}  # fmt: skip
     for name, path in named.items():
         if path is None:
             raise BlobError(f"files: the digest of {str(name)!r} must be a string")
         if not path.is_file():
             raise BlobError(f"files: {str(name)!r} names blob {path.name.replace('-', ':', 1)}, which was never uploaded")
-    ggufs = [n for n in named if n.suffix == ".gguf"]
+    if len(named) == 1:  # one file: a GGUF whatever it is called, as Ollama reads one
+        [(name, path)] = named.items()
+        if _is_gguf(path):  # type: ignore[arg-type]
+            return path  # type: ignore[return-value]
+    ggufs = [n for n, blob in named.items() if n.suffix.lower() == ".gguf" or _is_gguf(blob)]  # type: ignore[arg-type]
     if len(ggufs) > 1:
         raise BlobError(f"files: one GGUF at a time, not {len(ggufs)} ({', '.join(str(n) for n in ggufs)})")
     if ggufs:

@@ -25,7 +25,7 @@ from ..actors.lifecycle import KINDS, Loadable
 from ..actors.registry import Capability
 from .card import card_for, parameter_size, weights_of
 from .catalogue import CATALOGUE
-from .blobs import BlobStore, lay_out
+from .blobs import BlobStore, check_file_name, lay_out
 from .derive import create_derived, spec_of
 from .directory import StoredModel, check_name
 from .ollama_import import PREFIX as OLLAMA_PREFIX
@@ -96,16 +96,22 @@ class StoreShelf:
     def blobs(self) -> BlobStore:
         return BlobStore(self.store.root)
 
+    check_file_name = staticmethod(check_file_name)
+
     def import_files(self, name: str, files: dict[str, str], spec: ModelSpec | None, report: Report) -> str:
         """Make model ``name`` from uploaded blobs (``files``: file name -> digest), given
-        ``spec``'s settings when it has any; the digest of its weights.  The store is unchanged
-        when it fails (``ModelImportError`` saying why)."""
+        ``spec``'s settings when it has any; the digest of its weights.  The blobs are removed
+        once the model is in the store.  When it fails (``ModelImportError`` saying why) no model
+        ``name`` is left (one of that name before is replaced, as any import replaces it)."""
         check_name(name)
         with self.store.scratch() as work:
             source = lay_out(self.blobs, files, work)
             label = "uploaded " + ", ".join(f"{n} ({d})" for n, d in sorted(files.items()))
             stored = self.store.import_source(source, name=name, progress=Progress(report=report), label=label)
-        return self._settle(stored, spec, report)
+        digest = self._settle(stored, spec, report)
+        for blob in set(files.values()):  # converted into the store: the upload is a second copy
+            self.blobs.remove(blob)
+        return digest
 
     def import_ollama(self, name: str, source: str, spec: ModelSpec | None, report: Report) -> str:
         """Import ``ollama:NAME[:TAG]`` from Ollama's store as ``name``, given ``spec``'s
@@ -115,9 +121,14 @@ class StoreShelf:
         return self._settle(stored, spec, report)
 
     def _settle(self, stored: StoredModel, spec: ModelSpec | None, report: Report) -> str:
+        """``stored`` given ``spec``'s settings; a model that cannot take them is removed again."""
         if spec is not None:
             report("applying the settings", None, None)
-            stored = create_derived(self.store, stored.name, attrs.evolve(spec, base=stored.name), in_place=True)
+            try:
+                stored = create_derived(self.store, stored.name, attrs.evolve(spec, base=stored.name), in_place=True)
+            except BaseException:
+                self.store.remove(stored.name)
+                raise
         return str(stored.manifest.get("source_sha256", ""))
 
     def ollama_models(self) -> list[dict[str, Any]]:

@@ -115,7 +115,13 @@ async function importFile() {
   if (!file || !name) { report.say("Choose a GGUF file and a name."); return; }
   if (!crypto.subtle) { report.say("Hashing the file needs a secure page (localhost or https)."); return; }
   report.say(`Reading ${file.name}…`);
-  const hash = await crypto.subtle.digest("SHA-256", await file.arrayBuffer());
+  let hash;
+  try {
+    hash = await crypto.subtle.digest("SHA-256", await file.arrayBuffer());
+  } catch (err) {  // a file larger than the tab may hold
+    report.say(`Could not read ${file.name} (${bytes(file.size)}): ${err.message}; import it with the command line.`);
+    return;
+  }
   const digest = "sha256:" + [...new Uint8Array(hash)].map((b) => b.toString(16).padStart(2, "0")).join("");
   if ((await api(`/api/blobs/${digest}`, { method: "HEAD" })).status !== 200) {
     report.say(`Uploading ${file.name} (${bytes(file.size)})…`);
