@@ -61,6 +61,21 @@ async def read_until(stream: trio.SocketStream, needle: bytes, timeout: float = 
     return buf
 
 
+async def read_until_text(stream: trio.SocketStream, timeout: float = 60) -> bytes:
+    """Read a streamed chat until its first token's text: the opening chunk (an empty content)
+    and prefill progress come before it, while the request is still prefilling."""
+    import re
+
+    buf = b""
+    with trio.fail_after(timeout):
+        while not re.search(rb'"content":\s*"[^"]', buf):
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                raise AssertionError(f"connection closed before any text; got {buf!r}")
+            buf += chunk
+    return buf
+
+
 # LangChain's bind_tools schema for get_weather(city: str), as it sends it: no additionalProperties.
 LANGCHAIN = {
     "type": "function",

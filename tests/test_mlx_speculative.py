@@ -13,7 +13,7 @@ from turbospark.messages import Generated
 from turbospark.model.backend import BackendSpec, SamplingParams
 from turbospark.server import serve
 
-from ._support import raw_post, read_until
+from ._support import raw_post, read_until, read_until_text
 from .realmodels import smollm2_store
 
 pytestmark = pytest.mark.mlx
@@ -82,8 +82,7 @@ async def test_a_client_leaving_while_drafts_are_checked_stops_within_that_step(
     events = spec_server.system.subscribe(buffer=100_000)
     leaving = await raw_post(spec_server.url, "/v1/chat/completions", {
         "messages": COPY, "max_tokens": 200, "stream": True, "temperature": 0})
-    await read_until(leaving, b'"content"', timeout=120)
-    seen = b""
+    seen = await read_until_text(leaving, timeout=120)
     for _ in range(6):
         seen += await read_until(leaving, b"\n\n", timeout=60)
     await leaving.aclose()

@@ -19,6 +19,7 @@ import shutil
 import uuid
 from pathlib import Path, PurePosixPath
 
+from .directory import process_alive
 from .gguf_errors import ModelImportError
 
 __all__ = ["BlobError", "BlobStore", "BlobUpload", "check_digest", "check_file_name", "lay_out"]
@@ -92,21 +93,11 @@ class BlobStore:
         """Remove the partial uploads of processes that died mid-upload."""
         for entry in self.root.glob(f"{_UPLOAD_PREFIX}*"):
             pid = entry.name.removeprefix(_UPLOAD_PREFIX).split("-", 1)[0]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not process_alive(int(pid)):
                 entry.unlink(missing_ok=True)
 
     def remove(self, digest: str) -> None:
         self.path(digest).unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def check_file_name(name: object) -> PurePosixPath:

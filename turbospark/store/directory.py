@@ -184,11 +184,12 @@ class StoreDirectory:
         """Remove temporary directories left by imports whose process died."""
         for entry in self.root.glob(f"{_TMP_PREFIX}*"):
             pid = entry.name.removeprefix(_TMP_PREFIX).split("-", 1)[0]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not process_alive(int(pid)):
                 shutil.rmtree(entry, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a scratch directory's or an upload's owner)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
