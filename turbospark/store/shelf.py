@@ -101,8 +101,9 @@ class StoreShelf:
     def import_files(self, name: str, files: dict[str, str], spec: ModelSpec | None, report: Report) -> str:
         """Make model ``name`` from uploaded blobs (``files``: file name -> digest), given
         ``spec``'s settings when it has any; the digest of its weights.  The blobs are removed
-        once the model is in the store.  When it fails (``ModelImportError`` saying why) no model
-        ``name`` is left (one of that name before is replaced, as any import replaces it)."""
+        once the model is in the store.  An import that fails (``ModelImportError`` saying why)
+        leaves the store unchanged; settings the new model cannot take remove it again (an
+        earlier model of that name was replaced, as any import replaces it)."""
         check_name(name)
         with self.store.scratch() as work:
             source = lay_out(self.blobs, files, work)
