@@ -112,8 +112,37 @@ async def test_affinity_keeps_each_conversation_on_the_replica_that_caches_it(de
 async def test_without_affinity_turns_spread_and_miss_the_cache(deployment) -> None:
     d = deployment("--no-affinity")
     async with httpx.AsyncClient(timeout=60) as client:
-        turns = [t for i in range(4) for t in await _turns(client, d.url, f"s{i}", "x-session-id")]
+        conversations = [await _turns(client, d.url, f"s{i}", "x-session-id") for i in range(4)]
+    turns = [t for c in conversations for t in c]
     assert {replica for replica, _ in turns} == {"replica1", "replica2"}
+    # a later turn that reached a replica new to its conversation read at most the few opening
+    # tokens every conversation shares (with affinity every later turn reads its whole history)
+    moved = [cached for c in conversations for i, (replica, cached) in enumerate(c)
+             if i and replica not in {r for r, _ in c[:i]}]
+    back = [cached for c in conversations for i, (replica, cached) in enumerate(c)
+            if i and replica in {r for r, _ in c[:i]}]
+    assert moved and max(moved) < 16, conversations
+    assert all(cached > 40 for cached in back), conversations
+
+
+async def test_the_openai_sdk_and_claude_codes_session_header_go_through_the_balancer(deployment) -> None:
+    import openai
+
+    d = deployment()
+    sdk = openai.AsyncOpenAI(base_url=f"{d.url}/v1", api_key="unused",
+                             default_headers={"X-Claude-Code-Session-Id": "a-claude-code-session"})
+    replicas = set()
+    for _ in range(3):
+        raw = await sdk.chat.completions.with_raw_response.create(
+            model="scripted", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+        done = raw.parse()
+        assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 4
+        replicas.add(raw.headers["x-turbospark-replica"])
+        stream = await sdk.chat.completions.create(
+            model="scripted", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, stream=True)
+        pieces = [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+        assert "".join(pieces) == done.choices[0].message.content
+    assert len(replicas) == 1  # one session, one replica
 
 
 async def _stream(client: httpx.AsyncClient, url: str, session: str, tokens: int, seen: dict) -> None:
