@@ -201,9 +201,9 @@ async def blob_upload(digest: str) -> Response:
             raise RequestInvalid(str(exc), param="digest") from None
         finished = True
     finally:
-        if not finished:
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(upload.discard)
+        if not finished:  # shielded and bounded: a partial upload is never kept
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await trio.to_thread.run_sync(upload.discard, abandon_on_cancel=True)
     return Response(b"", status=201)
 
 
