@@ -61,10 +61,8 @@ def decode(backend, prompt: list[int], params: SamplingParams, batch: int) -> tu
     first = None
     while any(len(t) < params.max_tokens for t in tokens.values()):
         out = backend.step()
-        for sid, token in out.tokens.items():  # a speculative step's further tokens in ``more``
-            for one in (token, *out.more.get(sid, ())):
-                if len(tokens[sid]) < params.max_tokens:
-                    tokens[sid].append(one)
+        for sid in out.tokens:
+            tokens[sid] += out.emitted(sid)[: params.max_tokens - len(tokens[sid])]
         if first is None and out.tokens:
             first, decoded_at_first = time.perf_counter(), sum(len(t) for t in tokens.values())
     elapsed = time.perf_counter() - first
@@ -116,14 +114,11 @@ def _until_end(backend, prompt: list[int], params: SamplingParams) -> list[int]:
     backend.insert(0, prompt, params)
     out: list[int] = []
     while len(out) < params.max_tokens:
-        step = backend.step()
-        if 0 not in step.tokens:
-            continue
-        for token in (step.tokens[0], *step.more.get(0, ())):
+        for token in backend.step().emitted(0):
             out.append(token)
             if token in backend.tokenizer.stop_ids or len(out) == params.max_tokens:
                 break
-        if out[-1] in backend.tokenizer.stop_ids:
+        if out and out[-1] in backend.tokenizer.stop_ids:
             break
     backend.remove(0, keep_cache=False)
     return out

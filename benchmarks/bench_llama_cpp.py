@@ -105,8 +105,7 @@ def child_mlx(model_dir: Path) -> None:
         try:
             made = 0
             while made < max_tokens:
-                out = backend.step()
-                for token in (out.tokens[0], *out.more.get(0, ())) if 0 in out.tokens else ():
+                for token in backend.step().emitted(0):
                     made += 1
                     yield token
         finally:

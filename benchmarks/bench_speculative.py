@@ -76,7 +76,7 @@ def run(backend, ids: list[int], speculate: bool, max_tokens: int) -> tuple[floa
         if 0 in step.tokens:
             last = time.perf_counter()
             first = first or last
-            out += [step.tokens[0], *step.more.get(0, ())]
+            out += step.emitted(0)
             if backend.tokenizer.stop_ids and out[-1] in backend.tokenizer.stop_ids:
                 break
     backend.remove(0, keep_cache=False)

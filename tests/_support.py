@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import trio
@@ -50,28 +51,19 @@ async def raw_post(url: str, path: str, body: dict[str, Any]) -> trio.SocketStre
     return stream
 
 
-async def read_until(stream: trio.SocketStream, needle: bytes, timeout: float = 10) -> bytes:
+#: A streamed chat's first token's text: the opening chunk (an empty content) and prefill progress
+#: come before it, while the request is still prefilling.
+FIRST_TEXT = re.compile(rb'"content":\s*"[^"]')
+
+
+async def read_until(stream: trio.SocketStream, needle: bytes | re.Pattern[bytes], timeout: float = 10) -> bytes:
+    """Read until ``needle`` (bytes, or a pattern such as ``FIRST_TEXT``) has arrived."""
     buf = b""
     with trio.fail_after(timeout):
-        while needle not in buf:
+        while not (needle.search(buf) if isinstance(needle, re.Pattern) else needle in buf):
             chunk = await stream.receive_some(65536)
             if not chunk:
                 raise AssertionError(f"connection closed before {needle!r}; got {buf!r}")
-            buf += chunk
-    return buf
-
-
-async def read_until_text(stream: trio.SocketStream, timeout: float = 60) -> bytes:
-    """Read a streamed chat until its first token's text: the opening chunk (an empty content)
-    and prefill progress come before it, while the request is still prefilling."""
-    import re
-
-    buf = b""
-    with trio.fail_after(timeout):
-        while not re.search(rb'"content":\s*"[^"]', buf):
-            chunk = await stream.receive_some(65536)
-            if not chunk:
-                raise AssertionError(f"connection closed before any text; got {buf!r}")
             buf += chunk
     return buf
 

@@ -15,11 +15,11 @@ import pytest
 import trio
 
 from turbospark.audio.engines import AudioSpec
+from turbospark.cli.main import import_mlx_lm_keeping_the_fd_limit
 from turbospark.config import Settings
 from turbospark.model.backend import BackendSpec
 from turbospark.model.encoder import Encoder, EncoderSpec
 from turbospark.model.scripted import ScriptedBackend
-from turbospark.cli.main import import_mlx_lm_keeping_the_fd_limit
 from turbospark.server import Server, serve
 
 # as the server does: the processes the tests start (HAProxy among them) keep the run's limit

@@ -14,7 +14,7 @@ from turbospark.messages import BatchState, Generated
 from turbospark.model.backend import BackendSpec
 from turbospark.server import serve
 
-from ._support import chat_body, raw_post, read_until, read_until_text
+from ._support import FIRST_TEXT, chat_body, raw_post, read_until
 from .realmodels import smollm2_store
 
 pytestmark = pytest.mark.mlx
@@ -89,7 +89,7 @@ async def test_a_client_dropped_mid_batch_stops_within_a_step(batch_server, clie
             nursery.start_soon(steady, topic)
         leaving = await raw_post(batch_server.url, PATH, chat_body(
             "Tell me a very long story about the sea.", max_tokens=500, stream=True, temperature=0))
-        seen = await read_until_text(leaving, timeout=60)
+        seen = await read_until(leaving, FIRST_TEXT, timeout=60)
         for _ in range(3):
             seen += await read_until(leaving, b"\n\n")
         await leaving.aclose()

@@ -13,7 +13,7 @@ from turbospark.messages import Generated
 from turbospark.model.backend import BackendSpec
 from turbospark.server import serve
 
-from ._support import chat_body, raw_post, read_until, read_until_text, sse_events
+from ._support import FIRST_TEXT, chat_body, raw_post, read_until, sse_events
 from .realmodels import gemma_store, smollm2_store
 
 pytestmark = pytest.mark.mlx
@@ -100,7 +100,7 @@ async def test_disconnect_mid_decode_stops_the_mlx_loop(mlx_server, client) -> N
     events = mlx_server.system.subscribe()
     story = chat_body("Tell me a very long story about the sea.", max_tokens=2000, stream=True)
     sock = await raw_post(mlx_server.url, PATH, story | {"temperature": 0})
-    await read_until_text(sock, timeout=60)
+    await read_until(sock, FIRST_TEXT, timeout=60)
     for _ in range(3):
         await read_until(sock, b"\n\n")
     steps_at_close = mlx_server.backend.decode_steps
@@ -175,8 +175,7 @@ def run_alone(backend, prompt: list[int], params, *, leave_after: int | None = N
             idle += 1  # still reading its prompt; an engine that ended it gives nothing for ever
             assert idle < 10_000, "the engine stopped giving this sequence tokens"
             continue
-        # a speculative step gives the tokens it accepted after the first in ``more``
-        for token in (result.tokens[seq], *result.more.get(seq, ())):
+        for token in result.emitted(seq):  # several after a speculative step
             if token in backend.tokenizer.stop_ids or len(out) == params.max_tokens:
                 break
             out.append(token)

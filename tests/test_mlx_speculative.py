@@ -13,7 +13,7 @@ from turbospark.messages import Generated
 from turbospark.model.backend import BackendSpec, SamplingParams
 from turbospark.server import serve
 
-from ._support import raw_post, read_until, read_until_text
+from ._support import FIRST_TEXT, raw_post, read_until
 from .realmodels import smollm2_store
 
 pytestmark = pytest.mark.mlx
@@ -32,8 +32,8 @@ def greedy(backend, prompts: list[list[int]], new: int, speculate: int) -> list[
     out: list[list[int]] = [[] for _ in prompts]
     while any(len(o) < new for o in out):
         step = backend.step()
-        for seq, token in step.tokens.items():
-            out[seq] += [token, *step.more.get(seq, ())]
+        for seq in step.tokens:
+            out[seq] += step.emitted(seq)
     for seq in range(len(prompts)):
         backend.remove(seq, keep_cache=False)
     return [o[:new] for o in out]
@@ -82,7 +82,7 @@ async def test_a_client_leaving_while_drafts_are_checked_stops_within_that_step(
     events = spec_server.system.subscribe(buffer=100_000)
     leaving = await raw_post(spec_server.url, "/v1/chat/completions", {
         "messages": COPY, "max_tokens": 200, "stream": True, "temperature": 0})
-    seen = await read_until_text(leaving, timeout=120)
+    seen = await read_until(leaving, FIRST_TEXT, timeout=120)
     for _ in range(6):
         seen += await read_until(leaving, b"\n\n", timeout=60)
     await leaving.aclose()

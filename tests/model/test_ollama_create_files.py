@@ -14,16 +14,8 @@ import httpx
 import pytest
 
 from tests.model.test_hf_import import hf_directory, tokenizer_files  # noqa: F401 (a fixture)
-from tests.model.test_ollama_import import GO_CHATML, lay_out
-from tests.model.tiny import write_tiny_gguf
+from tests.model.test_ollama_import import GO_CHATML, lay_out, tiny_gguf  # noqa: F401 (a fixture)
 from turbospark.store.store import ModelStore
-
-
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
-    write_tiny_gguf(path)
-    return path
 
 
 @pytest.fixture
@@ -119,7 +111,7 @@ async def test_bad_uploads_and_creates_are_a_400_and_keep_nothing(served, tiny_g
         assert streamed.status_code == 200 and "error" in lines[-1] and "create failed" in lines[-1]["error"]
         bad_name = await h.post(f"{server.url}/api/create", json={"model": "Not/A Name", "files": {"m.gguf": digest},
                                                                   "stream": False})  # fmt: skip
-        assert bad_name.status_code == 400
+        assert bad_name.status_code == 400 and "invalid model name 'Not/A Name'" in bad_name.json()["error"]
     assert _models(store) == []
     assert not [p for p in store.root.iterdir() if p.name.startswith(".tmp")]
     assert not [p for p in (store.root / ".blobs").iterdir() if p.name.startswith(".upload")]
@@ -141,5 +133,5 @@ async def test_a_model_from_ollamas_store_is_listed_and_imported(
         assert any("total" in line for line in lines)  # byte progress while it hashes and converts
         missing = await h.post(f"{server.url}/api/create", json={"model": "x", "from": "ollama:nothing:here",
                                                                  "stream": False})  # fmt: skip
-        assert missing.status_code == 400
+        assert missing.status_code == 400 and "nothing:here" in missing.json()["error"], missing.text
     assert _models(store) == ["tiny:1b"]

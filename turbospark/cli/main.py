@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if needs_mlx(settings):
             reexec_with_openblas([sys.executable, "-m", "turbospark", *argv])
-            import_mlx_lm_keeping_the_fd_limit()
+            import_mlx_lm_keeping_the_fd_limit()  # also what a model store (shelf_for) implies
         with interruptible():  # a pull or import stops at once, leaving nothing half-written
             if settings.distributed:
                 from .distributed import distributed_group, follow_rank, sharded_spec
@@ -95,10 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 specs = [sharded_spec(settings, group), *backend_specs(settings, models=False), *audio_specs(settings)]
             else:
                 specs = [*backend_specs(settings), *audio_specs(settings)]
-        shelf = shelf_for(settings)
-        if shelf is not None:  # on-demand loads and imports use mlx_lm even beside scripted models
-            import_mlx_lm_keeping_the_fd_limit()
-        trio.run(_run, settings, specs, shelf)
+        trio.run(_run, settings, specs, shelf_for(settings))
     except KeyboardInterrupt:
         print("turbospark: interrupted while preparing models; nothing half-written was left in "
               "the model store", file=sys.stderr)

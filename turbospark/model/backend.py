@@ -89,6 +89,11 @@ class StepOutput:
     #: as (token id, log-probability), most likely first.
     logprobs: Mapping[int, tuple[float, tuple[tuple[int, float], ...]]] = attrs.field(factory=dict)
 
+    def emitted(self, seq: int) -> tuple[int, ...]:
+        """Every token this step gave ``seq``, in order: ``tokens[seq]`` and a speculative step's
+        further ones (none for a sequence that got no token)."""
+        return (self.tokens[seq], *self.more.get(seq, ())) if seq in self.tokens else ()
+
 
 class Backend(Protocol):
     model_id: str

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
 
+import attrs
 import trio
 from quart import Blueprint, Response, request
 from werkzeug.exceptions import RequestTimeout
@@ -126,22 +127,12 @@ async def _import(sys_: Any, store: Any, name: str, body: dict[str, Any], stream
     """A create that imports: from uploaded ``files``, or ``from`` a model in Ollama's store."""
     files, source = body.get("files"), body.get("from")
     spec = _spec(body, base_required=False)
-    settings = spec if (spec.system, spec.template, spec.parameters, spec.licenses, spec.messages) != (None, None, {}, (), ()) else None  # fmt: skip
+    settings = None if attrs.evolve(spec, base="") == ModelSpec(base="") else spec  # any to apply?
     if files:
-        if not isinstance(files, dict) or not all(isinstance(d, str) for d in files.values()):
-            raise RequestInvalid("files must be an object of file names to blob digests", param="files")
-        for file_name, digest in files.items():
-            try:
-                store.check_file_name(file_name)
-            except ValueError as exc:
-                raise RequestInvalid(str(exc), param="files") from None
-            try:
-                present = store.blobs.has(digest)
-            except ValueError as exc:
-                raise RequestInvalid(f"files: {file_name}: {exc}", param="files") from None
-            if not present:
-                raise RequestInvalid(f"files: {file_name} names {digest}, which was never uploaded "
-                                     "(POST /api/blobs/<digest> first)", param="files")  # fmt: skip
+        try:  # names and digests before any stream starts (the import checks them again)
+            store.blobs.resolve(files)
+        except ValueError as exc:
+            raise RequestInvalid(str(exc), param="files") from None
         job = partial(store.import_files, name, files, settings)
     else:
         job = partial(store.import_ollama, name, source, settings)
@@ -155,15 +146,11 @@ async def _import(sys_: Any, store: Any, name: str, body: dict[str, Any], stream
     return json_response({"status": "success"})
 
 
-def _blob_store() -> Any:
-    return shelf().blobs
-
-
 @blueprint.route("/api/blobs/<digest>", methods=["HEAD"])
 async def blob_exists(digest: str) -> Response:
     """Ollama's ``HEAD /api/blobs/sha256:<hex>``: 200 if that blob was uploaded, else 404."""
     try:
-        present = _blob_store().has(digest)
+        present = shelf().blobs.has(digest)
     except ValueError as exc:
         raise RequestInvalid(str(exc), param="digest") from None
     return Response(b"", status=200 if present else 404)
@@ -174,7 +161,7 @@ async def blob_upload(digest: str) -> Response:
     """Ollama's ``POST /api/blobs/sha256:<hex>``: the body is kept under that digest once its
     bytes hash to it (201), else a 400 and nothing kept.  Written on a worker thread a
     mebibyte at a time; a body that pauses longer than the body timeout is a 408."""
-    blobs = _blob_store()
+    blobs = shelf().blobs
     try:
         upload = await trio.to_thread.run_sync(blobs.upload, digest)
     except ValueError as exc:

@@ -99,6 +99,21 @@ class BlobStore:
     def remove(self, digest: str) -> None:
         self.path(digest).unlink(missing_ok=True)
 
+    def resolve(self, files: object) -> dict[PurePosixPath, Path]:
+        """A create's ``files`` (file name -> digest) as the blobs they name; a ``BlobError`` for
+        a name that could leave its directory, a malformed digest, or a blob never uploaded."""
+        if not isinstance(files, dict) or not files:
+            raise BlobError("files must be an object of file names to blob digests")
+        named: dict[PurePosixPath, Path] = {}
+        for name, digest in files.items():
+            path = check_file_name(name)
+            if not isinstance(digest, str):
+                raise BlobError(f"files: the digest of {name!r} must be a string")
+            blob = named[path] = self.path(digest)
+            if not blob.is_file():
+                raise BlobError(f"files: {name} names {digest}, which was never uploaded (POST /api/blobs/<digest> first)")
+        return named
+
 
 def check_file_name(name: object) -> PurePosixPath:
     """A create's file name as a relative path; a ``BlobError`` for anything that could leave
@@ -118,35 +133,22 @@ def _is_gguf(path: Path) -> bool:
 
 
 def lay_out(blobs: BlobStore, files: object, work: Path) -> Path:
-    """What ``import_source`` reads for a create's ``files``: the blob itself when the files are
-    one ``.gguf``, else a directory under ``work`` with each blob hard-linked under its name (a
-    Hugging Face or safetensors directory, as ``ollama create`` sends one)."""
-    if not isinstance(files, dict) or not files:
-        raise BlobError("files must be an object of file names to blob digests")
-    named = {check_file_name(name): blobs.path(str(digest)) if isinstance(digest, str) else None
-             for name, digest in files.items()}  # fmt: skip
-    for name, path in named.items():
-        if path is None:
-            raise BlobError(f"files: the digest of {str(name)!r} must be a string")
-        if not path.is_file():
-            raise BlobError(f"files: {str(name)!r} names blob {path.name.replace('-', ':', 1)}, which was never uploaded")
-    if len(named) == 1:  # one file: a GGUF whatever it is called, as Ollama reads one
-        [(name, path)] = named.items()
-        if _is_gguf(path):  # type: ignore[arg-type]
-            return path  # type: ignore[return-value]
-    ggufs = [n for n, blob in named.items() if n.suffix.lower() == ".gguf" or _is_gguf(blob)]  # type: ignore[arg-type]
-    if len(ggufs) > 1:
-        raise BlobError(f"files: one GGUF at a time, not {len(ggufs)} ({', '.join(str(n) for n in ggufs)})")
+    """What ``import_source`` reads for a create's ``files``: the blob itself when the file is a
+    GGUF (by its name or its magic bytes, as Ollama reads ``FROM ./model.bin``), else a directory
+    under ``work`` with each blob hard-linked under its name (a Hugging Face or safetensors
+    directory, as ``ollama create`` sends one)."""
+    named = blobs.resolve(files)
+    ggufs = [n for n, blob in named.items() if n.suffix.lower() == ".gguf" or _is_gguf(blob)]
     if ggufs:
         if len(named) > 1:
             raise BlobError("files: a GGUF carries its tokenizer and config; send it alone")
-        return named[ggufs[0]]  # type: ignore[return-value]
+        return named[ggufs[0]]
     directory = work / "files"
     for name, blob in named.items():
         target = directory.joinpath(*name.parts)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            os.link(blob, target)  # type: ignore[arg-type]
+            os.link(blob, target)
         except OSError:
-            shutil.copy2(blob, target)  # type: ignore[arg-type]
+            shutil.copy2(blob, target)
     return directory

@@ -25,7 +25,7 @@ from ..actors.lifecycle import KINDS, Loadable
 from ..actors.registry import Capability
 from .card import card_for, parameter_size, weights_of
 from .catalogue import CATALOGUE
-from .blobs import BlobStore, check_file_name, lay_out
+from .blobs import BlobStore, lay_out
 from .derive import create_derived, spec_of
 from .directory import StoredModel, check_name
 from .ollama_import import PREFIX as OLLAMA_PREFIX
@@ -95,8 +95,6 @@ class StoreShelf:
     @property
     def blobs(self) -> BlobStore:
         return BlobStore(self.store.root)
-
-    check_file_name = staticmethod(check_file_name)
 
     def import_files(self, name: str, files: dict[str, str], spec: ModelSpec | None, report: Report) -> str:
         """Make model ``name`` from uploaded blobs (``files``: file name -> digest), given

@@ -114,7 +114,7 @@ class Batch:
             try:
                 inject("decode step")
                 logprob = self._logprob(token, out.logprobs.get(sid))
-                for fed in (token, *out.more.get(sid, ())):  # a speculative step's tokens after the first
+                for fed in out.emitted(sid):  # several after a speculative step
                     parts = state.feed(fed)
                     job.outbox.append(
                         Delta(parts.content, choice.index, logprob, parts.reasoning, parts.calls)
