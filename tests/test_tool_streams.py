@@ -7,6 +7,7 @@ texts keeps its place."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import anthropic
@@ -265,3 +266,46 @@ async def test_a_client_that_leaves_while_a_call_is_held_stops_it_within_a_step(
             if isinstance(event, Generated):
                 break
     assert event.stop_reason == "Cancelled" and backend.counters.decode_steps - at_close <= 2
+
+
+async def test_with_the_guardrails_off_a_call_streams_while_it_is_written(start_server) -> None:
+    """Nothing must be checked first: the call's first argument delta leaves while the model is
+    still writing it, and the deltas, one per token or so, join to the arguments."""
+    from ._support import raw_post, read_until
+
+    city = "Oslo " * 100
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "' + city + '"}}\n</tool_call>'
+    backend = ScriptedBackend(script="Sure. " + call, token_delay=0.01)
+    server = await start_server([backend], guardrails=Guardrails.off())
+    written = len(backend.tokenizer.encode("Sure. " + call))
+    sock = await raw_post(server.url, "/v1/chat/completions", chat_body(tools=[WEATHER], stream=True))
+    raw = await read_until(sock, b'"arguments":"{')
+    assert backend.counters.decode_steps < written - 50  # the call is far from written
+    raw += await read_until(sock, b"[DONE]", timeout=30)
+    await sock.aclose()
+    chunks = [json.loads(d) for d in re.findall(rb"^data: (\{.*\})\r?$", raw, re.M)]
+    deltas = [c["delta"]["tool_calls"][0]["function"]["arguments"]
+              for chunk in chunks for c in chunk["choices"] if c["delta"].get("tool_calls")]
+    assert len(deltas) > 50  # token by token, not cut at the object's top level
+    assert json.loads("".join(deltas)) == {"city": city}
+
+
+async def test_a_forced_call_streams_token_by_token_and_the_sdk_joins_it(start_server) -> None:
+    from turbospark.turns.turn_events import split_arguments
+
+    compact = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Oslo"}}\n</tool_call>'
+    server = await start_server([ScriptedBackend(script=compact)])
+    sdk = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x")
+    pieces = []
+    async with sdk.chat.completions.stream(
+        model="scripted", messages=[{"role": "user", "content": "Oslo?"}], tools=[WEATHER], tool_choice="required",
+    ) as stream:
+        async for event in stream:
+            if event.type == "tool_calls.function.arguments.delta":
+                pieces.append(event.arguments_delta)
+        final = await stream.get_final_completion()
+    (call,) = final.choices[0].message.tool_calls
+    assert "".join(pieces) == call.function.arguments == '{"city":"Oslo"}'
+    assert len(pieces) > len(split_arguments(call.function.arguments))  # as written, not split once complete
+    assert final.choices[0].finish_reason == "tool_calls"
+    await sdk.close()

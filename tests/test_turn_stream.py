@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from turbospark.messages import Delta, Finished
-from turbospark.model.output import ToolCall
+from turbospark.model.call_reader import JsonCallReader, read_head
+from turbospark.model.output import CallPiece, Dialect, OutputParser, Parts, ToolCall
 from turbospark.turns.guardrails import Guardrails
 from turbospark.turns.holdback import Holdback, Release, Span
 from turbospark.turns.turn_events import (
-    CallEnd, CallStart, Collected, Finish, Reasoning, Retried, Text, Usage,
+    ArgumentsDelta, CallEnd, CallStart, Collected, Finish, Reasoning, Retried, Text, Usage,
     arguments_object, split_arguments,
 )
 from turbospark.turns.turn_stream import TurnStream
@@ -219,3 +220,104 @@ def test_several_choices_are_rescued_each_and_never_retried() -> None:
     whole = Collected.of([e for s in steps for e in s], n=2)
     assert whole.choices[0].calls[0].arguments == '{"city": "Oslo"}' and whole.choices[1].text == "Prose."
     assert json.loads(whole.choices[0].calls[0].arguments) == {"city": "Oslo"}
+
+
+# --- calls read as they are written -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, head", [
+    ('{"name": "get_weather", "arguments": {', ("get_weather", 37)),
+    ('\n{"name":"get_weather","parameters":{"city"', ("get_weather", 36)),
+    ('{"name": "get_we', None),  # may still be
+    ('{"name": "get_weather", "argu', None),
+    ('{"arguments": {}, "name": "get_weather"}', False),  # name first, or not read as written
+    ('[{"name": "get_weather"', False),  # a list of calls
+    ('{"name": "get_weather", "arguments": "{\\"city', False),  # arguments as a JSON string
+    ('<function=get_weather>', False),
+])
+def test_a_calls_head_is_read_as_it_grows(text: str, head) -> None:
+    assert read_head(text) == head
+
+
+def test_the_arguments_are_read_up_to_their_closing_brace() -> None:
+    reader = JsonCallReader({"get_weather"})
+    pieces = [reader.feed(p) for p in ('{"name": "get_w', 'eather", "arguments": {"ci', 'ty": "a}b\\"', '", "n": [1, {}]', '}}', "\n")]
+    assert pieces == ["", '{"ci', 'ty": "a}b\\"', '", "n": [1, {}]', "}", ""]
+    assert reader.closed and reader.arguments == '{"city": "a}b\\"", "n": [1, {}]}'
+    unknown = JsonCallReader({"get_weather"})
+    assert unknown.feed('{"name": "rm_rf", "arguments": {"path": "/"}}') == "" and unknown.name is None
+
+
+def _pieces_of(parser: OutputParser, text: str, step: int = 3) -> Parts:
+    parts = Parts()
+    for at in range(0, len(text), step):
+        parts += parser.feed(text[at : at + step])
+    return parts + parser.finish()
+
+
+def test_the_parser_gives_out_a_json_call_as_it_is_written() -> None:
+    parts = _pieces_of(OutputParser(Dialect(), tools=TOOLS), 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call> Done.')
+    (call,) = parts.calls
+    assert len(parts.writing) >= 4 and {(p.index, p.id, p.name) for p in parts.writing} == {(0, call.id, "get_weather")}
+    assert "".join(p.text for p in parts.writing) == call.arguments == '{"city": "Oslo"}'
+    assert parts.content == "Sure.  Done."
+
+
+def test_a_harmony_call_is_given_out_as_it_is_written() -> None:
+    text = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|> {"city": "Oslo"} <|call|>'
+    parts = _pieces_of(OutputParser(Dialect(harmony=True, name="harmony"), tools=TOOLS), text)
+    assert "".join(p.text for p in parts.writing) == parts.calls[0].arguments == '{"city": "Oslo"}'
+
+
+def test_a_call_written_and_then_cut_stands_as_far_as_it_got() -> None:
+    parts = _pieces_of(OutputParser(Dialect(), tools=TOOLS), '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Os')
+    assert parts.content == "" and [(c.name, c.arguments) for c in parts.calls] == [("get_weather", '{"city": "Os')]
+    assert "".join(p.text for p in parts.writing) == '{"city": "Os'
+
+
+def test_a_block_that_names_no_offered_tool_is_not_given_out() -> None:
+    text = '<tool_call>\n{"name": "rm_rf", "arguments": {"path": "/"}}\n</tool_call>'
+    parts = _pieces_of(OutputParser(Dialect(), tools=TOOLS), text)
+    assert not parts.writing and not parts.calls and parts.content == text
+
+
+def _written(name: str = "get_weather", pieces=('{"ci', 'ty": "Os', 'lo"}'), id: str = "call_w") -> list[Delta]:
+    writing = [Delta("", writing=(CallPiece(0, id, name, p),)) for p in pieces]
+    return [*writing, Delta("", tool_calls=(ToolCall(0, id, name, "".join(pieces)),))]
+
+
+@pytest.mark.parametrize("kw", [
+    {"guardrails": Guardrails.off()},
+    {"call_required": True},  # its grammar keeps the schema: nothing to check
+    {"guardrails": Guardrails(retries=0)},
+])
+def test_a_call_streams_as_written_when_nothing_must_be_checked_first(kw) -> None:
+    ts = _stream(**kw)
+    steps = _feed(ts, Delta("Sure. "), *_written(), _fin())
+    assert steps[1] == [CallStart(0, "call_w", "get_weather"), ArgumentsDelta(0, '{"ci')]
+    assert steps[2] == [ArgumentsDelta(0, 'ty": "Os')] and steps[3] == [ArgumentsDelta(0, 'lo"}')]
+    assert steps[4] == [CallEnd(ToolCall(0, "call_w", "get_weather", '{"city": "Oslo"}'))]
+    assert steps[5][0] == Finish("stop", "EndOfTurn", None, True, 5)
+
+
+def test_a_call_that_may_be_retried_goes_out_once_complete_and_checked() -> None:
+    ts = _stream()
+    steps = _feed(ts, *_written(), _fin())
+    assert steps[:3] == [[], [], []]
+    assert isinstance(steps[3][0], CallStart) and isinstance(steps[3][-1], CallEnd)
+    assert "".join(e.text for e in steps[3] if isinstance(e, ArgumentsDelta)) == '{"city": "Oslo"}'
+    ts = _stream()
+    steps = _feed(ts, *_written(pieces=('{"town": "Oslo"}',)), _fin())
+    assert steps[0] == steps[1] == [] and steps[2] == [Retried(1, steps[2][0].nudge)]  # never seen
+
+
+def test_live_calls_keep_their_order_and_one_call_per_turn_holds() -> None:
+    ts = _stream(guardrails=Guardrails.off())
+    first, second = _written(id="a"), _written(id="b")
+    steps = _feed(ts, *first, Delta("then "), *second, _fin())
+    starts = [e for s in steps for e in s if isinstance(e, CallStart)]
+    assert [(s.index, s.id) for s in starts] == [(0, "a"), (1, "b")]
+    ts = _stream(guardrails=Guardrails.off(), parallel=False)
+    steps = _feed(ts, *first, *second, _fin())
+    assert [e.call.id for s in steps for e in s if isinstance(e, CallEnd)] == ["a"]
+    assert not [e for s in steps[4:] for e in s if isinstance(e, ArgumentsDelta)]

@@ -16,7 +16,7 @@ import trio
 
 from .errors import TurboSparkError
 from .model.backend import SamplingParams
-from .model.output import ToolCall
+from .model.output import CallPiece, ToolCall
 from .model.sequence import Phase, StopReason
 
 __all__ = [
@@ -115,14 +115,16 @@ class TokenLogprob:
 @attrs.frozen
 class Delta:
     """One decode step of choice ``index``: ``text`` is the content that became safe to show
-    (possibly empty), ``reasoning`` the reasoning, ``tool_calls`` the calls completed at this
-    step; ``logprob`` describes the step's token when the request asked for log-probabilities."""
+    (possibly empty), ``reasoning`` the reasoning, ``writing`` the arguments of calls being
+    written, ``tool_calls`` the calls completed at this step; ``logprob`` describes the step's
+    token when the request asked for log-probabilities."""
 
     text: str
     index: int = 0
     logprob: TokenLogprob | None = None
     reasoning: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
+    writing: tuple[CallPiece, ...] = ()
 
 
 @attrs.frozen

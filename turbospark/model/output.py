@@ -20,29 +20,21 @@ into a streamed piece.  Nothing here does I/O.
 
 from __future__ import annotations
 
-import importlib
 import json
 import secrets
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from .tool_formats import family_format
+from .call_reader import CallPiece, JsonCallReader
+from .dialect import H_CHANNEL, H_MESSAGE, TOOL_END, TOOL_START, Dialect, parse_block, parse_hermes
 
-__all__ = ["MARKUP", "Dialect", "OutputParser", "Parts", "ToolCall", "call_id", "parse_hermes"]
+__all__ = ["MARKUP", "CallPiece", "Dialect", "OutputParser", "Parts", "ToolCall", "call_id", "parse_hermes"]
 
 THINK_START, THINK_END = "<think>", "</think>"
-TOOL_START, TOOL_END = "<tool_call>", "</tool_call>"
-
-H_CHANNEL, H_MESSAGE, H_END, H_START, H_CALL, H_CONSTRAIN, H_RETURN = (  # Harmony's (gpt-oss)
-    "<|channel|>", "<|message|>", "<|end|>", "<|start|>", "<|call|>", "<|constrain|>", "<|return|>")
-
-# mlx-lm's tool parsers, by the name its template inference gives them.
-_MLX_PARSERS = (
-    "json_tools", "qwen3_coder", "glm47", "mistral", "kimi_k2", "kimi_k3", "pythonic",
-    "function_gemma", "gemma4", "longcat", "minimax_m2", "minicpm5", "muse_spark",
-)
+H_END, H_START, H_CALL, H_CONSTRAIN, H_RETURN = (  # Harmony's (gpt-oss), beside H_CHANNEL, H_MESSAGE
+    "<|end|>", "<|start|>", "<|call|>", "<|constrain|>", "<|return|>")
 
 #: Special-token texts the parser reads; every other special token is dropped from the text.
 MARKUP: frozenset[str] = frozenset({
@@ -69,140 +61,24 @@ class ToolCall:
 
 @attrs.frozen
 class Parts:
-    """What became safe to show: content text, reasoning text, finished tool calls."""
+    """What became safe to show: content text, reasoning text, the arguments of calls being
+    written (``writing``), finished tool calls."""
 
     content: str = ""
     reasoning: str = ""
     calls: tuple[ToolCall, ...] = ()
+    writing: tuple[CallPiece, ...] = ()
 
     def __add__(self, other: Parts) -> Parts:
         return Parts(self.content + other.content, self.reasoning + other.reasoning,
-                     self.calls + other.calls)
+                     self.calls + other.calls, self.writing + other.writing)
 
     def __bool__(self) -> bool:
-        return bool(self.content or self.reasoning or self.calls)
+        return bool(self.content or self.reasoning or self.calls or self.writing)
 
 
 def call_id() -> str:
     return "call_" + secrets.token_hex(12)
-
-
-Parse = Callable[[str, Sequence[Mapping[str, Any]] | None], Any]
-
-
-@attrs.frozen
-class Dialect:
-    """How a model marks its tool calls and reasoning (read from its template and vocabulary)."""
-
-    tool_start: str = TOOL_START
-    tool_end: str = TOOL_END
-    parse: Parse | None = None  # the model's own parser (mlx-lm's), tried before the fallbacks
-    harmony: bool = False
-    name: str = "hermes"
-
-    @classmethod
-    def detect(cls, chat_template: str | None, vocab: Collection[str]) -> Dialect:
-        if H_CHANNEL in vocab and H_MESSAGE in vocab:
-            return cls(harmony=True, name="harmony")
-        name = _infer_mlx_parser(chat_template, vocab)
-        if family := family_format(chat_template, name):  # formats mlx-lm's parsers lack
-            return cls(*family[:3], name=family[3])
-        if name is None or name == "json_tools":
-            return cls()
-        module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
-        return cls(module.tool_call_start, module.tool_call_end, module.parse_tool_call, name=name)
-
-
-def _infer_mlx_parser(chat_template: str | None, vocab: Collection[str]) -> str | None:
-    from mlx_lm.tokenizer_utils import _infer_tool_parser
-
-    class _Probe:  # the two things mlx-lm's inference reads from a tokenizer
-        def __init__(self) -> None:
-            self.chat_template = chat_template
-
-        def get_vocab(self) -> dict[str, int]:
-            return dict.fromkeys(vocab, 0)
-
-    try:
-        name = _infer_tool_parser(_Probe())
-    except Exception:  # an inference that breaks on an odd template: the fallback forms
-        return None
-    return name if name in _MLX_PARSERS else None
-
-
-def _exact_arguments(text: str, value: Any) -> str:
-    """The JSON text of ``"arguments"`` as the model wrote it, when it can be found; else the
-    value serialised."""
-    at = text.find('"arguments"')
-    if at != -1:
-        colon = text.find(":", at + len('"arguments"'))
-        if colon != -1:
-            start = colon + 1
-            while start < len(text) and text[start] in " \t\r\n":
-                start += 1
-            try:
-                found, end = json.JSONDecoder().raw_decode(text, start)
-            except json.JSONDecodeError:
-                pass
-            else:
-                if found == value:
-                    return text[start:end]
-    return json.dumps(value, ensure_ascii=False)
-
-
-def parse_hermes(text: str) -> list[tuple[str, str]]:
-    """``{"name": N, "arguments": {...}}`` (or a list of them): (name, arguments JSON) pairs.
-    ``parameters`` is read as ``arguments`` (Llama's spelling); arguments given as a JSON string
-    are read as that string's object."""
-    stripped = text.strip()
-    value = json.loads(stripped)
-    items = value if isinstance(value, list) else [value]
-    out = []
-    for item in items:
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            raise ValueError("not a tool call")
-        key = "arguments" if "arguments" in item else "parameters"
-        args = item.get(key, {})
-        if isinstance(args, str):
-            args = json.loads(args)
-        if not isinstance(args, dict):
-            raise ValueError("tool call arguments are not an object")
-        exact = _exact_arguments(stripped, args) if len(items) == 1 and key == "arguments" else None
-        out.append((item["name"], exact or json.dumps(args, ensure_ascii=False)))
-    return out
-
-
-def _parse_block(dialect: Dialect, inner: str, tools: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
-    """A tool-call block's calls: the model's own parser, else the JSON and XML forms."""
-    attempts: list[Callable[[], list[tuple[str, str]]]] = []
-    if dialect.parse is not None:
-        attempts.append(lambda: _from_mlx(dialect.parse(inner, list(tools))))  # type: ignore[misc]
-    attempts.append(lambda: parse_hermes(inner))
-    for name in ("qwen3_coder", "glm47"):
-        if dialect.name != name and "<" in inner:
-            module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
-            attempts.append(lambda m=module: _from_mlx(m.parse_tool_call(inner, list(tools))))
-    for attempt in attempts:
-        try:
-            calls = attempt()
-        except Exception:
-            continue
-        if calls:
-            return calls
-    return []
-
-
-def _from_mlx(parsed: Any) -> list[tuple[str, str]]:
-    items = parsed if isinstance(parsed, list) else [parsed]
-    out = []
-    for item in items:
-        name, args = item.get("name"), item.get("arguments", {})
-        if isinstance(args, str):
-            args = json.loads(args)
-        if not isinstance(name, str) or not isinstance(args, dict) or "raw" in args and len(args) == 1:
-            raise ValueError("not a tool call")
-        out.append((name, json.dumps(args, ensure_ascii=False)))
-    return out
 
 
 class OutputParser:
@@ -226,6 +102,9 @@ class OutputParser:
         self._call_name: str | None = None  # Harmony: the function a commentary call names
         self._opened = dialect.tool_start  # the start marker of the block being read
         self._after = "content"  # the mode a block returns to
+        self._reader: JsonCallReader | None = None  # the JSON call of the block being read
+        self._live: CallPiece | None = None  # a call decided while it is written
+        self._live_text = ""  # its arguments, as given out so far
         self.calls: list[ToolCall] = []
 
     # --- markers by state ------------------------------------------------------------------
@@ -285,7 +164,7 @@ class OutputParser:
             return Parts()
         if self._mode in ("block", "hcall", "header"):
             self._block += text
-            return Parts()
+            return self._writing(text)
         if self._mode == "skip":
             return Parts()
         if self._mode == "reasoning":
@@ -317,24 +196,53 @@ class OutputParser:
             self._mode = "skip"
         else:  # a tool-call start; after the block, back to content or reasoning
             self._after, self._mode, self._block, self._started = self._mode, "block", "", True
-            self._opened = marker
+            self._opened = marker  # one JSON call in a <tool_call> block may be read as written
+            self._reader = JsonCallReader(self.names) if marker == TOOL_START else None
         return Parts()
+
+    def _writing(self, text: str) -> Parts:
+        """A call decided while it is written gives out its arguments as they come."""
+        if self._mode == "block" and self._reader is not None:
+            self._reader.feed(text)
+            if self._live is None and self._reader.name is not None:
+                self._live = CallPiece(len(self.calls), call_id(), self._reader.name, "")
+            written = self._reader.arguments
+        elif self._mode == "hcall" and self._live is not None:
+            written = self._block.strip()  # grows only at its end: the stripped text so far
+        else:
+            return Parts()
+        if self._live is None or len(written) == len(self._live_text):
+            return Parts()
+        piece = attrs.evolve(self._live, text=written[len(self._live_text):])
+        self._live_text = written
+        return Parts(writing=(piece,))
+
+    def _close_live(self) -> Parts:
+        """The end of a call given out as it was written: it stands as written (a block that
+        then fails to parse, or that the budget cut, is that call as far as it got)."""
+        assert self._live is not None
+        live, arguments = self._live, self._live_text
+        self._live, self._live_text, self._reader = None, "", None
+        return Parts(calls=(self._call(live.name, arguments, live.id),))
 
     # --- tool calls ------------------------------------------------------------------------
 
     def _close_block(self, start: str, end: str = "") -> Parts:
         inner, self._block = self._block, ""
         self._mode, opened = self._after, self._opened
+        if self._live is not None:
+            return self._close_live()
+        self._reader = None
         dialect = self.dialect if opened == self.dialect.tool_start else Dialect()
-        calls = _parse_block(dialect, inner, self.tools)
+        calls = parse_block(dialect, inner, self.tools)
         if not calls or any(name not in self.names for name, _ in calls):
             if self._mode == "reasoning":
                 return Parts(reasoning=f"{opened}{inner}{end}")
             return Parts(content=f"{opened}{inner}{end}")  # released for the rescue to read
         return Parts(calls=tuple(self._call(name, args) for name, args in calls))
 
-    def _call(self, name: str, arguments: str) -> ToolCall:
-        call = ToolCall(len(self.calls), call_id(), name, arguments)
+    def _call(self, name: str, arguments: str, id: str | None = None) -> ToolCall:
+        call = ToolCall(len(self.calls), id or call_id(), name, arguments)
         self.calls.append(call)
         return call
 
@@ -347,6 +255,8 @@ class OutputParser:
         if target is not None:
             self._call_name = target[3:].removeprefix("functions.")
             self._mode = "hcall"
+            if self._call_name in self.names:
+                self._live = CallPiece(len(self.calls), call_id(), self._call_name, "")
         elif channel == "analysis":
             self._mode = "reasoning"
         else:
@@ -357,6 +267,8 @@ class OutputParser:
         args, self._block = self._block.strip(), ""
         name, self._call_name = self._call_name or "", None
         self._mode = "content"
+        if self._live is not None:
+            return self._close_live()
         try:
             ok = isinstance(json.loads(args), dict)
         except json.JSONDecodeError:

@@ -117,7 +117,7 @@ class Batch:
                 for fed in out.emitted(sid):  # several after a speculative step
                     parts = state.feed(fed)
                     job.outbox.append(
-                        Delta(parts.content, choice.index, logprob, parts.reasoning, parts.calls)
+                        Delta(parts.content, choice.index, logprob, parts.reasoning, parts.calls, parts.writing)
                     )
                     logprob = None
                     if state.stop_reason is not None:  # what follows the end never reaches the client

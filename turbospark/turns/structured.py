@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -79,14 +80,29 @@ def function_tools(tools: Sequence[Any] | None, *, param: str = "tools") -> tupl
 
 def _check_schema(schema: Mapping[str, Any], where: str, param: str) -> None:
     """A JSON Schema the validator can apply: valid against the metaschema, local references
-    that resolve."""
+    that resolve.  Agents send the same tools on every turn, and checking against the
+    metaschema is most of a tool turn's set-up, so the verdicts on recent schemas are kept, by
+    their JSON text."""
+    text = json.dumps(schema, sort_keys=True)
+    problem = _schema_problem(text) if len(text) <= _KEPT_SCHEMA_TEXT else _schema_problem.__wrapped__(text)
+    if problem is not None:
+        raise RequestInvalid(f"{where}{problem}", param=param)
+
+
+_KEPT_SCHEMA_TEXT = 64 * 1024  # larger schemas are checked every time, never kept
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_problem(text: str) -> str | None:
+    schema = json.loads(text)
     try:
         jsonschema.Draft202012Validator.check_schema(schema)
     except jsonschema.SchemaError as exc:
-        raise RequestInvalid(f"{where} is not a valid JSON Schema: {exc.message}", param=param) from None
+        return f" is not a valid JSON Schema: {exc.message}"
     for ref in _refs(schema):
         if not ref.startswith("#") or _pointer(schema, ref[1:]) is None:
-            raise RequestInvalid(f"{where}: the $ref {ref!r} does not resolve within the schema", param=param)
+            return f": the $ref {ref!r} does not resolve within the schema"
+    return None
 
 
 def _refs(schema: Any) -> list[str]:

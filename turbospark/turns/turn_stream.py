@@ -5,7 +5,11 @@ one and returns the events (``turn_events``) that became safe to send.  Reasonin
 out as the model writes them; only content that may begin a call the guardrails would rescue is
 held back (``holdback``) until its span closes, then rescued into calls or released as content.
 Calls (the parser's, or rescued) become ``CallStart``, ``ArgumentsDelta`` pieces and ``CallEnd``
-with a stable index per choice, in the order they were written among the text.
+with a stable index per choice, in the order they were written among the text.  A call the
+parser decides while it is written (``Delta.writing``) streams its arguments as they come
+whenever nothing must be checked first (the guardrails off or out of retries, a forced call,
+whose grammar already keeps its schema); otherwise it is sent once complete, in pieces split at
+the top level of its arguments.
 
 Validation: while a corrective retry is still possible (one choice, retries left, a chat
 prompt, and no call of this attempt sent yet), a call whose arguments break its schema is held,
@@ -25,7 +29,7 @@ from typing import Any
 import attrs
 
 from ..messages import Delta, Finished, TokenLogprob
-from ..model.output import ToolCall, call_id
+from ..model.output import CallPiece, ToolCall, call_id
 from .chat import tool_call
 from .guardrails import Guardrails, Rescued, Retry, inspect, rescue, validate
 from .holdback import Holdback, Release
@@ -53,6 +57,8 @@ class _Choice:
     completion_tokens: int = 0
     said: list[str] = attrs.field(factory=list)  # this attempt's content
     made: list[ToolCall] = attrs.field(factory=list)  # this attempt's calls, sent or held
+    live: dict[str, int] = attrs.field(factory=dict)  # calls streaming as written: id -> index
+    whole: set[str] = attrs.field(factory=set)  # calls being written that go out once complete
     sent_now: bool = False  # a call of this attempt was sent
     held: list[TurnEvent] | None = None  # behind a refused call; None when nothing is held
     finished: Finished | None = None
@@ -117,6 +123,8 @@ class TurnStream:
                         self._call(c, ToolCall(0, self.new_id(), name, arguments), out, msg.index)
                 else:
                     self._text(c, piece.text, out, msg.index)
+        for piece in msg.writing:
+            self._piece(c, piece, out, msg.index)
         for call in msg.tool_calls:
             self._call(c, call, out, msg.index)
         return out
@@ -132,7 +140,29 @@ class TurnStream:
         c.said.append(text)
         self._emit(c, Text(text, index, self._logprobs(c)), out)
 
+    def _piece(self, c: _Choice, piece: CallPiece, out: list[TurnEvent], index: int) -> None:
+        """Part of a call being written: sent at once, unless the call must be checked (or,
+        one call per turn, dropped) when complete."""
+        at = c.live.get(piece.id)
+        if at is None:
+            if piece.id in c.whole:
+                return
+            checked = self.guardrails.validate and self._can_retry and not self.call_required
+            if c.held is not None or (checked and not c.sent_now) or (not self.parallel and c.sent >= 1):
+                c.whole.add(piece.id)
+                return
+            at = c.live[piece.id] = c.sent
+            c.sent += 1
+            c.sent_now = True
+            out.append(CallStart(at, piece.id, piece.name, index))
+        out.append(ArgumentsDelta(at, piece.text, index))
+
     def _call(self, c: _Choice, call: ToolCall, out: list[TurnEvent], index: int, check: bool = True) -> None:
+        if (at := c.live.pop(call.id, None)) is not None:  # its arguments went out as written
+            call = attrs.evolve(call, index=at)
+            c.made.append(call)
+            out.append(CallEnd(call, index))
+            return
         held = sum(1 for e in c.held or () if isinstance(e, CallEnd))
         if not self.parallel and c.sent + held >= 1:
             return  # one call per turn: the first stands
