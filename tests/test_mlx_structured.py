@@ -100,6 +100,29 @@ async def test_a_forced_call_with_langchains_open_schema_finishes(sdk) -> None:
     assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
 
 
+async def test_a_forced_call_streams_as_the_model_writes_it(sdk) -> None:
+    """Streamed, the same forced call comes as it is written, in more deltas than a finished
+    call's split at its top level, joined by the SDK into the call the whole answer has."""
+    from turbospark.turns.turn_events import split_arguments
+
+    question = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    pieces = []
+    async with sdk.chat.completions.stream(
+        model="any", messages=question, tools=[LANGCHAIN], tool_choice="required", max_tokens=60, temperature=0,
+    ) as stream:
+        async for event in stream:
+            if event.type == "tool_calls.function.arguments.delta":
+                pieces.append(event.arguments_delta)
+        final = await stream.get_final_completion()
+    (call,) = final.choices[0].message.tool_calls
+    assert "".join(pieces) == call.function.arguments and isinstance(json.loads(call.function.arguments)["city"], str)
+    assert len(pieces) > len(split_arguments(call.function.arguments))
+    whole = await sdk.chat.completions.create(
+        model="any", messages=question, tools=[LANGCHAIN], tool_choice="required", max_tokens=60, temperature=0
+    )
+    assert whole.choices[0].message.tool_calls[0].function.arguments == call.function.arguments
+
+
 async def test_langchain_bind_tools_required_calls_and_round_trips(sdk) -> None:
     """LangChain itself, as a new user writes it: ``bind_tools(..., tool_choice="required")``
     on ``ChatOpenAI`` pointed at the server, then the tool's result sent back."""
