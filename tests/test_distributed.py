@@ -1,11 +1,12 @@
 """``serve --distributed``: one model sharded over 2 ranks (``scripts/serve-distributed 2``,
 ``mlx.launch``'s ring backend on loopback) answers with the same greedy text as one process; a
-client that leaves stops its sequence (on every rank: they run in lockstep); a rank that dies
-ends the run with a non-zero status instead of a hang; a model whose heads do not split is
-refused."""
+client that leaves stops its sequence (on every rank: they run in lockstep); a rank that dies or
+cannot be reached (stopped) gets the requests in flight and new ones a retryable 503 and ends the
+run with a non-zero status instead of a hang; a model whose heads do not split is refused."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -127,10 +128,58 @@ def test_two_ranks_answer_as_one_process_and_stop_a_client_that_left(env, tmp_pa
         assert _metric(sharded.url, "turbospark_cancellations_total") == 1 or generated >= 200
         # the server still answers, the same way
         assert _answers(sharded.url)[:2] == expected[:2]
-        # a rank that dies ends the run: a non-zero status, no hang
-        os.kill(sharded.follower_pid(), signal.SIGKILL)
+        # a rank that dies ends the run: the stream in flight ends with a 503 error event, a
+        # non-zero status, no hang
+        rest = _cut_mid_stream(sharded.url, lambda: os.kill(sharded.follower_pid(), signal.SIGKILL))
+        assert '"code":"rank_lost"' in rest.replace(" ", ""), (rest, "".join(sharded.lines[-30:]))
+        assert sharded.proc.wait(timeout=60) != 0
+        assert any("a rank of the sharded model is lost (rank 1 exited)" in line for line in sharded.lines)
+    finally:
+        sharded.stop()
+
+
+def _cut_mid_stream(url: str, cut) -> str:  # type: ignore[no-untyped-def]
+    """What a long stream says after ``cut`` is done to a rank, once it has begun."""
+    body = {"model": "any", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 200,
+            "temperature": 0, "stream": True,
+            "logit_bias": {"0": -100, "1": -100, "2": -100}}  # the tiny vocabulary's specials: no early end
+    with httpx.Client(timeout=60) as client, client.stream("POST", f"{url}/v1/chat/completions", json=body) as s:
+        lines = s.iter_lines()
+        next(lines)
+        cut()
+        return "\n".join(lines)
+
+
+def test_a_rank_that_cannot_be_reached_is_answered_503_and_ends_the_run(env, tmp_path: Path) -> None:
+    """A stopped rank leaves its connections open and silent (as a cut-off host would): rank 0
+    notices the missing heartbeats, answers the stream in flight and new requests with a
+    retryable 503 and exits non-zero, where its collective would have waited for ever."""
+    from turbospark.cli.lifeline import LOST_AFTER
+
+    model = tmp_path / "tiny-llama.gguf"
+    write_tiny_gguf(model)
+    sharded = _serve(env, model, 2)
+    follower = sharded.follower_pid()
+    try:
+        began = time.monotonic()
+        rest = _cut_mid_stream(sharded.url, lambda: os.kill(follower, signal.SIGSTOP))
+        assert '"code":"rank_lost"' in rest.replace(" ", ""), rest
+        assert time.monotonic() - began < LOST_AFTER + 30  # noticed, not waited on for ever
+        r = httpx.post(f"{sharded.url}/v1/chat/completions", timeout=10,
+                       json={"model": "any", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "rank_lost"
+        assert r.headers["connection"] == "close" and r.headers["retry-after"]
+        # rank 0 exits with status 1 (mlx.launch's SIGTERM waits on the stopped rank meanwhile)
+        deadline = time.monotonic() + 30
+        while not any("rank 0 exited with code 1" in line for line in sharded.lines):
+            assert time.monotonic() < deadline, "".join(sharded.lines[-20:])
+            time.sleep(0.1)
+        assert any("sent no heartbeat" in line for line in sharded.lines)
+        os.kill(follower, signal.SIGKILL)
         assert sharded.proc.wait(timeout=60) != 0
     finally:
+        with contextlib.suppress(ProcessLookupError):  # gone already when the test got that far
+            os.kill(follower, signal.SIGKILL)
         sharded.stop()
 
 

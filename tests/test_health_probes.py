@@ -123,3 +123,26 @@ async def test_a_draining_replica_finishes_its_streams_and_turns_new_requests_aw
     assert finish[-1] == "length"
     await probe.aclose()
     await kept.aclose()
+
+
+async def test_a_failed_server_answers_what_is_in_flight_and_what_comes_503(start_server, client: httpx.AsyncClient) -> None:
+    """``System.fail`` (a lost rank of a sharded model, ``cli/lifeline.py``): a stream whose model
+    will never answer again ends with a retryable 503 error event now, a new request is a 503
+    with ``Connection: close``, and readiness says why."""
+    from turbospark.errors import RankLost
+
+    from ._support import FIRST_TEXT, raw_post, read_until
+
+    server = await start_server([ScriptedBackend(token_delay=0.05)])
+    sock = await raw_post(server.url, "/v1/chat/completions", chat_body(stream=True, max_tokens=500))
+    await read_until(sock, FIRST_TEXT)
+    server.system.fail(RankLost("rank 1 exited"))
+    rest = await read_until(sock, b'"code":"rank_lost"')
+    assert b"event: error" in rest and b"[DONE]" not in rest
+    await sock.aclose()
+    r = await client.post(f"{server.url}/v1/messages", json={
+        "model": "scripted", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 503 and r.json()["error"]["type"] == "overloaded_error"
+    assert r.headers["connection"] == "close" and "rank 1 exited" in r.json()["error"]["message"]
+    r = await client.get(f"{server.url}/health/ready")
+    assert r.status_code == 503 and "failed: rank_lost" in r.json()["reasons"]

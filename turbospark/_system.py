@@ -27,8 +27,8 @@ nursery (``server.serve``) ends after HTTP has.
 
 from __future__ import annotations
 
-import contextvars
 import math
+import weakref
 from contextlib import ExitStack
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -37,6 +37,7 @@ from functools import partial
 import attrs
 import trio
 
+from ._scope import current_scope, enter_request_scope, request_scope
 from .actors._mailbox import call
 from .actors.audio import AttachModel, AudioMessage, DetachModel, audio_actor
 from .actors.embedding import embedding_model
@@ -48,7 +49,7 @@ from .actors.resolver import Library, ResolveFn, resolve_in_registry, resolver
 from .config import Settings
 from .turns.conversations import ResponseStore
 from .errors import ModelLoadFailed, QueueFull, ShuttingDown, TurboSparkError
-from .messages import EmbeddingJob, GenerationJob, QueueRejected, SlotCommand, Submit, Withdraw
+from .messages import EmbeddingJob, Failed, GenerationJob, QueueRejected, SlotCommand, Submit, Withdraw
 from .threads.encoder_thread import EmbeddingLimits
 from .threads.model_thread import Limits
 from .model.backend import BackendSpec
@@ -61,28 +62,6 @@ __all__ = [
     "BackendSpec", "EncoderSpec", "System", "current_scope", "enter_request_scope", "request_scope",
     "run_system", "SystemSpec",
 ]
-
-# --- the request scope -------------------------------------------------------------------------
-# An ``ExitStack`` that lives exactly as long as the current HTTP request (body included, or until
-# its client leaves). ``web/app.py`` sets it for every request; whatever a request holds (reply
-# channels, the model leases ``System.resolve`` grants) is put there and let go when it ends.
-_request_scope: contextvars.ContextVar[ExitStack] = contextvars.ContextVar("turbospark_request_scope")
-
-
-def request_scope() -> ExitStack:
-    """The exit stack of the current HTTP request (closed when its connection scope ends)."""
-    return _request_scope.get()
-
-
-def current_scope() -> ExitStack | None:
-    """The current request's exit stack, or None outside a request."""
-    return _request_scope.get(None)
-
-
-def enter_request_scope(stack: ExitStack) -> contextvars.Token[ExitStack]:
-    """Make ``stack`` the current request's scope (``web/app.py``, once per request)."""
-    return _request_scope.set(stack)
-
 
 @attrs.frozen
 class System:
@@ -105,6 +84,10 @@ class System:
     #: the aliases ``POST /v1/audio/models`` may attach, each with how to build its spec
     #: (pulling it into the store: call it on a worker thread)
     audio_catalogue: Mapping[str, Any] = attrs.field(factory=dict)
+    #: the generation jobs submitted, while anything holds them (weak), for ``fail``
+    jobs: weakref.WeakSet[GenerationJob] = attrs.field(factory=weakref.WeakSet)
+    #: the error every request gets once the server can serve nothing more (``fail``)
+    failure: list[TurboSparkError] = attrs.field(factory=list)
 
     @property
     def registry(self) -> Registry:
@@ -190,7 +173,19 @@ class System:
         return await call(self.resolver, partial(Adopt, loadable))
 
     async def submit(self, job: GenerationJob) -> None:
+        self.jobs.add(job)
         await self.queue.send(Submit(job))
+
+    def fail(self, error: TurboSparkError) -> None:
+        """The server can serve nothing more (a rank of its sharded model is lost): every job
+        a route still reads is answered ``error`` now, whoever holds it (its model thread may
+        never answer again), and every new request gets it (``web/app.py``)."""
+        self.failure.append(error)
+        for job in list(self.jobs):
+            try:
+                job.reply.send_nowait(Failed(error))
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # its route has left, or the job ended
 
     def withdraw(self, job: GenerationJob) -> None:
         """Tell the queue the route is leaving (sync: safe in a cancelled ``finally``)."""

@@ -35,6 +35,7 @@ __all__ = [
     "NoModel",
     "NotFound",
     "QueueFull",
+    "RankLost",
     "Rejected",
     "RequestInvalid",
     "ResolutionBusy",
@@ -146,6 +147,17 @@ class Draining(Rejected):
 
     def __init__(self) -> None:
         super().__init__("The server is shutting down. Retry the request (another replica can answer it).")
+
+
+class RankLost(Rejected):
+    """A rank of the sharded model died or cannot be reached: this server can answer nothing
+    more and exits; another replica can.  Answered with ``Connection: close``."""
+
+    code = "rank_lost"
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"The server lost a rank of its sharded model ({why}) and is exiting. "
+                         "Retry the request (another replica can answer it).")
 
 
 class ResolutionBusy(Rejected):

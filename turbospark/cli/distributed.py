@@ -3,9 +3,10 @@
 Rank 0 serves HTTP and runs the actors; its model thread drives the sharded model and shares
 each engine call with the other ranks (``model/sharded.py``).  Every other rank loads its shard
 and follows until rank 0 stops.  Rank 0 imports the model first (the ranks of one host share
-a store), then the others find it.  A rank that fails or dies ends the run: ``mlx.launch``
-stops the other ranks, so the server exits non-zero instead of waiting for a shard that will
-never answer.
+a store), then the others find it.  Each follower keeps a heartbeat to rank 0
+(``lifeline.py``): a rank that dies or cannot be reached makes rank 0 answer every request a
+retryable 503 and exit with status 1, instead of waiting for a shard that will never answer;
+``mlx.launch`` then stops the other ranks.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from ..config import Settings
 from .attach import ModelSetupError, stored_model
+from .lifeline import Lifeline, beat, rank_zero_host
 
 __all__ = ["distributed_group", "follow_rank", "sharded_spec"]
 
@@ -36,10 +38,11 @@ def distributed_group(settings: Settings) -> Any:
     return group
 
 
-def _barrier(group: Any) -> None:
+def _barrier(group: Any, value: int = 0) -> int:
+    """Every rank waits here for the others; the sum of what they give (rank 0's lifeline port)."""
     import mlx.core as mx
 
-    mx.eval(mx.distributed.all_sum(mx.array(1), group=group))
+    return int(mx.distributed.all_sum(mx.array(value), group=group).item())
 
 
 def _load(path: Any, model_id: str, group: Any) -> Any:
@@ -51,19 +54,23 @@ def _load(path: Any, model_id: str, group: Any) -> Any:
         raise ModelSetupError(f"cannot shard model '{model_id}' over {group.size()} ranks: {exc}") from exc
 
 
-def sharded_spec(settings: Settings, group: Any) -> Any:
-    """Rank 0's pinned model: this rank's shard behind a ``ShardedBackend``."""
+def sharded_spec(settings: Settings, group: Any) -> tuple[Any, Lifeline]:
+    """Rank 0's pinned model (this rank's shard behind a ``ShardedBackend``) and its lifeline
+    to the other ranks, every one connected."""
     from ..model.sharded import ShardedBackend
     from ..store.shelf import loadable_from
 
     stored = stored_model(settings.models[0], whole=True)
-    _barrier(group)  # the others may look it up now
+    lifeline = Lifeline(group.size() - 1)
+    _barrier(group, lifeline.port)  # the others may look the model up now, and connect
     _check(stored.path, group)
+    lifeline.accept()
 
     def load(path: Any, model_id: str) -> Any:
-        return ShardedBackend(_load(path, model_id, group), group)
+        return ShardedBackend(_load(path, model_id, group), group,
+                              on_lost=lifeline.report_from_thread, on_close=lifeline.ending)
 
-    return loadable_from(stored, load, pinned=True)
+    return loadable_from(stored, load, pinned=True), lifeline
 
 
 def follow_rank(settings: Settings, group: Any) -> int:
@@ -74,7 +81,8 @@ def follow_rank(settings: Settings, group: Any) -> int:
     # Ctrl-C reaches every rank of the terminal's process group: rank 0 shuts down and tells
     # this one to end; this one ends then, not before (it would leave rank 0 mid-step).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _barrier(group)  # rank 0 has imported the model
+    port = _barrier(group)  # rank 0 has imported the model, and listens for our heartbeats
+    beat(rank_zero_host(), port)
     stored = stored_model(settings.models[0], whole=True)
     _check(stored.path, group)
     backend = _load(stored.path, stored.name, group)

@@ -25,7 +25,9 @@ __all__ = ["main"]
 from .args import build_parser, settings_from
 
 
-async def _run(settings: Settings, specs: Sequence[BackendSpec | EncoderSpec | AudioSpec], shelf: Any) -> None:
+async def _run(
+    settings: Settings, specs: Sequence[BackendSpec | EncoderSpec | AudioSpec], shelf: Any, lifeline: Any = None
+) -> None:
     from .attach import audio_catalogue
     from ..server import serve
 
@@ -56,6 +58,8 @@ async def _run(settings: Settings, specs: Sequence[BackendSpec | EncoderSpec | A
                     serve, settings, specs, audio_catalogue=audio_catalogue(), library=library, shelf=shelf
                 ))
                 running.append(server)
+                if lifeline is not None:  # serve --distributed: the other ranks' heartbeats
+                    nursery.start_soon(lifeline.watch, server)
                 print(f"turbospark listening on {server.url}", file=sys.stderr, flush=True)
                 auth = "on (x-api-key or Authorization: Bearer, except /health)" if settings.api_key else "off"
                 print(f"  auth: {auth}", file=sys.stderr)
@@ -92,10 +96,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 group = distributed_group(settings)
                 if group.rank() != 0:
                     return follow_rank(settings, group)
-                specs = [sharded_spec(settings, group), *backend_specs(settings, models=False), *audio_specs(settings)]
+                sharded, lifeline = sharded_spec(settings, group)
+                specs = [sharded, *backend_specs(settings, models=False), *audio_specs(settings)]
             else:
-                specs = [*backend_specs(settings), *audio_specs(settings)]
-        trio.run(_run, settings, specs, shelf_for(settings))
+                specs, lifeline = [*backend_specs(settings), *audio_specs(settings)], None
+        trio.run(_run, settings, specs, shelf_for(settings), lifeline)
     except KeyboardInterrupt:
         print("turbospark: interrupted while preparing models; nothing half-written was left in "
               "the model store", file=sys.stderr)

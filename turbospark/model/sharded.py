@@ -12,12 +12,17 @@ each rank samples the same token from the same (all-summed) logits.  A client th
 
 Sharing is mlx-lm's own way (its server's ``_share_object``): rank 0 pickles the call and
 all-sums its length and then its bytes; the others add zeros.  Synchronous, MLX only.
+
+A collective that fails (a peer is gone) is not one batch's failure but the whole server's:
+``on_lost`` is told (``cli/lifeline.py``: every request is answered 503 and the process exits)
+before anything else can answer the batch's jobs.
 """
 
 from __future__ import annotations
 
 import logging
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
@@ -48,9 +53,16 @@ def share(group: mx.distributed.Group, obj: Any = None) -> Any:
 class ShardedBackend:
     """Rank 0's backend: ``backend``'s calls, each engine-changing one shared first."""
 
-    def __init__(self, backend: Any, group: mx.distributed.Group) -> None:
+    def __init__(
+        self,
+        backend: Any,
+        group: mx.distributed.Group,
+        on_lost: Callable[[str], None] | None = None,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
         self._backend = backend
         self._group = group
+        self._on_lost, self._on_close = on_lost, on_close
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._backend, name)
@@ -58,16 +70,29 @@ class ShardedBackend:
             return value
 
         def shared(*args: Any, **kwargs: Any) -> Any:
-            with mx.stream(self._backend.stream):
-                share(self._group, (name, args, kwargs))
-            return value(*args, **kwargs)
+            try:
+                with mx.stream(self._backend.stream):
+                    share(self._group, (name, args, kwargs))
+                return value(*args, **kwargs)
+            except RuntimeError as exc:
+                if self._on_lost is not None and _peer_lost(exc):
+                    self._on_lost(f"a collective failed: {exc}")
+                raise
 
         return shared
 
     def close(self) -> None:
         """Tell the followers to end (the server is stopping)."""
+        if self._on_close is not None:
+            self._on_close()
         with mx.stream(self._backend.stream):
             share(self._group, EXIT)
+
+
+def _peer_lost(exc: RuntimeError) -> bool:
+    """A collective's failure (MLX's ring backend says so in its message)."""
+    text = str(exc)
+    return "[ring]" in text or "peer" in text
 
 
 def follow(backend: Any, group: mx.distributed.Group) -> None:

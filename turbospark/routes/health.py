@@ -52,6 +52,7 @@ async def ready() -> Response:
     reasons: list[str] = []
     if current_app.draining:  # type: ignore[attr-defined]
         reasons.append("draining")
+    reasons += [f"failed: {error.code}" for error in sys_.failure]
     asked = await _ask()
     if asked is None:
         return json_response({"status": "not_ready", "reasons": [*reasons, "the actors did not answer"]}, 503)

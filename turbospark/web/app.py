@@ -30,7 +30,7 @@ from werkzeug.exceptions import HTTPException
 
 from .._system import System, enter_request_scope, request_scope
 from ..wire.codec import parse_json, structure
-from ..errors import Draining, Forbidden, TurboSparkError, Unauthorized
+from ..errors import Draining, Forbidden, RankLost, TurboSparkError, Unauthorized
 from .origins import host_allowed, origin_allowed
 from .page import is_page, subprotocol_key
 from ..messages import RequestFinished, RequestStarted
@@ -229,7 +229,7 @@ def _turbospark_error(exc: TurboSparkError) -> Response:
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
         response.headers["Retry-After"] = str(retry_after)
-    if isinstance(exc, Draining):
+    if isinstance(exc, Draining | RankLost):
         response.headers["Connection"] = "close"  # the next request goes to a new connection
     return response
 
@@ -332,6 +332,8 @@ def create_app(sys_: System, blueprints: Sequence[Blueprint]) -> QuartTrio:
             return _preflight(origin)
         if app.draining and not _probe(request.path):
             raise Draining()
+        if sys_.failure and not _probe(request.path):
+            raise sys_.failure[0]
         public = _probe(request.path) or is_page(request.method, request.path, request.headers.get("accept"))
         if settings.api_key and not public and not _authorized(settings.api_key):
             raise Unauthorized()
