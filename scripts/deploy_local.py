@@ -1,13 +1,14 @@
 """HAProxy in front of N turbospark replicas on this host (``scripts/deploy-local``).
 
     scripts/deploy-local [--replicas N] [--port 11434] [--first-replica-port 11501]
-                         [--no-affinity] [serve flags…]
+                         [--stats-port PORT] [--no-affinity] [serve flags…]
 
 Writes ``deploy/haproxy.cfg`` with this run's ports into a temporary directory (without the
 ``# affinity`` lines under ``--no-affinity``), starts N replicas (``python -m turbospark
 serve --port P --drain-delay 3 --graceful-timeout 60 [serve flags…]``), waits until each is ready,
-then starts HAProxy and prints ``turbospark listening on http://127.0.0.1:PORT`` and a line per
-replica (name, pid, address).  SIGINT or SIGTERM drains the replicas (SIGTERM to each) and then
+then starts HAProxy and prints ``turbospark listening on http://127.0.0.1:PORT``, a line per
+replica (name, pid, address) and where HAProxy's stats page is (``--stats-port``, by default the
+balancer's port + 1).  SIGINT or SIGTERM drains the replicas (SIGTERM to each) and then
 stops HAProxy.  HAProxy comes from Debian: ``scripts/setup --deploy`` installs it.
 """
 
@@ -28,15 +29,16 @@ ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "deploy" / "haproxy.cfg"
 
 
-def config(template: str, *, port: int, replicas: list[int], affinity: bool) -> str:
-    """The template with this run's frontend port and one server line per replica."""
+def config(template: str, *, port: int, replicas: list[int], affinity: bool, stats_port: int | None = None) -> str:
+    """The template with this run's frontend and stats ports and one server line per replica."""
     out: list[str] = []
     for line in template.splitlines():
         stripped = line.strip()
         if not affinity and stripped.endswith("# affinity"):
             continue
         if stripped.startswith("bind 127.0.0.1:"):
-            line = line.replace(stripped, f"bind 127.0.0.1:{port}")
+            stats = stripped.endswith("# stats")
+            line = line.replace(stripped, f"bind 127.0.0.1:{(stats_port or port + 1) if stats else port}")
         if stripped.startswith("server replica"):
             if stripped.startswith("server replica1 "):
                 indent = line[: len(line) - len(line.lstrip())]
@@ -66,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--port", type=int, default=11434, help="the balancer's port (default 11434)")
     parser.add_argument("--first-replica-port", type=int, default=11501)
+    parser.add_argument("--stats-port", type=int, help="HAProxy's stats page (default: the balancer's port + 1)")
     parser.add_argument("--no-affinity", action="store_true", help="leave out the conversation affinity rule")
     parser.add_argument("--ready-timeout", type=float, default=600.0)
     args, serve_flags = parser.parse_known_args(argv)
@@ -75,7 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     ports = [args.first_replica_port + i for i in range(args.replicas)]
     work = Path(tempfile.mkdtemp(prefix="turbospark-deploy-"))
     cfg = work / "haproxy.cfg"
-    cfg.write_text(config(TEMPLATE.read_text(), port=args.port, replicas=ports, affinity=not args.no_affinity))
+    cfg.write_text(config(TEMPLATE.read_text(), port=args.port, replicas=ports, affinity=not args.no_affinity,
+                          stats_port=args.stats_port))
     stopping = False
 
     def stop(signum: int, frame: object) -> None:
@@ -100,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
               f"config {cfg})", file=sys.stderr, flush=True)
         for i, (port, proc) in enumerate(zip(ports, replicas), 1):
             print(f"  replica{i}: pid {proc.pid}, http://127.0.0.1:{port}", file=sys.stderr, flush=True)
+        print(f"  stats: http://127.0.0.1:{args.stats_port or args.port + 1}/stats", file=sys.stderr, flush=True)
         while not stopping:
             if balancer.poll() is not None:
                 raise SystemExit(f"deploy-local: haproxy exited with status {balancer.returncode}")

@@ -1,7 +1,7 @@
 """``deploy/haproxy.cfg`` driven for real: HAProxy (Debian's) in front of scripted replicas, started
 by ``scripts/deploy-local`` as a user would.  Affinity keeps a conversation on the replica that
-caches it; a replica killed mid-load fails only its own requests; a replica drained by SIGTERM
-fails none."""
+caches it; a replica killed mid-load fails only its own requests and is taken out within the
+health checks' interval (HAProxy's stats page says so); a replica drained by SIGTERM fails none."""
 
 from __future__ import annotations
 
@@ -43,10 +43,11 @@ def _free_ports(n: int) -> int:
 
 class Deployment:
     def __init__(self, *flags: str) -> None:
-        base = _free_ports(3)
+        base = _free_ports(4)
         self.url = f"http://127.0.0.1:{base}"
+        self.stats = f"http://127.0.0.1:{base + 3}/stats;csv"
         cmd = [sys.executable, str(ROOT / "scripts" / "deploy_local.py"), "--port", str(base),
-               "--first-replica-port", str(base + 1), *flags,
+               "--first-replica-port", str(base + 1), "--stats-port", str(base + 3), *flags,
                "--model", "scripted", "--token-delay-ms", "20"]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
         self.pids: dict[str, int] = {}
@@ -159,6 +160,23 @@ async def _stream(client: httpx.AsyncClient, url: str, session: str, tokens: int
     seen[session]["done"] = bool(sse_events(text)) and sse_events(text)[-1][1] == "[DONE]"
 
 
+async def _servers(client: httpx.AsyncClient, stats: str) -> dict[str, str]:
+    """Each replica's status as HAProxy's stats page has it (``UP``, ``DOWN``, ``UP 1/2`` …)."""
+    rows = (await client.get(stats)).text.splitlines()
+    header = rows[0].lstrip("# ").split(",")
+    at_name, at_status = header.index("svname"), header.index("status")
+    return {cells[at_name]: cells[at_status] for row in rows[1:] if (cells := row.split(","))[0] == "replicas"
+            and cells[at_name].startswith("replica")}
+
+
+def _check_timing() -> tuple[float, int]:
+    """``inter`` (seconds) and ``fall`` of the replicas' health checks in deploy/haproxy.cfg."""
+    text = (ROOT / "deploy" / "haproxy.cfg").read_text()
+    found = re.search(r"default-server inter (\d+)s fall (\d+)", text)
+    assert found is not None
+    return float(found[1]), int(found[2])
+
+
 async def test_a_killed_replica_fails_only_its_own_requests(deployment) -> None:
     d = deployment()
     seen: dict[str, dict] = {}
@@ -171,7 +189,13 @@ async def test_a_killed_replica_fails_only_its_own_requests(deployment) -> None:
                     await trio.sleep(0.05)
             victims = {s for s, v in seen.items() if v["replica"] == "replica1"}
             assert victims and len(victims) < 6, seen
+            assert (await _servers(client, d.stats))["replica1"] == "UP"
             os.kill(d.pids["replica1"], signal.SIGKILL)
+            # the balancer takes it out within its health checks: `fall` failed checks `inter` apart
+            inter, fall = _check_timing()
+            with trio.fail_after(fall * inter + inter + 3):  # the checks' phase, and a loaded machine
+                while (await _servers(client, d.stats))["replica1"].split()[0] != "DOWN":
+                    await trio.sleep(0.1)
         for session, v in seen.items():
             assert v["done"] == (session not in victims), (session, v)
         # the balancer stops sending to it: every new request is answered, by replica2
