@@ -155,3 +155,28 @@ async def test_an_open_session_holds_its_model_loaded(start_server):
             await trio.sleep(0.02)
     with trio.fail_after(10):
         await gone()
+
+
+async def test_commits_faster_than_transcription_are_all_answered_in_order(start_server):
+    """300 short frames, each followed by a commit, sent as fast as the socket takes them: the
+    session takes commits as fast as it transcribes them (reading stops while 64 wait, which
+    holds the client back), answers every one in order, and closes cleanly."""
+    stt = ScriptedSpeechToText(step_delay=0.002)
+    server = await start_server(audio=[stt])
+    count = 300
+    got: list[dict] = []
+    async with open_websocket_url(ws_url(server)) as ws:
+
+        async def sender() -> None:
+            for _ in range(count):
+                await ws.send_message(pcm(0.05))
+                await ws.send_message(json.dumps({"type": "commit"}))
+
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(sender)
+                while len(got) < count:
+                    got.append(json.loads(await ws.get_message()))
+    assert [m["type"] for m in got] == ["complete"] * count
+    assert [m["segment_id"] for m in got] == list(range(count))
+    assert len(stt.calls) == count

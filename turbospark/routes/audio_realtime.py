@@ -7,7 +7,8 @@ same checks as every route (``--allowed-origins``; loopback names on a loopback 
 The session's state is ``audio/realtime.py`` (sans-io); this handler carries out its actions:
 
     handler (Quart-Trio cancels it when the client hangs up)
-    ├── receive loop      frames in (idle timeout), session actions out
+    ├── receive loop      frames in (idle timeout), session actions out; it waits while
+    │                     COMMITS_WAITING commits wait (back-pressure on the client)
     ├── committer         commits in order: transcribe, then {"type":"complete",...}
     └── partial × ≤1      a hypothesis of the segment so far; a commit cancels it
 
@@ -37,6 +38,7 @@ from ._audio import receive, resolve_audio, submit
 blueprint = Blueprint("audio_realtime", __name__)
 
 _KEYS = {"model", "encoding", "language", "vad"}
+COMMITS_WAITING = 64  # commits a session holds before it stops reading frames
 
 
 class TooManySessions(TurboSparkError):
@@ -112,7 +114,7 @@ async def _realtime() -> None:
 
 async def _serve(session: Session, model: str, language: str | None, limits: RealtimeLimits) -> None:
     send_lock = trio.Lock()
-    commits_send, commits_recv = trio.open_memory_channel[Commit](64)
+    commits_send, commits_recv = trio.open_memory_channel[Commit](COMMITS_WAITING)
     partial_scope: list[trio.CancelScope] = []  # the partial in flight, if any
     closing = trio.Event()
 
@@ -176,7 +178,16 @@ async def _serve(session: Session, model: str, language: str | None, limits: Rea
                     elif isinstance(action, Commit):
                         for scope in partial_scope:
                             scope.cancel()  # a final supersedes any hypothesis
-                        commits_send.send_nowait(action)
+                        # Back-pressure: while COMMITS_WAITING commits wait, reading waits (and
+                        # TCP holds the client back); a committer stuck that long (its answers
+                        # unread) ends the session with an error.
+                        with trio.move_on_after(limits.idle_seconds) as stuck:
+                            await commits_send.send(action)
+                        if stuck.cancelled_caught:
+                            await send({"type": "error", "message": f"{COMMITS_WAITING} commits waited "
+                                        f"{limits.idle_seconds:g} s for their turn: read the answers"})
+                            closing.set()
+                            break
                     elif isinstance(action, Partial) and not partial_scope:
                         await nursery.start(hypothesis, action, session.next_segment)
         if session_deadline.cancelled_caught:
