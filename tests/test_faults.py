@@ -140,3 +140,36 @@ async def test_a_decode_fault_on_the_real_model_fails_one_request_alone(mlx_serv
     assert [r.json()["choices"][0]["message"]["content"] for r in results if r.status_code == 200] == [expected] * 2
     assert (await client.post(f"{mlx_server.url}{PATH}", json=body)).json()["choices"][0]["message"]["content"] == expected
     await _gauges_at_zero(client, mlx_server.url)
+
+
+async def test_a_slow_events_file_never_holds_the_metrics_back(start_server, client, tmp_path, monkeypatch) -> None:
+    """A disk that takes half a second for every write: the metrics count every request as
+    it ends, and the file gets its lines later, several in one write."""
+    from turbospark.actors import _events_file
+
+    writes: list[str] = []
+
+    class SlowDisk:
+        async def write(self, text: str) -> None:
+            await trio.sleep(0.5)
+            writes.append(text)
+
+        async def flush(self) -> None:
+            pass
+
+        async def aclose(self) -> None:
+            pass
+
+    async def open_slow(path):  # type: ignore[no-untyped-def]
+        return SlowDisk()
+
+    monkeypatch.setattr(_events_file, "_open_events", open_slow)
+    server = await start_server(events_path=tmp_path / "events.jsonl")
+    for _ in range(8):
+        r = await client.post(f"{server.url}{PATH}", json=chat_body(max_tokens=3))
+        assert r.status_code == 200
+    text = (await client.get(f"{server.url}/metrics")).text
+    assert sum(float(v) for v in re.findall(r'^turbospark_requests_total\{route="/v1/chat/completions",status="200"\} (\S+)', text, re.M)) == 8
+    assert "turbospark_observer_dropped_events 0.0" in text
+    await wait_for(lambda: sum(line.count("\n") for line in writes) >= 8 * 3)
+    assert len(writes) < 8 * 3  # what waited went in one write

@@ -2,15 +2,15 @@
 subscribers.
 
 Anything may ``emit`` an event (a sync, never-blocking call: routes, other actors, and the model
-threads through ``from_thread.run_sync``).  The observer keeps the Prometheus metrics, appends each
-event as a JSON line to ``--events FILE``, and forwards it to subscribers.  Trio channels do not
+threads through ``from_thread.run_sync``).  The observer keeps the Prometheus metrics, hands each
+event as a JSON line to the events file's own writer (``_events_file``: a slow disk never holds
+the metrics back), and forwards it to subscribers.  Trio channels do not
 broadcast, so every subscriber has its own bounded channel; one that falls behind is dropped and
 closed rather than slowing anybody down.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from pathlib import Path
@@ -21,7 +21,6 @@ import trio
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 from prometheus_client.exposition import generate_latest
 
-from ..errors import inject
 from ..messages import (
     BatchState,
     Embedded,
@@ -45,6 +44,7 @@ from ..audio.messages import (
     AudioWorkEnded,
     JobsChanged,
 )
+from ._events_file import EVENTS_FILE_QUEUE, events_writer
 from ._latency import Latency
 from ._mailbox import answer
 
@@ -146,6 +146,11 @@ class _Metrics:
         self.dropped = Gauge(
             "turbospark_observer_dropped_events",
             "Events lost because the observer's inbox was full (metrics may be off by these)",
+            registry=reg,
+        )
+        self.file_dropped = Counter(
+            "turbospark_events_file_dropped",
+            "Events left out of --events-file because its writer fell behind (a slow disk)",
             registry=reg,
         )
         self.batch_size = Gauge(
@@ -334,14 +339,27 @@ async def observer(
 ) -> None:
     metrics = _Metrics()
     subscribers: list[trio.MemorySendChannel[Event]] = []
-    # File writes go through Trio's thread pool, never blocking the event loop.  A file that
-    # cannot be opened or written is reported and turned off: events never cost a request.
-    sink = None
-    if events_path is not None:
+    # The events file has a task of its own (a slow disk delays the file, never the metrics);
+    # a line it has no room for is counted, never waited for.
+    lines: trio.MemorySendChannel[str] | None = None
+    async with trio.open_nursery() as nursery:
+        if events_path is not None:
+            lines, pending = trio.open_memory_channel[str](EVENTS_FILE_QUEUE)
+            await nursery.start(events_writer, events_path, pending)
         try:
-            sink = await trio.open_file(events_path, "a", encoding="utf-8")
-        except OSError as exc:
-            log.error("events file %s cannot be opened (%s); events will not be written", events_path, exc)
+            await _observe(inbox, metrics, subscribers, lines, task_status)
+        finally:
+            if lines is not None:
+                lines.close()  # the writer writes what waits, then ends
+
+
+async def _observe(
+    inbox: trio.MemoryReceiveChannel[ObserverMessage],
+    metrics: _Metrics,
+    subscribers: list[trio.MemorySendChannel[Event]],
+    lines: trio.MemorySendChannel[str] | None,
+    task_status: trio.TaskStatus[None],
+) -> None:
     try:
         with inbox:
             task_status.started()
@@ -359,18 +377,13 @@ async def observer(
                     metrics.record(msg)
                 except Exception:  # one event the metrics cannot read never ends the observer
                     log.exception("recording event %r failed", type(msg).__name__)
-                if sink is not None:
+                if lines is not None:
                     try:
-                        inject("observer write")
-                        await sink.write(json.dumps(event_to_json(msg), default=str) + "\n")
-                        await sink.flush()
-                    except Exception as exc:
-                        log.error("writing the events file %s failed (%s); events are no longer written",
-                                  events_path, exc)
-                        with trio.CancelScope(shield=True), trio.move_on_after(1):
-                            with contextlib.suppress(OSError, ValueError):
-                                await sink.aclose()
-                        sink = None
+                        lines.send_nowait(json.dumps(event_to_json(msg), default=str) + "\n")
+                    except trio.WouldBlock:
+                        metrics.file_dropped.inc()
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        lines = None  # the file failed: its writer said so and ended
                 for sub in list(subscribers):
                     try:
                         sub.send_nowait(msg)
@@ -380,7 +393,3 @@ async def observer(
     finally:
         for sub in subscribers:
             sub.close()
-        if sink is not None:
-            with trio.CancelScope(shield=True), trio.move_on_after(1):
-                with contextlib.suppress(OSError, ValueError):
-                    await sink.aclose()
