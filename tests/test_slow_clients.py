@@ -186,3 +186,61 @@ def test_a_long_text_is_measured_against_a_limit_without_encoding_it_all() -> No
     blob = "A" * 200_000  # no whitespace to cut at
     assert tok.surely_longer(blob, len(tok.encode(blob)) // 2)
     assert not tok.surely_longer(blob, len(tok.encode(blob)))
+
+
+async def _never_reading(url: str, max_tokens: int) -> trio.SocketStream:
+    """A streamed chat from a client that reads nothing (a small receive buffer fills at once)."""
+    import socket
+
+    parts = urlsplit(url)
+    sock = trio.socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    await sock.connect((parts.hostname, parts.port))
+    stream = trio.SocketStream(sock)
+    body = json.dumps(chat_body(stream=True, max_tokens=max_tokens)).encode()
+    await stream.send_all(_head(url, PATH, len(body)) + body)
+    return stream
+
+
+async def test_a_client_that_stops_reading_is_closed_at_the_write_timeout(start_server, client) -> None:
+    """Its generation runs on (the reply buffer holds every token) until a write has waited
+    --write-timeout for room; then its connection closes and the generation stops, counted as
+    a cancellation, while another request is answered throughout."""
+    backend = ScriptedBackend(context_window=40_000)
+    server = await start_server([backend], write_timeout=0.5)
+    stream = await _never_reading(server.url, 30_000)
+    await wait_for(lambda: backend.counters.decode_steps > 100)
+    r = await client.post(f"{server.url}{PATH}", json=chat_body(max_tokens=3))
+    assert r.status_code == 200
+    with trio.fail_after(20):
+        while 'turbospark_cancellations_total{phase="decode"} 1.0' not in (await client.get(f"{server.url}/metrics")).text:
+            await trio.sleep(0.1)
+    assert backend.counters.decode_steps < 30_000  # stopped far from its budget
+    await stream.aclose()
+
+
+async def test_shutdown_is_not_held_by_a_client_that_never_reads(nursery) -> None:
+    """SIGTERM's path (``Server.stop``) with a 30,000-token stream nobody reads: the server is
+    gone within its grace (graceful timeout and the margin for endings) plus a second, though
+    Hypercorn shields its socket writes."""
+    from functools import partial
+
+    from turbospark.config import Settings
+    from turbospark.model.backend import BackendSpec
+    from turbospark.server import SHUTDOWN_MARGIN, serve
+
+    backend = ScriptedBackend(context_window=40_000)
+    settings = Settings(host="127.0.0.1", port=0, graceful_timeout=1.0)
+    done = trio.Event()
+
+    async def run(*, task_status: trio.TaskStatus) -> None:
+        await serve(settings, [BackendSpec("scripted", lambda: backend)], task_status=task_status)
+        done.set()
+
+    server = await nursery.start(run)
+    stream = await _never_reading(server.url, 30_000)
+    await wait_for(lambda: backend.counters.decode_steps > 2_000)  # far more than the buffers hold
+    server.stop.set()
+    with trio.fail_after(settings.drain_delay + settings.graceful_timeout + SHUTDOWN_MARGIN + 1):
+        await done.wait()
+    await stream.aclose()

@@ -77,6 +77,9 @@ class Settings:
     # full within body_timeout seconds of the route asking for it, or the answer is a 408.
     header_timeout: float = 5.0
     body_timeout: float = 60.0
+    # A write to a client that takes nothing for write_timeout seconds (it stopped reading)
+    # closes its connection, as nginx's send_timeout does.
+    write_timeout: float = 60.0
     keepalive_interval: float = 15.0
     max_body_bytes: int = 25 * 1024 * 1024
     # Tool calls: rescue what the parser missed, validate arguments, one corrective retry.

@@ -8,8 +8,9 @@ seconds, so a load balancer notices; then Hypercorn stops accepting, and in-flig
 ``graceful_timeout`` seconds to finish.  Then the model actors are cancelled: each
 model thread stops within one step and answers every sequence it still runs or holds with
 ``ShuttingDown`` (a 503, or an ``event: error`` frame on a stream), the queue answers what waits,
-and the routes get ``SHUTDOWN_MARGIN`` more seconds to write those endings before Hypercorn
-closes what is left.  The other actors live until the root nursery ends, after HTTP.
+and the routes get ``SHUTDOWN_MARGIN`` more seconds to write those endings; then every write
+still waiting on a client that stopped reading is abandoned (``web/bounded_writes.py``) and
+Hypercorn closes what is left.  The other actors live until the root nursery ends, after HTTP.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .audio.engines import AudioSpec
 from .actors.lifecycle import Loadable
 from .config import Settings
 from .routes.app import create_app
+from .web.bounded_writes import install
 
 __all__ = ["Server", "serve"]
 
@@ -77,6 +79,8 @@ async def serve(
     socket is bound.  ``options``: the rest of ``SystemSpec`` (``resolve``, ``audio_catalogue``,
     ``library``, ``shelf``)."""
     spec = SystemSpec(settings, backends, **options)
+    config = _hypercorn_config(settings)
+    writes = install(config, settings.write_timeout)
     stop = trio.Event()
     closing = trio.Event()
     http_scope = trio.CancelScope()
@@ -92,6 +96,7 @@ async def serve(
         system.stop_models()
         with trio.move_on_after(SHUTDOWN_MARGIN):
             await app.in_flight.wait_idle()
+        writes.abandon()  # a client that stopped reading holds nothing any more
         # Every request is answered (or out of time): what is left are idle keep-alive
         # connections, which Hypercorn would otherwise hold open until its own deadline.
         http_scope.cancel()
@@ -101,7 +106,7 @@ async def serve(
         app = create_app(system)
         root.start_soon(shut_down)
         async with trio.open_nursery() as http:
-            binds = await http.start(partial(_serve_http, http_scope, app, settings, closing))
+            binds = await http.start(partial(_serve_http, http_scope, app, config, closing))
             task_status.started(Server(binds[0], system, stop))
         root.cancel_scope.cancel()
 
@@ -109,12 +114,10 @@ async def serve(
 async def _serve_http(
     scope: trio.CancelScope,
     app: Any,
-    settings: Settings,
+    config: HypercornConfig,
     closing: trio.Event,
     *,
     task_status: trio.TaskStatus[list[str]],
 ) -> None:
     with scope:
-        await hypercorn.trio.serve(
-            app, _hypercorn_config(settings), shutdown_trigger=closing.wait, task_status=task_status
-        )
+        await hypercorn.trio.serve(app, config, shutdown_trigger=closing.wait, task_status=task_status)

@@ -24,6 +24,7 @@ what it could not push, and ``Retire`` answers it).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,10 @@ from ._mailbox import answer
 from .generation import QueueMessage
 
 __all__ = ["JobIntake", "ModelInfo", "model_actor"]
+
+log = logging.getLogger("turbospark")
+
+RETIRE_WAIT = 10.0  # seconds a stopping model waits for the queue to take its Retire
 
 
 @attrs.frozen
@@ -244,7 +249,11 @@ async def model_actor(
             for job in intake.close():  # pushed to it, never taken
                 answer(job.reply, Failed(ShuttingDown()))
             # nobody takes this model's jobs any more: never dropped (the jobs waiting for it
-            # would never be answered), and prompt: the queue handles each message at once
-            with trio.CancelScope(shield=True):
+            # would never be answered), and prompt: the queue handles each message at once, so
+            # the bound (shutdown is never held by it) is only ever reached by a stuck queue
+            with trio.CancelScope(shield=True), trio.move_on_after(RETIRE_WAIT) as waited:
                 with contextlib.suppress(trio.ClosedResourceError, trio.BrokenResourceError):
                     await queue.send(Retire(model_id))
+            if waited.cancelled_caught:
+                log.error("model %s: the queue took no Retire in %g s; its waiting jobs are not answered",
+                          model_id, RETIRE_WAIT)

@@ -265,6 +265,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"a request body must arrive in full within S seconds, or the answer is a 408 "
         f"(default {Settings().body_timeout:g})",
     )
+    s.add_argument(
+        "--write-timeout",
+        type=_seconds,
+        default=Settings().write_timeout,
+        metavar="S",
+        help="a connection whose client takes nothing of a response for S seconds (it stopped reading) "
+        f"is closed, its request ended (default {Settings().write_timeout:g})",
+    )
     s.add_argument("--events", type=Path, metavar="FILE", help="append observer events to FILE as JSON lines")
     s.add_argument("--script", type=Path, metavar="FILE", help="scripted backend: emit this UTF-8 text, then end the turn")
     s.add_argument(
@@ -338,6 +346,7 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         **({"prompt_cache_bytes": args.prompt_cache_size} if args.prompt_cache_size else {}),
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
+        write_timeout=args.write_timeout,
         graceful_timeout=args.graceful_timeout,
         drain_delay=args.drain_delay,
         distributed=args.distributed,
