@@ -72,7 +72,18 @@ async def test_a_fault_fails_its_request_alone(start_server, client, point) -> N
     await _gauges_at_zero(client, server.url)
     metrics = (await client.get(f"{server.url}/metrics")).text
     assert re.findall(r"^turbospark_job_faults_total\{[^}]*\} (\S+)$", metrics, re.M) == ["1.0"]
-    assert (await client.get(f"{server.url}/health")).json()["status"] == "ok"
+    await _faults_counted(client, server.url, "model")
+
+
+async def _faults_counted(client, url: str, actor: str) -> None:
+    """``/health/live`` and ``/metrics`` count one fault, of ``actor``, and none of the others;
+    the server is healthy and live."""
+    assert (await client.get(f"{url}/health")).json()["status"] == "ok"
+    live = (await client.get(f"{url}/health/live")).json()
+    assert live == {"status": "live", "faults": {a: int(a == actor) for a in ("model", "encoder", "audio", "observer")}}
+    metrics = (await client.get(f"{url}/metrics")).text
+    assert f'turbospark_faults{{actor="{actor}"}} 1.0' in metrics
+    assert len(re.findall(r'^turbospark_faults\{actor="\w+"\} 0\.0$', metrics, re.M)) == 3
 
 
 async def test_a_fault_in_an_encoder_batch_fails_that_batch_and_the_encoder_carries_on(start_server, client) -> None:
@@ -82,6 +93,7 @@ async def test_a_fault_in_an_encoder_batch_fails_that_batch_and_the_encoder_carr
     assert r.status_code == 500 and re.search(r"error id [0-9a-f]{12}", r.json()["error"]["message"])
     r = await client.post(f"{server.url}/v1/embeddings", json={"model": "scripted-embed", "input": "one"})
     assert r.status_code == 200 and len(r.json()["data"]) == 1
+    await _faults_counted(client, server.url, "encoder")
 
 
 async def test_a_fault_in_an_audio_job_fails_that_job_and_the_worker_carries_on(start_server, client) -> None:
@@ -93,6 +105,7 @@ async def test_a_fault_in_an_audio_job_fails_that_job_and_the_worker_carries_on(
     assert r.status_code == 500 and re.search(r"error id [0-9a-f]{12}", r.json()["error"]["message"])
     r = await client.post(f"{server.url}/v1/audio/transcriptions", **upload(audio=tone(0.5)))
     assert r.status_code == 200 and "0.50 s" in r.json()["text"]
+    await _faults_counted(client, server.url, "audio")
 
 
 async def test_a_fault_while_loading_fails_the_load_and_the_next_request_loads_again(start_server, client) -> None:
@@ -119,7 +132,8 @@ async def test_a_fault_writing_the_events_file_keeps_the_metrics(start_server, c
         assert r.status_code == 200
     text = (await client.get(f"{server.url}/metrics")).text
     assert re.search(r'^turbospark_requests_total\{[^}]*status="200"[^}]*\} (\d+)', text, re.M)
-    assert (await client.get(f"{server.url}/health")).json()["status"] == "ok"
+    await wait_for(lambda: server.system.observer.faults["observer"] == 1)
+    await _faults_counted(client, server.url, "observer")
 
 
 async def test_a_decode_fault_on_the_real_model_fails_one_request_alone(mlx_server, client) -> None:

@@ -268,8 +268,8 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
     settings, backends, library = spec.settings, spec.backends, spec.library
     async with trio.open_nursery() as nursery:
         obs_send, obs_recv = trio.open_memory_channel[ObserverMessage](4096)
-        await nursery.start(partial(observer, obs_recv, events_path=settings.events_path))
-        obs = Observer(obs_send)
+        faults = await nursery.start(partial(observer, obs_recv, events_path=settings.events_path))
+        obs = Observer(obs_send, faults)
 
         # Withdraw is sent with send_nowait from cancelled routes: leave it room.
         queue_send, queue_recv = trio.open_memory_channel[QueueMessage](QUEUE_INBOX)

@@ -35,6 +35,7 @@ __all__ = [
     "Phase",
     "Progress",
     "QueueDepth",
+    "FAULT_ACTORS",
     "JobFault",
     "QueueRejected",
     "ModelLoaded",
@@ -286,10 +287,16 @@ class QueueDepth:
 
 @attrs.frozen
 class JobFault:
-    """A job failed on an internal fault (answered 500 with ``error_id``); the actor carries on."""
+    """A job failed on an internal fault (answered 500 with ``error_id``); the actor carries on.
+    ``actor``: whose fault it was (one of ``FAULT_ACTORS``)."""
 
     model: str
     error_id: str
+    actor: str = "model"
+
+
+#: the actors whose faults are counted apart (``/health``'s ``faults``, ``turbospark_faults``)
+FAULT_ACTORS = ("model", "encoder", "audio", "observer")
 
 
 @attrs.frozen

@@ -12,13 +12,29 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 
 from ..errors import inject
 
-__all__ = ["EVENTS_FILE_QUEUE", "events_writer"]
+__all__ = ["EVENTS_FILE_QUEUE", "event_to_json", "events_writer"]
 
 log = logging.getLogger("turbospark")
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def event_to_json(event: Any) -> dict[str, Any]:
+    """An event (an attrs class) as its line: ``{"kind": <camelCase event name>, ...camelCase
+    fields}``."""
+    name = type(event).__name__
+    out: dict[str, Any] = {"kind": name[0].lower() + name[1:]}
+    for field in attrs.fields(type(event)):
+        out[_camel(field.name)] = getattr(event, field.name)
+    return out
+
 
 EVENTS_FILE_QUEUE = 16384  # lines the events file's writer may fall behind by
 
@@ -28,10 +44,12 @@ async def _open_events(path: Path) -> Any:
 
 
 async def events_writer(
-    path: Path, pending: trio.MemoryReceiveChannel[str], *, task_status: trio.TaskStatus[None]
+    path: Path, pending: trio.MemoryReceiveChannel[str], faults: dict[str, int], *,
+    task_status: trio.TaskStatus[None],
 ) -> None:
     """Append the event lines to ``path`` (through Trio's thread pool), every line waiting in
-    one write.  A file that cannot be opened or written is reported and turned off."""
+    one write.  A file that cannot be opened or written is reported and turned off (a write that
+fails is an observer fault in ``faults``)."""
     with pending:
         try:
             sink = await _open_events(path)
@@ -52,6 +70,7 @@ async def events_writer(
                     await sink.flush()
                 except Exception as exc:
                     log.error("writing the events file %s failed (%s); events are no longer written", path, exc)
+                    faults["observer"] += 1
                     return
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(1):

@@ -52,6 +52,7 @@ from ..audio.messages import (
     WorkReply,
 )
 from ..audio.wire import OPENAI_STT_NAMES, OPENAI_TTS_NAMES
+from ..messages import JobFault
 from ..audio.worker import serve_audio
 from ._mailbox import answer
 
@@ -275,6 +276,7 @@ async def audio_actor(
                         store.fail(job, 503, ShuttingDown().message, trio.current_time())
                 except Exception as exc:  # a result that cannot be rendered fails its job alone
                     log.exception("audio job %s failed", job.id)
+                    emit(JobFault(msg.work.model, job.id, "audio"))
                     store.fail(job, 500, f"internal error: {type(exc).__name__}", trio.current_time())
             job_scopes.pop(job.id, None)
             jobs_changed()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
 
 import attrs
 import trio
@@ -27,6 +26,7 @@ from ..messages import (
     EmbeddingBatch,
     Generated,
     GenerationBegan,
+    FAULT_ACTORS,
     JobFault,
     ModelLoaded,
     ModelUnloaded,
@@ -44,7 +44,7 @@ from ..audio.messages import (
     AudioWorkEnded,
     JobsChanged,
 )
-from ._events_file import EVENTS_FILE_QUEUE, events_writer
+from ._events_file import EVENTS_FILE_QUEUE, event_to_json, events_writer
 from ._latency import Latency
 from ._mailbox import answer
 
@@ -93,20 +93,6 @@ class ReadDepths:
     reply: trio.MemorySendChannel[dict[str, int]]
 
 
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.title() for part in rest)
-
-
-def event_to_json(event: Event) -> dict[str, Any]:
-    """``{"kind": <camelCase event name>, ...camelCase fields}``."""
-    name = type(event).__name__
-    out: dict[str, Any] = {"kind": name[0].lower() + name[1:]}
-    for field in attrs.fields(type(event)):
-        out[_camel(field.name)] = getattr(event, field.name)
-    return out
-
-
 class _Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -137,6 +123,11 @@ class _Metrics:
             self.cancellations.labels(phase)
         self.faults = Counter(
             "turbospark_job_faults", "Jobs failed by an internal fault (a 500 with an error id)", ["model"],
+            registry=reg,
+        )
+        self.fault_counts = dict.fromkeys(FAULT_ACTORS, 0)  # shared with the Observer handle
+        self.fault_gauge = Gauge(
+            "turbospark_faults", "Internal faults by actor (each failed its job alone, or an event)", ["actor"],
             registry=reg,
         )
         self.rejections = Counter(
@@ -309,6 +300,8 @@ class _Metrics:
 
     def render(self, dropped: int) -> bytes:
         self.dropped.set(dropped)
+        for actor, count in self.fault_counts.items():
+            self.fault_gauge.labels(actor).set(count)
         return generate_latest(self.registry)
 
 
@@ -320,9 +313,14 @@ class Observer:
     """The send side every producer uses; ``emit`` never blocks and never raises."""
 
     inbox: trio.MemorySendChannel[ObserverMessage]
+    #: faults by actor (FAULT_ACTORS), shared with the observer: counted here, as they are
+    #: emitted, so ``/health`` reads them without waiting and a full inbox loses none
+    faults: dict[str, int] = attrs.field(factory=lambda: dict.fromkeys(FAULT_ACTORS, 0))
     dropped: int = 0
 
     def emit(self, event: object) -> None:
+        if isinstance(event, JobFault):
+            self.faults[event.actor] = self.faults.get(event.actor, 0) + 1
         try:
             self.inbox.send_nowait(event)  # type: ignore[arg-type]
         except trio.WouldBlock:
@@ -335,8 +333,9 @@ async def observer(
     inbox: trio.MemoryReceiveChannel[ObserverMessage],
     *,
     events_path: Path | None = None,
-    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[dict[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Ready with the fault counts it shares with its ``Observer`` handle."""
     metrics = _Metrics()
     subscribers: list[trio.MemorySendChannel[Event]] = []
     # The events file has a task of its own (a slow disk delays the file, never the metrics);
@@ -345,7 +344,7 @@ async def observer(
     async with trio.open_nursery() as nursery:
         if events_path is not None:
             lines, pending = trio.open_memory_channel[str](EVENTS_FILE_QUEUE)
-            await nursery.start(events_writer, events_path, pending)
+            await nursery.start(events_writer, events_path, pending, metrics.fault_counts)
         try:
             await _observe(inbox, metrics, subscribers, lines, task_status)
         finally:
@@ -358,11 +357,11 @@ async def _observe(
     metrics: _Metrics,
     subscribers: list[trio.MemorySendChannel[Event]],
     lines: trio.MemorySendChannel[str] | None,
-    task_status: trio.TaskStatus[None],
+    task_status: trio.TaskStatus[dict[str, int]],
 ) -> None:
     try:
         with inbox:
-            task_status.started()
+            task_status.started(metrics.fault_counts)
             async for msg in inbox:
                 if isinstance(msg, RenderMetrics):
                     answer(msg.reply, metrics.render(msg.dropped))
@@ -377,6 +376,7 @@ async def _observe(
                     metrics.record(msg)
                 except Exception:  # one event the metrics cannot read never ends the observer
                     log.exception("recording event %r failed", type(msg).__name__)
+                    metrics.fault_counts["observer"] += 1
                 if lines is not None:
                     try:
                         lines.send_nowait(json.dumps(event_to_json(msg), default=str) + "\n")

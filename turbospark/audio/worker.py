@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from ..errors import GenerationFailed, ShuttingDown, TurboSparkError, inject
+from ..messages import JobFault
 from .engines import Engine, Stop
 from .messages import AudioWork, AudioWorkBegan, AudioWorkEnded, Chunk, Synthesize, WorkDone, WorkFailed
 
@@ -113,5 +114,6 @@ def _run(engine: Engine, work: AudioWork, emit: Callable[[object], None]) -> Non
     except Exception:
         error = GenerationFailed.new(f"{engine.task.replace('_', '-')} failed")
         log.exception("audio model %s: %s work failed (error id %s)", engine.model_id, work.endpoint, error.error_id)
+        trio.from_thread.run_sync(emit, JobFault(engine.model_id, error.error_id, "audio"))
         trio.from_thread.run_sync(deliver, WorkFailed(error))
         end("failed", "running")

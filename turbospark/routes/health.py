@@ -2,9 +2,11 @@
 
 - ``GET /health``: ``{status, state}``, never waits on an actor (``state``: ``ready`` when any
   model is known, else ``empty``).
-- ``GET /health/live``: the process and its actors run: 200 ``{"status": "live"}`` when the
-  observer and the resolver answer within ``PROBE_TIMEOUT``, else 503.  A liveness probe that
-  fails means restart the process.
+- ``GET /health/live``: the process and its actors run: 200 ``{"status": "live", "faults":
+  {...}}`` when the observer and the resolver answer within ``PROBE_TIMEOUT``, else 503.  A
+  liveness probe that fails means restart the process.  ``faults``: the internal faults so far,
+  by actor (``model``, ``encoder``, ``audio``, ``observer``), each of which failed its own job
+  alone (or lost one event) while the actor carried on: no reason to restart.
 - ``GET /health/ready``: 200 ``{"status": "ready", ...}`` when the server should be sent
   requests: not draining, every model named at start loaded, no model's queue full; else 503
   ``{"status": "not_ready", "reasons": [...], ...}``.  A balancer stops sending while it fails;
@@ -43,7 +45,7 @@ async def _ask() -> tuple[list[str], dict[str, int]] | None:
 async def live() -> Response:
     if await _ask() is None:
         return json_response({"status": "not_live", "reasons": ["the actors did not answer"]}, 503)
-    return json_response({"status": "live"})
+    return json_response({"status": "live", "faults": dict(system().observer.faults)})
 
 
 @blueprint.get("/health/ready")

@@ -39,7 +39,7 @@ import numpy as np
 import trio
 
 from ..errors import GenerationFailed, RequestInvalid, ShuttingDown, TurboSparkError, inject
-from ..messages import EmbeddingBatch, Embedded, EmbeddingJob, EmbeddingOutcome, EmbeddingReply, Failed, Vectors
+from ..messages import EmbeddingBatch, Embedded, EmbeddingJob, EmbeddingOutcome, EmbeddingReply, Failed, JobFault, Vectors
 from ._embed_pool import EmbeddingPool
 from .model_thread import deliver
 from ..model.encoder import Encoder
@@ -161,6 +161,7 @@ class _Loop:
                 exc = GenerationFailed.new("embedding failed")
                 log.exception("model %s: tokenising request %d failed (error id %s)",
                               self.encoder.model_id, job.request_id, exc.error_id)
+                self.events.append(JobFault(self.encoder.model_id, exc.error_id, "encoder"))
             self._end(entry, Failed(exc), "Error")
             return
         if not job.inputs:
@@ -218,6 +219,7 @@ class _Loop:
             error = GenerationFailed.new("embedding failed")
             log.exception("model %s: a forward pass failed; its %d jobs fail with it (error id %s)",
                           self.encoder.model_id, len(owners), error.error_id)
+            self.events.append(JobFault(self.encoder.model_id, error.error_id, "encoder"))
             for key in owners:
                 self._end(self.jobs[key], Failed(error), "Error")
             return
