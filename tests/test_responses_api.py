@@ -156,3 +156,34 @@ async def test_bad_requests_are_400s(start_server, client, body, needle) -> None
     server = await start_server()
     r = await client.post(f"{server.url}{PATH}", json=body)
     assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
+
+
+def test_a_chain_of_responses_is_stored_once_and_bounded_by_bytes() -> None:
+    """A chain of k turns stores each turn once (each response keeps only its own turns and
+    points at the one it continues); the store is bounded by bytes, never evicts the newest,
+    and an evicted or deleted response lives on only as long as one continuing it needs it."""
+    from turbospark.turns.conversations import ResponseStore, StoredResponse
+
+    store = ResponseStore(max_bytes=20_000)
+    turn = {"role": "user", "content": "x" * 100}
+    parent = None
+    for k in range(100):
+        entry = StoredResponse({"id": f"r{k}"}, (turn, {"role": "assistant", "content": f"a{k}"}), parent)
+        store.put(f"r{k}", entry)
+        parent = entry
+    assert len(parent.messages) == 200 and parent.messages[-1]["content"] == "a99"
+    chain_bytes = sum(len(__import__("json").dumps([{"id": f"r{k}"}, (turn, {"role": "assistant", "content": f"a{k}"})]))
+                      for k in range(100))
+    assert store.bytes == chain_bytes < 20_000  # each turn once: 100 turns, not 5,050
+    # evicting the chain's oldest responses frees nothing while its newest needs their turns
+    store.delete("r0")
+    assert store.bytes == chain_bytes and store.get("r99").messages[0] is turn
+    # another conversation takes the chain past the bound: responses go, oldest first, until the
+    # bytes fit, and the chain's turns go with the last response that needed them
+    big = StoredResponse({"id": "big"}, ({"role": "user", "content": "y" * 15_000},))
+    store.put("big", big)
+    assert store.get("big") is big and store.get("r99") is None
+    assert store.bytes == big.size and len(store) == 1
+    huge = StoredResponse({"id": "huge"}, ({"role": "user", "content": "z" * 50_000},))
+    store.put("huge", huge)  # alone over the bound: kept, as the newest
+    assert store.get("huge") is huge and store.get("big") is None and store.bytes == huge.size

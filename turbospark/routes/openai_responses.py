@@ -40,6 +40,7 @@ async def create_response() -> Response:
     entry = await sys_.resolve(body.model, "chat")
     sys_.emit(RequestRouted(g.record.id, body.model, entry.id, body.stream))
     history: tuple[TemplateMessage, ...] = ()
+    stored: StoredResponse | None = None
     if body.previous_response_id is not None:
         stored = sys_.responses.get(body.previous_response_id)
         if stored is None:
@@ -56,7 +57,9 @@ async def create_response() -> Response:
 
     def keep(final: dict[str, Any]) -> None:
         if body.store is not False:
-            sys_.responses.put(resp.id, StoredResponse(final, (*p.conversation, *said(resp.output))))
+            # only its own turns: the conversation it continues is the stored one's
+            own = (*p.conversation[len(history):], *said(resp.output))
+            sys_.responses.put(resp.id, StoredResponse(final, own, stored))
 
     resp = ResponseStream(new_id("resp"), body.model or entry.id, body, keep=keep)
     turn_plan = TurnPlan(entry.id, p.prompt, params, call_required=p.call_required,
