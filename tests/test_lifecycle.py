@@ -227,3 +227,56 @@ async def test_one_waiter_leaving_does_not_cancel_a_load_others_wait_for(start_s
             await client.post(f"{server.url}/api/chat", json=chat("alpha"))
         shelf.gate.set()
     assert [r.status_code for r in results] == [200] and shelf.entered == 1
+
+
+class _Store:
+    """The model store's delete, for ``/api/delete``: records whether the model's stream had
+    ended when its files went."""
+
+    def __init__(self, stream_over: trio.Event) -> None:
+        self.stream_over = stream_over
+        self.deleted: list[tuple[str, bool]] = []
+
+    def delete(self, name: str) -> bool:
+        self.deleted.append((name, self.stream_over.is_set()))
+        return True
+
+
+async def _delete_during_a_stream(client: httpx.AsyncClient, url: str, store: _Store) -> httpx.Response:
+    body = {"model": "slow", "messages": HELLO, "stream": True}
+    async with trio.open_nursery() as nursery:
+        async with client.stream("POST", f"{url}/api/chat", json=body) as r:
+            lines = r.aiter_lines()
+            await lines.__anext__()  # the model answers
+            answer: list[httpx.Response] = []
+
+            async def delete() -> None:
+                answer.append(await client.request("DELETE", f"{url}/api/delete", json={"model": "slow"}))
+
+            nursery.start_soon(delete)
+            async for _ in lines:
+                pass
+        store.stream_over.set()
+    return answer[0]
+
+
+async def test_delete_waits_until_the_model_has_answered_its_requests(start_server, client) -> None:
+    shelf = Shelf("slow", token_delay=0.02, script="word " * 60)
+    store = _Store(trio.Event())
+    server = await start_server(library=shelf.models, shelf=store)
+    r = await _delete_during_a_stream(client, server.url, store)
+    assert r.status_code == 200
+    assert store.deleted == [("slow", True)]  # never under the stream that was reading it
+    assert "slow" not in await ps(client, server.url)
+
+
+async def test_delete_of_a_model_busy_past_the_wait_is_refused(start_server, client, monkeypatch) -> None:
+    from turbospark.routes import ollama_models
+
+    monkeypatch.setattr(ollama_models, "DELETE_WAIT", 0.2)
+    shelf = Shelf("slow", token_delay=0.02, script="word " * 60)
+    store = _Store(trio.Event())
+    server = await start_server(library=shelf.models, shelf=store)
+    r = await _delete_during_a_stream(client, server.url, store)
+    assert r.status_code == 409 and "still answering requests" in r.json()["error"]
+    assert store.deleted == []

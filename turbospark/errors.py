@@ -30,6 +30,7 @@ __all__ = [
     "Draining",
     "Forbidden",
     "GenerationFailed",
+    "ModelInUse",
     "ModelLoadFailed",
     "ModelNotFound",
     "NoModel",
@@ -122,6 +123,19 @@ class NotFound(TurboSparkError):
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.param, self.code = param, code
+
+
+class ModelInUse(TurboSparkError):
+    """A model that requests still use cannot be deleted until they end."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "model_in_use"
+    param = "model"
+
+    def __init__(self, model: str, seconds: float) -> None:
+        super().__init__(f"'{model}' is still answering requests after {seconds:g} s; it was not deleted "
+                         "(it unloads once they end: delete it then)")
 
 
 class Rejected(TurboSparkError):

@@ -12,7 +12,9 @@ parameter size, quantization), and in ``/api/show`` ``model_info`` (``general.ar
 
 Models are named exactly (``name`` or ``name:latest``): an unknown one is a 404, never another
 model.  Pinned models (named with ``--model``, ``--embedding-model``, ``--stt-model`` or
-``--tts-model``) cannot be deleted.
+``--tts-model``) cannot be deleted.  A model still answering requests is asked to unload and the
+delete waits until it has (its files are never removed under a request reading them), up to
+``DELETE_WAIT``: beyond, a 409 ``model_in_use`` and nothing deleted.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from quart import Blueprint, Response, request
 from .. import __version__
 from ..actors.lifecycle import Loadable
 from ..actors.registry import ModelEntry
-from ..errors import ModelNotFound, RequestInvalid
+from ..errors import ModelInUse, ModelNotFound, RequestInvalid
+from ..messages import ModelUnloaded
 from ..web.app import json_response, system
 from ..web.page import wants_page
 from ..wire.codec import parse_json
@@ -147,6 +150,26 @@ async def ps() -> Response:
     return json_response({"models": rows})
 
 
+#: how long a delete waits for the requests a model is answering to end (it unloads then)
+DELETE_WAIT = 30.0
+
+
+async def _unloaded(model_id: str) -> bool:
+    """Ask ``model_id`` to unload (at once when idle, else once its requests end) and wait until
+    it has, up to ``DELETE_WAIT``: its files are not removed under a request that reads them."""
+    sys_ = system()
+    with sys_.subscribe() as events:  # before the unload, so its event cannot be missed
+        await sys_.unload(model_id)
+        if model_id not in {m.entry.id for m in await sys_.running()}:
+            return True
+        with trio.move_on_after(DELETE_WAIT):
+            async for event in events:
+                if isinstance(event, ModelUnloaded) and event.model == model_id:
+                    return True
+        # the event stream may have fallen behind (and been closed): the registry decides
+        return model_id not in {m.entry.id for m in await sys_.running()}
+
+
 @blueprint.route("/api/delete", methods=["DELETE"])
 async def delete() -> Response:
     sys_ = system()
@@ -157,7 +180,8 @@ async def delete() -> Response:
     if loadable is None or loadable.pinned:
         flag = _FLAGS.get(loadable.kind if loadable is not None else "", "--model")
         raise RequestInvalid(f"'{entry.id}' was named with {flag} when the server started; it cannot be deleted while it runs")
-    await sys_.unload(entry.id)
+    if not await _unloaded(entry.id):
+        raise ModelInUse(entry.id, DELETE_WAIT)
     if not await trio.to_thread.run_sync(store.delete, entry.id):
         raise ModelNotFound(name, [])
     await sys_.refresh()
