@@ -7,6 +7,7 @@
     ├── audio_actor         inbox: ResolveAudio, SubmitAudio, jobs, AttachModel/DetachModel;
     │                       runs the attached audio models' worker threads and queues, and the
     │                       async jobs (started when an audio model may be served)
+    ├── pulls               inbox: Pull (with a model store); one job per model pulled
     └── resolver            inbox: Resolve, Unload, Running, Refresh, Adopt; notes (unbounded,
         │                   never dropped): Release, Abandon; owns the resolution slots, the
         │                   keep-alive timers and:
@@ -15,7 +16,7 @@
                 unloaded when idle; the models handed to ``serve`` loaded at start and kept):
                 ├── model_actor       a generation model; Take goes to the queue
                 ├── embedding_model   an embedding actor and its inbox (on the model's entry)
-                └── _attached_audio   an audio model, attached to the audio actor meanwhile
+                └── attached_audio    an audio model, attached to the audio actor meanwhile
 
 Shutdown begins with ``System.stop_models``: the models' scope is cancelled (each model actor's,
 its thread notices at its next ``check_cancelled`` (one step) and answers every sequence it holds
@@ -38,17 +39,19 @@ import attrs
 import trio
 
 from ._scope import current_scope, enter_request_scope, request_scope
+from .actors._audio_life import attached_audio
 from .actors._mailbox import call
-from .actors.audio import AttachModel, AudioMessage, DetachModel, audio_actor
+from .actors.audio import AudioMessage, audio_actor
 from .actors.embedding import embedding_model
 from .actors.generation import QueueMessage, generation_queue
 from .actors.models import model_actor
+from .actors.pulls import Pull, pulls
 from .actors.observer import Event, Observer, ObserverMessage, ReadDepths, RenderMetrics, Subscribe, observer
 from .actors.resolution import Abandon, Adopt, Grant, Lifecycle, LoadedModel, Published, Refresh, Release, Resolve, Running, Unload
 from .actors.resolver import Library, ResolveFn, resolve_in_registry, resolver
 from .config import Settings
 from .turns.conversations import ResponseStore
-from .errors import ModelLoadFailed, QueueFull, ShuttingDown, TurboSparkError
+from .errors import QueueFull, ShuttingDown, TurboSparkError
 from .messages import EmbeddingJob, Failed, GenerationJob, QueueRejected, SlotCommand, Submit, Withdraw
 from .threads.encoder_thread import EmbeddingLimits
 from .threads.model_thread import Limits
@@ -81,6 +84,8 @@ class System:
     audio: trio.MemorySendChannel[AudioMessage] | None = None
     #: the model store routes manage (pull, delete, copy); None when the server has none
     shelf: Any = None
+    #: the pulls actor's inbox (with a model store): every /api/pull is one of its jobs
+    pulls: trio.MemorySendChannel[Pull] | None = None
     #: the aliases ``POST /v1/audio/models`` may attach, each with how to build its spec
     #: (pulling it into the store: call it on a worker thread)
     audio_catalogue: Mapping[str, Any] = attrs.field(factory=dict)
@@ -299,7 +304,7 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
                                       task_status=task_status)
             else:
                 spec = AudioSpec(loadable.id, _AUDIO_TASK[loadable.kind], loadable.make)
-                await _attached_audio(audio_send, spec, task_status=task_status)
+                await attached_audio(audio_send, spec, task_status=task_status)
 
         lifecycle = Lifecycle(
             start_model=start_model, queue=queue_send, emit=obs.emit,
@@ -319,6 +324,10 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
                 slots=settings.max_resolutions, resolve=spec.resolve,
             )
         )
+        pulls_send = None
+        if spec.shelf is not None:
+            pulls_send, pulls_recv = trio.open_memory_channel[Pull](64)
+            await nursery.start(pulls, pulls_recv, spec.shelf.pull)
         task_status.started(
             System(
                 settings=settings,
@@ -331,6 +340,7 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
                 model_scopes=tuple(scopes),
                 audio=audio_send,
                 shelf=spec.shelf,
+                pulls=pulls_send,
                 audio_catalogue=spec.audio_catalogue or {},
             )
         )
@@ -346,8 +356,6 @@ QUEUE_INBOX = 1024
 #: the audio task of each audio kind
 _AUDIO_TASK: dict[str, Any] = {"speech-to-text": "speech_to_text", "text-to-speech": "text_to_speech"}
 _AUDIO_KIND = {task: kind for kind, task in _AUDIO_TASK.items()}
-#: how long an unloaded audio model's worker may take to stop before its slot is given back
-_DETACH_WAIT = 10.0
 
 
 def _pinned(spec: BackendSpec | EncoderSpec | AudioSpec | Loadable) -> Loadable:
@@ -366,27 +374,6 @@ def embedding_queue(settings: Settings) -> int:
     or a forward pass's worth of single-input requests if that is more: many small concurrent
     requests are what batching is for."""
     return max(settings.max_queue, settings.embedding_batch)
-
-
-async def _attached_audio(
-    inbox: trio.MemorySendChannel[AudioMessage] | None, spec: AudioSpec, *, task_status: trio.TaskStatus[Any]
-) -> None:
-    """An audio model's life as the resolver sees it: attached to the audio actor (which runs
-    its worker thread) until cancelled, then detached, waiting for its thread to end."""
-    if inbox is None:
-        raise ModelLoadFailed()
-    try:
-        result = await call(inbox, partial(AttachModel, spec))
-        if isinstance(result, TurboSparkError):
-            raise result
-        task_status.started(result)
-        await trio.sleep_forever()
-    finally:
-        with trio.CancelScope(shield=True), trio.move_on_after(_DETACH_WAIT):
-            try:
-                await call(inbox, partial(DetachModel, spec.id))
-            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.EndOfChannel):
-                pass  # the audio actor has ended (the server is stopping)
 
 
 async def _in_scope(scope: trio.CancelScope, actor: Any, *, task_status: trio.TaskStatus[Any]) -> None:

@@ -1,23 +1,27 @@
 """Ollama's ``POST /api/pull``: a catalogue model pulled into the store.
 
-Not streamed, it answers ``{"status": "success"}`` once the model is in place (abandoned if the
-server stops).  Streamed (the default), the pull runs on its own thread and reports progress as
-NDJSON lines (a status line whenever the status changes, byte counts at most every percent);
-the stream ends with ``success`` or an ``error`` line.  A client that leaves stops the pull at
-its next report.
+Every pull is a job of the pulls actor (``actors/pulls.py``): one per model, at most two at
+once, shared by every request for that model.  Not streamed, it answers ``{"status":
+"success"}`` once the model is in place.  Streamed (the default), it sends progress as NDJSON
+lines (a status line whenever the status changes, byte counts at most every percent) and ends
+with ``success`` or an ``error`` line.  A pull whose requesters have all left stops at its next
+report.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import trio
 from quart import Blueprint, Response, request
 
-from ..errors import NotFound, RequestInvalid
-from ..web.app import json_response, system
+from ..actors.pulls import Pull, PullFailed, Pulled
+from ..errors import NotFound, RequestInvalid, ShuttingDown
+from ..web.app import json_response, request_scope, system
 from ..wire.codec import parse_json
-from ._ollama import named, ndjson_response, progress_frames, shelf
+from ..wire.ollama import ndjson
+from ._ollama import named, ndjson_response, shelf
 
 blueprint = Blueprint("ollama_pull", __name__)
 
@@ -36,21 +40,34 @@ async def pull() -> Response:
             f"pull model manifest: '{name}' is not in this server's catalogue; it can pull: "
             f"{', '.join(store.catalogue())}", param="model",
         )
+    assert sys_.pulls is not None  # a server with a model store runs the pulls actor
+    send, frames = trio.open_memory_channel[Any](256)
+    request_scope().enter_context(frames)  # a client that leaves lets go of the pull
+    await sys_.pulls.send(Pull(name, store.digest(name), send))
     if not stream:
-        # abandoned if the server stops: a pull is built in a scratch directory and renamed into
-        # place when done, so leaving it half-way leaves nothing behind in the store
-        await trio.to_thread.run_sync(store.pull, name, lambda *_: None, abandon_on_cancel=True)
-        await sys_.refresh()
-        return json_response({"status": "success"})
+        async for item in frames:
+            if isinstance(item, PullFailed):
+                raise item.error
+            if isinstance(item, Pulled):
+                await sys_.refresh()
+                return json_response({"status": "success"})
+        raise ShuttingDown()
+    return ndjson_response(_streamed(frames, sys_.refresh))
 
-    def work(report: Any) -> None:
-        report("pulling manifest", None, None)
-        store.pull(name, report)
-        report("verifying sha256 digest", None, None)
-        report("writing manifest", None, None)
 
-    return ndjson_response(progress_frames(work, done=sys_.refresh, failure="pull model failed", thread=f"pull:{name}",
-                                           digest=store.digest(name)))  # fmt: skip
+async def _streamed(frames: trio.MemoryReceiveChannel[Any], refresh: Callable[[], Awaitable[Any]]) -> AsyncIterator[bytes]:
+    """The pull's lines as the body streams (outside the app context: ``refresh`` is the
+    system's, taken before)."""
+    async for item in frames:
+        if isinstance(item, PullFailed):
+            yield ndjson({"error": f"pull model failed: {item.error}"})
+            return
+        if isinstance(item, Pulled):
+            await refresh()
+            yield ndjson({"status": "success"})
+            return
+        yield ndjson(item)
+    yield ndjson({"error": "pull model failed: stopped (the server is shutting down)"})
 
 
 @blueprint.get("/api/catalogue")
