@@ -5,11 +5,16 @@ the scripted model paced by ``--token-delay-ms``).  ``--clients`` clients send `
 requests between them, each drawn at random from every route family the server has: OpenAI chat
 completions, completions and responses (streaming and not), embeddings; Anthropic messages
 (streaming and not) and count_tokens; Ollama embed, and /api/chat and /api/generate when the
-server has them.  ``--disconnect`` of them (30 %) are abandoned by their client, aimed evenly at
+server has them; a transcription (``/v1/audio/transcriptions``, half a second of tone) and a
+realtime session (the WebSocket: three frames and a commit, answered ``complete``) on
+``--stt-model`` (``scripted-stt`` beside the scripted model, else the server's default).  ``--disconnect`` of them (30 %) are abandoned by their client, aimed evenly at
 the three phases of a generation: queued (closed a few ms after sending), prefill (a long prompt,
 unlike any other, closed 0.05-0.8 s after sending) and decode (closed after a few tokens of a stream, or part way
 through a plain one); the server's own count of what it stopped, by phase, comes from /metrics.
 Every request is bounded (``--request-timeout``) and so is the whole soak (``--time-limit``).
+With ``--faults P``, the server fails that share of its decode steps and prefill chunks on
+purpose (``TURBOSPARK_FAULTS``): a request that met one is counted ``faulted`` (a 500 or an error
+event with an error id), and every other must still be whole.
 
 The first ``--warmup`` requests (the same mix) warm the server; then resident memory is read,
 again at the half and at the end.  At the end the soak waits (at most 30 s) for the server to
@@ -18,14 +23,20 @@ report nothing in flight (``turbospark_generations_in_flight``), nothing queued
 kind (completed / abandoned / failed), the phases, the gauges, RSS growth, wall time.
 
     python benchmarks/bench_soak.py [--model scripted] [--requests 1000] [--clients 16]
-                                    [--disconnect 0.3] [--token-delay-ms 2] [--seed 0] [--json]
+                                    [--disconnect 0.3] [--faults 0.01] [--token-delay-ms 2]
+                                    [--stt-model M] [--seed 0] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import math
+import os
 import random
+import re
+import struct
 import statistics
 import time
 from collections import Counter, defaultdict
@@ -63,6 +74,8 @@ class Kind:
             return {"model": embedder, "input": [prompt[:200], "a second input"]}
         if family == "embed":
             return {"model": embedder, "input": prompt[:200]}
+        if family == "transcription":
+            return {}  # a multipart form, built by the caller
         if family in ("ollama-chat", "ollama-generate"):
             key = {"messages": msgs} if family == "ollama-chat" else {"prompt": prompt}
             return {"model": model, **key, "stream": self.stream, "options": {"num_predict": max_tokens}}
@@ -72,6 +85,8 @@ class Kind:
         if status != 200:
             return False
         family = self.name.split()[0]
+        if family == "transcription":
+            return "text" in json.loads(text)
         if self.stream:
             if family in ("chat", "completions"):
                 return text.rstrip().endswith("data: [DONE]")
@@ -87,6 +102,20 @@ class Kind:
         return key in body
 
 
+def _wav(seconds: float = 0.5) -> bytes:
+    """A tone as a 16 kHz mono WAV."""
+    samples = [int(3000 * math.sin(2 * math.pi * 440 * i / 16000)) for i in range(int(seconds * 16000))]
+    data = struct.pack(f"<{len(samples)}h", *samples)
+    out = io.BytesIO()
+    out.write(b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVEfmt ")
+    out.write(struct.pack("<IHHIIHH", 16, 1, 1, 16000, 32000, 2, 16) + b"data" + struct.pack("<I", len(data)) + data)
+    return out.getvalue()
+
+
+WAV = _wav()
+FRAME = struct.pack("<1600h", *([1000] * 1600))  # 0.1 s of PCM for the realtime socket
+
+
 def kinds(url: str) -> list[Kind]:
     out = [
         Kind("chat stream", "/v1/chat/completions", True), Kind("chat", "/v1/chat/completions", False),
@@ -100,12 +129,14 @@ def kinds(url: str) -> list[Kind]:
     for name, path in (("ollama-chat", "/api/chat"), ("ollama-generate", "/api/generate")):
         if httpx.post(url + path, json={}, timeout=30).status_code != 404:  # the route exists
             out += [Kind(f"{name} stream", path, True), Kind(name, path, False)]
+    out += [Kind("transcription", "/v1/audio/transcriptions", False, generates=False),
+            Kind("realtime", "/v1/audio/transcriptions/realtime", True, generates=False)]
     return out
 
 
 class Soak:
-    def __init__(self, args: argparse.Namespace, server: Child, model: str, embedder: str) -> None:
-        self.args, self.server, self.model, self.embedder = args, server, model, embedder
+    def __init__(self, args: argparse.Namespace, server: Child, model: str, embedder: str, stt: str) -> None:
+        self.args, self.server, self.model, self.embedder, self.stt = args, server, model, embedder, stt
         self.kinds = kinds(server.url)
         self.rng = random.Random(args.seed)
         self.counts: dict[str, Counter[str]] = defaultdict(Counter)
@@ -113,8 +144,33 @@ class Soak:
         self.failures: list[str] = []
         self.latencies: list[float] = []
 
+    async def realtime(self, cut: str | None) -> tuple[int, str]:
+        """A session: three frames and a commit, then its ``complete``; cut: closed at once."""
+        from trio_websocket import open_websocket_url
+
+        url = self.server.url.replace("http://", "ws://") + f"/v1/audio/transcriptions/realtime?model={self.stt}"
+        async with open_websocket_url(url) as ws:
+            for _ in range(3):
+                await ws.send_message(FRAME)
+            await ws.send_message(json.dumps({"type": "commit"}))
+            if cut is not None:
+                return 200, ""
+            message = json.loads(await ws.get_message())
+        return (200 if message.get("type") == "complete" else 500), json.dumps(message)
+
     async def one(self, client: httpx.AsyncClient, kind: Kind, cut: str | None) -> None:
         rng, args = self.rng, self.args
+        if kind.name == "realtime":
+            with trio.move_on_after(args.request_timeout) as scope:
+                status, text = await self.realtime(cut)
+            if cut is not None:
+                self.counts[kind.name]["abandoned"] += 1
+            elif not scope.cancelled_caught and status == 200:
+                self.counts[kind.name]["completed"] += 1
+            else:
+                self.counts[kind.name]["failed"] += 1
+                self.failures.append(f"realtime: {'no answer' if scope.cancelled_caught else text[:200]}")
+            return
         prompt = f"Tell me about ship {rng.randrange(10**6)}."
         if cut == "prefill":  # long, and unlike any other, so the prefix cache cannot shorten it
             prompt += " " + LONG
@@ -131,8 +187,11 @@ class Soak:
         tokens_before_cut = rng.randint(1, 6) if cut == "decode" and kind.stream else None
         began = time.perf_counter()
         status, text = 0, ""
+        sent: dict[str, Any] = {"json": body}
+        if kind.name == "transcription":
+            sent = {"files": {"file": ("tone.wav", WAV, "audio/wav")}, "data": {"model": self.stt}}
         with trio.move_on_after(delay) as scope:
-            async with client.stream("POST", self.server.url + kind.path, json=body) as r:
+            async with client.stream("POST", self.server.url + kind.path, **sent) as r:
                 status = r.status_code
                 chunks = []
                 async for chunk in r.aiter_text():
@@ -145,12 +204,15 @@ class Soak:
         if cut is not None:
             outcome = "abandoned" if scope.cancelled_caught or tokens_before_cut is not None else "finished first"
             self.counts[kind.name][outcome] += 1
-            if status >= 500:
+            if status >= 500 and not (args.faults and re.search(r"error id [0-9a-f]{12}", text)):
                 self.failures.append(f"{kind.name}: {status} {text[:200]}")
             return
         if scope.cancelled_caught:
             self.counts[kind.name]["timed out"] += 1
             self.failures.append(f"{kind.name}: no answer in {args.request_timeout} s")
+        elif args.faults and re.search(r"error id [0-9a-f]{12}", text) \
+                and not kind.whole(status, text):
+            self.counts[kind.name]["faulted"] += 1  # met an injected fault: its own 500 or error event
         elif kind.whole(status, text):
             self.counts[kind.name]["completed"] += 1
             self.latencies.append(time.perf_counter() - began)
@@ -202,19 +264,26 @@ def main() -> None:
     parser.add_argument("--request-timeout", type=float, default=120.0)
     parser.add_argument("--time-limit", type=float, default=1800.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--faults", type=float, default=0.0, help="share of decode steps and prefill chunks failed on purpose")
+    parser.add_argument("--stt-model", help="default: scripted-stt beside the scripted model, else the server's")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     warmup = args.requests // 10 if args.warmup is None else args.warmup
 
+    stt = args.stt_model or ("scripted-stt" if args.model == "scripted" else None)
     serve_args = ["--model", args.model, "--max-batch", str(args.max_batch), "--max-queue", "64",
-                  "--stt-model", "none", "--tts-model", "none"]
+                  *(["--stt-model", stt] if stt else []), "--tts-model", "none"]
     if args.model == "scripted":
         serve_args += ["--token-delay-ms", str(args.token_delay_ms)]
+    if args.faults:
+        os.environ["TURBOSPARK_FAULTS"] = f"decode step:{100 * args.faults:g}%,prefill chunk:{100 * args.faults:g}%"
     server = Child(serve_args)
     try:
         models = httpx.get(server.url + "/v1/models", timeout=30).json()["data"]
         embedder = next((m["id"] for m in models if "embed" in json.dumps(m).lower() or "minilm" in m["id"]), "any")
-        soak = Soak(args, server, args.model, embedder)
+        audio = httpx.get(server.url + "/v1/audio/models", timeout=30).json().get("data", [])
+        stt = stt or next((m["id"] for m in audio if "speech_to_text" in json.dumps(m) or "whisper" in m["id"]), "any")
+        soak = Soak(args, server, args.model, embedder, stt)
         trio.run(soak.run, warmup)
         settle(server)
         rss = {"after warm-up": server.rss_mb()}
@@ -252,10 +321,11 @@ def main() -> None:
         return
     print(f"soak: {args.model}, {sent} requests after {warmup} warm-up, {args.clients} clients, "
           f"{args.disconnect:.0%} abandoned, {wall:.1f} s ({report['requests_per_s']} requests/s)")
-    print("| kind | completed | abandoned | finished before the cut | failed |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| kind | completed | abandoned | finished before the cut | faulted | failed |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for name, c in sorted(soak.counts.items()):
-        print(f"| {name} | {c['completed']} | {c['abandoned']} | {c['finished first']} | {c['failed'] + c['timed out']} |")
+        print(f"| {name} | {c['completed']} | {c['abandoned']} | {c['finished first']} | {c['faulted']} "
+              f"| {c['failed'] + c['timed out']} |")
     print("abandoned, aimed at:", dict(soak.aimed))
     print("the server stopped, by phase:", stopped)
     print("at the end:", gauges, f"(settled in {drained:.2f} s)")

@@ -24,8 +24,23 @@ GENERATION_POINTS = ["admission", "prefill chunk", "decode step", "delivery", "s
 @pytest.fixture(autouse=True)
 def _disarmed():
     errors._armed.clear()
+    errors._rates.clear()
     yield
     errors._armed.clear()
+    errors._rates.clear()
+
+
+def test_a_point_armed_with_a_rate_fails_about_that_share_of_passes(monkeypatch) -> None:
+    monkeypatch.setenv("TURBOSPARK_FAULTS", "decode step:10%, stop:2")
+    errors._arm_from_environment()
+    assert errors._rates == {"decode step": 0.1} and errors._armed == {"stop": 2}
+    failed = 0
+    for _ in range(2000):
+        try:
+            errors.inject("decode step")
+        except errors.InjectedFault:
+            failed += 1
+    assert 120 < failed < 280  # 10 % of 2000, give or take
 
 
 def test_every_point_is_named_and_unknown_points_are_refused() -> None:

@@ -23,6 +23,7 @@ members of a group, so validation errors (which cattrs raises as groups) are tur
 
 from __future__ import annotations
 
+import random
 import secrets
 
 __all__ = [
@@ -237,13 +238,15 @@ class GenerationFailed(TurboSparkError):
 # --- fault injection (tests only) ------------------------------------------------------------
 # Named points in the actors and threads call ``inject(point)``; it raises ``InjectedFault``
 # when a test armed that point (``arm``, or ``TURBOSPARK_FAULTS="point[:times],..."`` in a
-# server's environment).  Nothing in the HTTP API reaches it; unarmed, it is one dict lookup.
+# server's environment), or at random with a rate (``arm_rate``, ``point:1%``: a soak's faults,
+# seeded).  Nothing in the HTTP API reaches it; unarmed, it is two dict checks.
 
 FAULT_POINTS = (
     "admission", "prefill chunk", "decode step", "delivery", "stop", "prefix-cache store",
     "encoder batch", "audio job", "resolver load", "observer write",
 )
 _armed: dict[str, int] = {}
+_random = random.Random(0)  # the same faults for the same run
 
 
 class InjectedFault(Exception):
@@ -260,9 +263,25 @@ def arm(point: str, times: int = 1) -> None:
         _armed.pop(point, None)
 
 
+#: points that fail at random, with their probability per pass (a soak's ``point:1%``)
+_rates: dict[str, float] = {}
+
+
+def arm_rate(point: str, rate: float) -> None:
+    """Make every pass through ``point`` raise with probability ``rate`` (0: disarm)."""
+    if point not in FAULT_POINTS:
+        raise ValueError(f"no fault point {point!r}")
+    if rate:
+        _rates[point] = rate
+    else:
+        _rates.pop(point, None)
+
+
 def inject(point: str) -> None:
-    if not _armed:
+    if not _armed and not _rates:
         return
+    if (rate := _rates.get(point)) is not None and _random.random() < rate:
+        raise InjectedFault(f"fault injected at {point}")
     left = _armed.get(point, 0)
     if left:
         if left == 1:
@@ -276,8 +295,11 @@ def _arm_from_environment() -> None:
     import os
 
     for item in filter(None, os.environ.get("TURBOSPARK_FAULTS", "").split(",")):
-        point, _, times = item.partition(":")
-        arm(point.strip(), int(times or 1))
+        point, _, times = item.partition(":")  # "point:N" (the next N passes) or "point:P%"
+        if times.strip().endswith("%"):
+            arm_rate(point.strip(), float(times.strip()[:-1]) / 100)
+        else:
+            arm(point.strip(), int(times or 1))
 
 
 _arm_from_environment()
