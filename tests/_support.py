@@ -88,3 +88,15 @@ WEATHER = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
+
+
+async def streamed_call(sdk: Any, **create: Any) -> tuple[list[str], Any]:
+    """A streamed chat through the openai SDK: the argument deltas as they came, and the final
+    completion the SDK assembled from them."""
+    pieces: list[str] = []
+    async with sdk.chat.completions.stream(**create) as stream:
+        async for event in stream:
+            if event.type == "tool_calls.function.arguments.delta":
+                pieces.append(event.arguments_delta)
+        final = await stream.get_final_completion()
+    return pieces, final

@@ -17,7 +17,7 @@ from turbospark.config import Settings
 from turbospark.model.backend import BackendSpec
 from turbospark.server import serve
 
-from ._support import LANGCHAIN
+from ._support import LANGCHAIN, streamed_call
 
 from .realmodels import smollm2_store
 
@@ -106,14 +106,8 @@ async def test_a_forced_call_streams_as_the_model_writes_it(sdk) -> None:
     from turbospark.turns.turn_events import split_arguments
 
     question = [{"role": "user", "content": "What is the weather in Oslo?"}]
-    pieces = []
-    async with sdk.chat.completions.stream(
-        model="any", messages=question, tools=[LANGCHAIN], tool_choice="required", max_tokens=60, temperature=0,
-    ) as stream:
-        async for event in stream:
-            if event.type == "tool_calls.function.arguments.delta":
-                pieces.append(event.arguments_delta)
-        final = await stream.get_final_completion()
+    pieces, final = await streamed_call(sdk, model="any", messages=question, tools=[LANGCHAIN],
+                                        tool_choice="required", max_tokens=60, temperature=0)
     (call,) = final.choices[0].message.tool_calls
     assert "".join(pieces) == call.function.arguments and isinstance(json.loads(call.function.arguments)["city"], str)
     assert len(pieces) > len(split_arguments(call.function.arguments))

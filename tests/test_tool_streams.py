@@ -19,7 +19,7 @@ import trio
 from turbospark.model.scripted import ScriptedBackend
 from turbospark.turns.guardrails import Guardrails
 
-from ._support import WEATHER, chat_body, sse_events
+from ._support import WEATHER, chat_body, sse_events, streamed_call
 
 ANTHROPIC_WEATHER = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}
 PROSE = "The weather is something I cannot know without looking, but Oslo is often cool and grey in spring."
@@ -296,14 +296,8 @@ async def test_a_forced_call_streams_token_by_token_and_the_sdk_joins_it(start_s
     compact = '<tool_call>\n{"name":"get_weather","arguments":{"city":"Oslo"}}\n</tool_call>'
     server = await start_server([ScriptedBackend(script=compact)])
     sdk = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="x")
-    pieces = []
-    async with sdk.chat.completions.stream(
-        model="scripted", messages=[{"role": "user", "content": "Oslo?"}], tools=[WEATHER], tool_choice="required",
-    ) as stream:
-        async for event in stream:
-            if event.type == "tool_calls.function.arguments.delta":
-                pieces.append(event.arguments_delta)
-        final = await stream.get_final_completion()
+    pieces, final = await streamed_call(sdk, model="scripted", messages=[{"role": "user", "content": "Oslo?"}],
+                                        tools=[WEATHER], tool_choice="required")
     (call,) = final.choices[0].message.tool_calls
     assert "".join(pieces) == call.function.arguments == '{"city":"Oslo"}'
     assert len(pieces) > len(split_arguments(call.function.arguments))  # as written, not split once complete

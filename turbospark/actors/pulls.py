@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 import trio
 
-__all__ = ["MAX_PULLS", "Pull", "PullFailed", "Pulled", "pulls"]
+__all__ = ["MAX_PULLS", "ProgressLines", "Pull", "PullFailed", "Pulled", "pulls"]
 
 MAX_PULLS = 2  # pulls running at once (each downloads and converts a model)
 
@@ -53,16 +53,37 @@ class Pull:
     frames: trio.MemorySendChannel[Any]
 
 
+@attrs.define
+class ProgressLines:
+    """Ollama's progress lines from store work's reports: a line whenever the status changes,
+    byte counts at most every percent (``/api/pull``, ``/api/create``)."""
+
+    digest: str = ""
+    last: tuple[str, int] = ("", -1)
+
+    def line(self, status: str, completed: int | None, total: int | None) -> dict[str, Any] | None:
+        """The line for a report, or None when it would repeat the last one's status and percent."""
+        step = int(100 * (completed or 0) / total) if total else -1
+        if (status, step) == self.last:
+            return None
+        self.last = (status, step)
+        frame: dict[str, Any] = {"status": status}
+        if total:
+            frame |= {"total": total, "completed": completed or 0}
+            if self.digest:
+                frame["digest"] = f"sha256:{self.digest}"
+        return frame
+
+
 class _Abandoned(Exception):
     """Every requester has left: the pull stops."""
 
 
 @attrs.define
 class _Job:
-    digest: str
+    lines: ProgressLines
     listeners: list[trio.MemorySendChannel[Any]] = attrs.field(factory=list)
     latest: dict[str, Any] | None = None
-    last: tuple[str, int] = ("", -1)
 
     def join(self, frames: trio.MemorySendChannel[Any]) -> None:
         self.listeners.append(frames)
@@ -90,18 +111,10 @@ class _Job:
         self.listeners.clear()
 
     def report(self, status: str, completed: int | None, total: int | None) -> None:
-        """From the pull's thread: a line when the status changes, at most one a percent."""
+        """From the pull's thread: its progress line, if the report makes a new one."""
         trio.from_thread.check_cancelled()
-        step = int(100 * (completed or 0) / total) if total else -1
-        if (status, step) == self.last:
-            return
-        self.last = (status, step)
-        frame: dict[str, Any] = {"status": status}
-        if total:
-            frame |= {"total": total, "completed": completed or 0}
-            if self.digest:
-                frame["digest"] = f"sha256:{self.digest}"
-        if not trio.from_thread.run_sync(self.publish, frame):
+        frame = self.lines.line(status, completed, total)
+        if frame is not None and not trio.from_thread.run_sync(self.publish, frame):
             raise _Abandoned()
 
 
@@ -138,6 +151,6 @@ async def pulls(
             async for msg in inbox:
                 job = jobs.get(msg.name)
                 if job is None:
-                    job = jobs[msg.name] = _Job(msg.digest)
+                    job = jobs[msg.name] = _Job(ProgressLines(msg.digest))
                     nursery.start_soon(run, msg.name, job)
                 job.join(msg.frames)

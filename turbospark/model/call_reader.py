@@ -20,7 +20,7 @@ from typing import Literal
 
 import attrs
 
-__all__ = ["CallPiece", "JsonCallReader"]
+__all__ = ["CallPiece", "JsonCallReader", "JsonEnd", "read_head"]
 
 _WS = " \t\r\n"
 _MAX_NAME = 256  # a head whose name runs longer is not a call of an offered tool
@@ -75,6 +75,34 @@ def read_head(text: str) -> tuple[str, int] | None | Literal[False]:
     return name, i - 1
 
 
+class JsonEnd:
+    """Where a JSON value written piece by piece closes (brackets counted outside strings)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = self.escaped = False
+
+    def feed(self, piece: str) -> int:
+        """Just past the bracket in ``piece`` that closes the value, or -1: not yet."""
+        for i, ch in enumerate(piece):
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1
+        return -1
+
+
 class JsonCallReader:
     """One block's JSON call, fed as it arrives.  ``feed`` returns the arguments text that
     became known (``""`` when none); ``name`` is set once the call is decided; ``closed`` once
@@ -87,8 +115,7 @@ class JsonCallReader:
         self.closed = False
         self._head = ""
         self._off = False
-        self._depth = 0
-        self._in_string = self._escaped = False
+        self._end = JsonEnd()
 
     def feed(self, text: str) -> str:
         if self._off or self.closed:
@@ -103,27 +130,8 @@ class JsonCallReader:
                 return ""
             self.name, at = head
             text, self._head = self._head[at:], ""
-        taken = self._scan(text)
-        self.arguments += taken
-        return taken
-
-    def _scan(self, text: str) -> str:
-        """The part of ``text`` up to the arguments' closing brace."""
-        for i, ch in enumerate(text):
-            if self._in_string:
-                if self._escaped:
-                    self._escaped = False
-                elif ch == "\\":
-                    self._escaped = True
-                elif ch == '"':
-                    self._in_string = False
-            elif ch == '"':
-                self._in_string = True
-            elif ch in "{[":
-                self._depth += 1
-            elif ch in "}]":
-                self._depth -= 1
-                if self._depth == 0:
-                    self.closed = True
-                    return text[: i + 1]
+        end = self._end.feed(text)  # up to the arguments' closing brace
+        if end != -1:
+            self.closed, text = True, text[:end]
+        self.arguments += text
         return text

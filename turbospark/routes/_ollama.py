@@ -10,6 +10,7 @@ from typing import Any
 import trio
 from quart import Response
 
+from ..actors.pulls import ProgressLines
 from ..errors import RequestInvalid
 from ..web.app import system
 from ..wire.ollama import ndjson
@@ -49,24 +50,15 @@ def shelf() -> Any:
 
 
 class _Progress:
-    """Store work's progress from its thread to the route: a status line whenever the status
-    changes, and byte counts at most every percent."""
+    """Store work's progress lines (``ProgressLines``) from its thread to the route."""
 
     def __init__(self, send: trio.MemorySendChannel[dict[str, Any]], token: Any, digest: str) -> None:
-        self.send, self.token, self.digest = send, token, digest
-        self.last: tuple[str, int] = ("", -1)
+        self.send, self.token, self.lines = send, token, ProgressLines(digest)
 
     def __call__(self, status: str, completed: int | None, total: int | None) -> None:
-        step = int(100 * (completed or 0) / total) if total else -1
-        if (status, step) == self.last:
-            return
-        self.last = (status, step)
-        frame: dict[str, Any] = {"status": status}
-        if total:
-            frame |= {"total": total, "completed": completed or 0}
-            if self.digest:
-                frame["digest"] = f"sha256:{self.digest}"
-        trio.from_thread.run(self.send.send, frame, trio_token=self.token)  # raises once the client left
+        frame = self.lines.line(status, completed, total)
+        if frame is not None:
+            trio.from_thread.run(self.send.send, frame, trio_token=self.token)  # raises once the client left
 
 
 def progress_frames(

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import attrs
 
+from ..model.call_reader import JsonEnd
+
 __all__ = ["Holdback", "Release", "Span"]
 
 # marker -> the marker that closes its span; None: a JSON value follows and closes it
@@ -57,9 +59,8 @@ class _Scan:
     closer: str = ""
     at: int = 0  # where its value (or, for "closer", its body) starts, from the span's start
     started: bool = False  # the value has begun: read piece by piece from now on
-    depth: int = 0
-    in_string: bool = False
-    escaped: bool = False
+    depth: int = 0  # "gemma": braces open
+    value: JsonEnd = attrs.field(factory=JsonEnd)  # "json", "marker": where the value closes
     tail: str = ""  # "closer": the end of what was read, where the closer may have begun
 
     def end(self, text: str) -> int:
@@ -90,23 +91,8 @@ class _Scan:
                 if self.depth == 0:
                     return offset + i + 1
             return _WAIT
-        for i, ch in enumerate(piece):
-            if self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif ch == "\\":
-                    self.escaped = True
-                elif ch == '"':
-                    self.in_string = False
-            elif ch == '"':
-                self.in_string = True
-            elif ch in "{[":
-                self.depth += 1
-            elif ch in "}]":
-                self.depth -= 1
-                if self.depth == 0:
-                    return offset + i + 1
-        return _WAIT
+        end = self.value.feed(piece)
+        return _WAIT if end == -1 else offset + end
 
     def _value_start(self, text: str) -> int:
         at = self.at
