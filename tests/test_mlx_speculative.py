@@ -55,12 +55,19 @@ def test_greedy_text_is_the_same_with_speculation_alone_and_in_a_batch() -> None
     assert backend.accepted > 0
 
 
+_served: list = []  # the spec_server's backend, to read how many drafts it kept
+
+
 @pytest.fixture
 async def spec_server(nursery: trio.Nursery):
     from turbospark.model.mlx_backend import MlxBackend
 
     stored = smollm2_store()
-    make = lambda: MlxBackend(stored.path, model_id=stored.name, prefill_chunk=64)  # noqa: E731
+
+    def make() -> MlxBackend:
+        _served.append(backend := MlxBackend(stored.path, model_id=stored.name, prefill_chunk=64))
+        return backend
+
     settings = Settings(host="127.0.0.1", port=0, graceful_timeout=1.0, max_batch=4)
     server = await nursery.start(serve, settings, [BackendSpec(stored.name, make)])
     yield server
@@ -94,3 +101,34 @@ async def test_a_client_leaving_while_drafts_are_checked_stops_within_that_step(
     # what it had shown, then at most the step in flight and one more, each of at most a full
     # draft (12) and its bonus token: far short of the 200 it asked for
     assert event.new_tokens <= seen.count(b'"content"') + 1 + 2 * 13
+
+
+async def test_stop_strings_budgets_and_the_prefix_cache_are_exact_under_speculation(spec_server, client) -> None:
+    """A stop string or a budget that falls inside a kept draft ends the text where plain
+    decoding ends it (the same text, finish reason and token count), and a follow-up turn
+    reads as much of its prompt from the prefix cache after a speculative answer as after a
+    plain one: rejected draft tokens never reach a client or the cache."""
+    url = f"{spec_server.url}/v1/chat/completions"
+
+    async def both(body: dict) -> tuple[dict, dict]:
+        on = (await client.post(url, json=body)).json()
+        off = (await client.post(url, json={**body, "speculative": False})).json()
+        return on, off
+
+    for extra in ({"stop": ["swell"]}, {"max_tokens": 13}, {"stop": ["ships", "notebook"]}):
+        kept = _served[-1].accepted
+        on, off = await both({"messages": COPY, "max_tokens": 40, "temperature": 0, **extra})
+        assert _served[-1].accepted > kept, extra  # drafts were checked and kept
+        assert on["choices"][0]["message"] == off["choices"][0]["message"], extra
+        assert on["choices"][0]["finish_reason"] == off["choices"][0]["finish_reason"], extra
+        assert on["usage"]["completion_tokens"] == off["usage"]["completion_tokens"], extra
+
+    async def follow_up(speculative: bool) -> int:
+        first = [{"role": "system", "content": f"Session {'AB'[speculative]}."}, *COPY]
+        body = {"messages": first, "max_tokens": 24, "temperature": 0, "speculative": speculative}
+        answer = (await client.post(url, json=body)).json()["choices"][0]["message"]["content"]
+        turn = [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": "Again."}]
+        r = await client.post(url, json={**body, "messages": turn, "max_tokens": 2})
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert await follow_up(True) == await follow_up(False) > 40
