@@ -360,8 +360,9 @@ def check_images(urls: Iterable[str]) -> int:
                 "image_url must be a data: URL; this server does not fetch remote images "
                 f"(got {shown}... [{len(url.encode())} bytes])", param="messages",
             )
-        header, comma, _ = url.partition(",")
-        if not comma:
+        comma = url.find(",")  # not partition: the payload may be megabytes, never copied here
+        header = url[:comma]
+        if comma == -1:
             raise RequestInvalid(
                 "malformed data: URL, expected a comma between the media type and the payload",
                 param="messages",
