@@ -1,16 +1,18 @@
-"""Prompt-lookup speculation side by side: one stream's decode speed, plain against speculative.
+"""Speculation side by side: one stream's decode speed, plain against prompt lookup (and, with
+``--draft-model``, against a draft model).
 
 Three workloads on the same model, greedy: free prose (little to copy), repeating back a given
-~300-word passage, and code completion that copies from its context.  For each, plain and
-speculative runs alternate (so whatever else the machine is doing weighs on both alike); every run
-starts cold (no prefix cache).  Reported per workload: decode tok/s, medians over the runs
-((new tokens - 1) / time from the first token to the last), the ratio, the share of draft tokens
-kept, and whether the greedy text is identical.  Then the join stall: ``--streams`` streams
+~300-word passage, and code completion that copies from its context.  For each, the paths'
+runs alternate (so whatever else the machine is doing weighs on all alike); every run starts
+cold (no prefix cache).  Reported per workload and path: decode tok/s, medians over the runs
+((new tokens - 1) / time from the first token to the last), the ratio to plain, the share of
+draft tokens kept, and whether the greedy text is identical to plain.  Then the join stall: ``--streams`` streams
 decode, a ~300-token request arrives; the streams' median gap between tokens before it, their
 longest gap while it prefills, and its time to first token, with the whole chunk every mixed
 step (as before pacing) against the paced chunk (``pacing.JoinPacer``), alternating.
 
-    python benchmarks/bench_speculative.py [--model smollm2-135m-instruct] [--runs 3] [--max-tokens 96]
+    python benchmarks/bench_speculative.py [--model smollm2-135m-instruct] [--draft-model ID]
+                                           [--runs 3] [--max-tokens 96]
 
 It drives the backend in-process (the engine step the server runs), with OpenBLAS preloaded where
 installed, as ``python -m turbospark serve`` does.
@@ -127,6 +129,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--streams", type=int, default=8, help="streams decoding when a request joins")
     parser.add_argument("--skip-speed", action="store_true", help="only the join part")
+    parser.add_argument("--draft-model", help="also time speculation with this draft model")
     args = parser.parse_args()
 
     from turbospark.cli.attach import stored_model
@@ -137,27 +140,35 @@ def main() -> None:
 
     model_dir, _ = stored_model(args.model)
     backend = MlxBackend(model_dir, model_id=args.model, cache_entries=0)
+    paths = {"plain": (backend, False), "lookup": (backend, True)}
+    if args.draft_model:
+        draft_dir, _ = stored_model(args.draft_model)
+        paths["draft"] = (MlxBackend(model_dir, model_id=args.model, cache_entries=0, draft_path=draft_dir), True)
     tok = backend.tokenizer
-    print(f"model {args.model}, {args.runs} runs alternating, {args.max_tokens} new tokens, greedy; "
-          f"BLAS: {describe()}", flush=True)
-    print(f"{'workload':<18} {'prompt':>6} {'plain tok/s':>11} {'lookup tok/s':>12} {'ratio':>6} "
-          f"{'kept':>6} {'identical':>9}")
-    run(backend, tok.encode(tok.render_chat(WORKLOADS["free prose"])), False, 4)  # warm-up
+    print(f"model {args.model}{f', draft model {args.draft_model}' if args.draft_model else ''}, {args.runs} runs "
+          f"alternating, {args.max_tokens} new tokens, greedy; BLAS: {describe()}", flush=True)
+    print("| workload | prompt tokens | path | tok/s | /plain | draft tokens kept | same text |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for b, speculate in paths.values():  # warm-up
+        run(b, tok.encode(tok.render_chat(WORKLOADS["free prose"])), speculate, 4)
     for name, messages in ({} if args.skip_speed else WORKLOADS).items():
         ids = tok.encode(tok.render_chat(messages))
-        speeds: dict[bool, list[float]] = {False: [], True: []}
-        texts: dict[bool, list[int]] = {}
-        drafted = accepted = 0
+        speeds: dict[str, list[float]] = {path: [] for path in paths}
+        texts: dict[str, list[int]] = {}
+        kept: dict[str, list[int]] = {path: [0, 0] for path in paths}
         for _ in range(args.runs):
-            for speculate in (False, True):
-                speed, out, d, a = run(backend, ids, speculate, args.max_tokens)
-                speeds[speculate].append(speed)
-                texts[speculate] = out
-                drafted, accepted = drafted + d, accepted + a
-        plain, spec = statistics.median(speeds[False]), statistics.median(speeds[True])
-        kept = accepted / drafted if drafted else 0.0
-        print(f"{name:<18} {len(ids):>6} {plain:>11.1f} {spec:>12.1f} {spec / plain:>5.2f}x "
-              f"{kept:>6.0%} {str(texts[False] == texts[True]):>9}", flush=True)
+            for path, (b, speculate) in paths.items():
+                speed, out, d, a = run(b, ids, speculate, args.max_tokens)
+                speeds[path].append(speed)
+                texts[path] = out
+                kept[path][0] += d
+                kept[path][1] += a
+        plain = statistics.median(speeds["plain"])
+        for path in paths:
+            speed = statistics.median(speeds[path])
+            share = f"{kept[path][1] / kept[path][0]:.0%}" if kept[path][0] else "-"
+            print(f"| {name} | {len(ids)} | {path} | {speed:.1f} | {speed / plain:.2f}x | {share} "
+                  f"| {'yes' if texts[path] == texts['plain'] else 'no'} |", flush=True)
 
     # --- a ~300-token request joining streams that decode -----------------------------------
     topics = ["the sea", "a dragon", "Paris", "the moon", "a robot", "winter", "a garden", "trains"]

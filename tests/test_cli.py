@@ -173,6 +173,9 @@ def test_sigint_during_a_stream_exits_zero(tmp_path: Path) -> None:
         (["--system", "a", "--system-file", "x"], "not allowed with argument"),
         (["--events", "/nonexistent-dir/ev.jsonl"], "--events: cannot write /nonexistent-dir/ev.jsonl"),
         (["--embedding-model"], "expected one argument"),
+        (["--model", "scripted", "--draft-model", "x"], "--draft-model drafts for an MLX --model"),
+        (["--distributed", "--draft-model", "x"], "--draft-model does not combine with --distributed"),
+        (["--write-timeout", "soon"], "--write-timeout"),
     ],
 )
 def test_bad_flags_exit_2_with_one_clear_line(args: list[str], needle: str) -> None:
@@ -192,7 +195,7 @@ def test_help_lists_every_flag() -> None:
     for flag in (
         "--host", "--port", "--model", "--api-key", "--system", "--system-file", "--max-queue",
         "--events", "--script", "--token-delay-ms", "--max-batch", "--kv-budget-mb",
-        "--embedding-model",
+        "--embedding-model", "--draft-model", "--write-timeout",
     ):
         assert flag in run.stdout
 

@@ -25,10 +25,11 @@ COPY = [{"role": "user", "content": "Repeat this text exactly:\n\n" + PASSAGE}]
 STORY = [{"role": "user", "content": "Write a short story about a dragon."}]
 
 
-def greedy(backend, prompts: list[list[int]], new: int, speculate: int) -> list[list[int]]:
+def greedy(backend, prompts: list[list[int]], new: int, speculate: int, **sampling) -> list[list[int]]:
+    """``new`` tokens of each prompt, decoded together (greedy unless ``sampling`` says)."""
     backend.speculate_up_to = speculate
     for seq, ids in enumerate(prompts):
-        backend.insert(seq, ids, SamplingParams(max_tokens=new, temperature=0.0))
+        backend.insert(seq, ids, SamplingParams(**{"max_tokens": new, "temperature": 0.0, **sampling}))
     out: list[list[int]] = [[] for _ in prompts]
     while any(len(o) < new for o in out):
         step = backend.step()
@@ -132,3 +133,29 @@ async def test_stop_strings_budgets_and_the_prefix_cache_are_exact_under_specula
         return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
 
     assert await follow_up(True) == await follow_up(False) > 40
+
+
+def test_a_draft_model_drafts_where_prompt_lookup_cannot_and_the_text_is_the_same() -> None:
+    """``--draft-model`` on the real model (itself as its draft: the one model here with its
+    vocabulary): greedy text and seeded text equal plain decoding, drafts are kept on the
+    story, where the prompt has nothing to copy; a draft model of another vocabulary is refused."""
+    from turbospark.model.mlx_backend import MlxBackend
+    from turbospark.model.mlx_sampling import Sampler
+
+    from .realmodels import gemma_store
+
+    stored = smollm2_store()
+    plain = MlxBackend(stored.path, model_id=stored.name, cache_entries=0)
+    drafted = MlxBackend(stored.path, model_id=stored.name, cache_entries=0, draft_path=stored.path)
+    tok = plain.tokenizer
+    copy, story = (tok.encode(tok.render_chat(m)) for m in (COPY, STORY))
+    expected = greedy(plain, [story, copy], 16, speculate=0)
+    assert greedy(drafted, [story], 16, speculate=1) == expected[:1]
+    assert drafted.accepted > 0  # the story had drafts, all of them kept: the draft is the model
+    assert greedy(drafted, [story, copy], 16, speculate=2) == expected
+    for seed in range(3):  # a sampled draft token is kept with the model's own probability
+        seeded = {"temperature": 1.0, "seed": seed}
+        assert greedy(drafted, [story], 12, speculate=1, **seeded) == greedy(plain, [story], 12, speculate=0, **seeded)
+    with pytest.raises(ValueError, match="does not share this model's vocabulary"):
+        MlxBackend(stored.path, model_id=stored.name, draft_path=gemma_store().path)
+

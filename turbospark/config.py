@@ -69,6 +69,9 @@ class Settings:
     # On shutdown, how long the port stays open while readiness is 503 and new requests are
     # answered ``draining`` (for a load balancer's health check to notice); then it closes.
     drain_delay: float = 0.0
+    # --draft-model: a small model that drafts for the --model models (same vocabulary), in
+    # place of prompt lookup.
+    draft_model: str | None = None
     # ``serve --distributed``: the one --model is sharded over the ranks of mlx.distributed.
     distributed: bool = False
     # Slow and idle clients.  A connection must complete its request line and headers within

@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
         "'scripted' (repeatable; default: the default chat model)",
     )
     s.add_argument(
+        "--draft-model",
+        metavar="ID|PATH",
+        help="speculative decoding with a small draft model that shares the --model's vocabulary "
+        "(refused otherwise), in place of prompt lookup; it runs on the model's own thread",
+    )
+    s.add_argument(
         "--embedding-model",
         action="append",
         default=[],
@@ -300,6 +306,11 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     if api_key is None and (api_key := os.environ.get("TURBOSPARK_API_KEY")) is not None:
         if not api_key.strip():  # a blank key would silently turn authentication off
             parser.error("TURBOSPARK_API_KEY is set but blank: give it a key or unset it")
+    if args.draft_model is not None:
+        if args.distributed:
+            parser.error("--draft-model does not combine with --distributed (the draft would run on rank 0 alone)")
+        if args.model and all(name == "scripted" for name in args.model):
+            parser.error("--draft-model drafts for an MLX --model, not the scripted one")
     system_prompt = None
     if args.system:
         if any(not text.strip() for text in args.system):
@@ -343,6 +354,7 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         **({"max_loaded_memory": args.max_loaded_memory} if args.max_loaded_memory else {}),
         **({"kv_budget": args.kv_budget_mb << 20} if args.kv_budget_mb else {}),
         prompt_cache_dir=args.prompt_cache_dir,
+        draft_model=args.draft_model,
         **({"prompt_cache_bytes": args.prompt_cache_size} if args.prompt_cache_size else {}),
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,

@@ -25,7 +25,7 @@ import re
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..audio.engines import AudioSpec
 from ..config import Settings
@@ -112,7 +112,7 @@ def backend_specs(settings: Settings, *, models: bool = True) -> list[BackendSpe
             )
             specs.append(BackendSpec(SCRIPTED_ID, make))
         else:
-            specs.append(_pinned(name, load=_mlx_loader(settings)))
+            specs.append(_pinned(name, load=_mlx_loader(settings, draft=True)))
     for name in embedding_names(settings):
         if name == SCRIPTED_ID:
             encoder = ScriptedEncoder()
@@ -198,11 +198,15 @@ def load_mlx(path: Path, model_id: str, **options):  # type: ignore[no-untyped-d
     return _load("model", partial(MlxBackend, **options), path, model_id)
 
 
-def _mlx_loader(settings: Settings):  # type: ignore[no-untyped-def]
-    """``load_mlx`` with the settings' prompt cache on disk, when there is one."""
-    if settings.prompt_cache_dir is None:
-        return load_mlx
-    return partial(load_mlx, prompt_cache_dir=settings.prompt_cache_dir, prompt_cache_bytes=settings.prompt_cache_bytes)
+def _mlx_loader(settings: Settings, *, draft: bool = False):  # type: ignore[no-untyped-def]
+    """``load_mlx`` with the settings' prompt cache on disk, when there is one; with ``draft``
+    (the ``--model`` models), paired with ``--draft-model``, when there is one."""
+    options: dict[str, Any] = {}
+    if settings.prompt_cache_dir is not None:
+        options |= {"prompt_cache_dir": settings.prompt_cache_dir, "prompt_cache_bytes": settings.prompt_cache_bytes}
+    if draft and settings.draft_model is not None:
+        options["draft_path"] = stored_model(settings.draft_model)[0]
+    return partial(load_mlx, **options) if options else load_mlx
 
 
 def _load_encoder(path: Path, model_id: str):  # type: ignore[no-untyped-def]

@@ -10,7 +10,8 @@ are thread-local): loading, the prefix cache, prefill and decode.
   chunk; while others decode, ``pacing.JoinPacer`` sizes it so that their longest gap between
   tokens stays within about twice their usual one.
 - While at most ``speculate_up_to`` sequences decode and none reads a prompt, a step checks
-  prompt-lookup drafts instead (``mlx_speculate``): several exact tokens a step.
+  drafts instead (``mlx_speculate``): several exact tokens a step.  Drafts come from each
+  sequence's own prompt and output (prompt lookup), or from a draft model (``mlx_draft``).
 - Decode is pipelined (step n+1 is dispatched before token n is read back).
 - Samplers and logits processors are per sequence (``mlx_sampling``).  One that raises fails its
   own sequence only: the error is recorded, the step goes on with a harmless stand-in, and the
@@ -40,6 +41,7 @@ from .mlx_load import context_window, generation_defaults, kv_sizes, model_finge
 from .lookup import Lookup, Pace
 from .pacing import JoinPacer
 from .mlx_sampling import Sampler, constrain, greedy, make_processors, make_sampler, top_logprobs
+from .mlx_draft import ModelDrafter, check_vocabularies
 from .mlx_speculate import can_speculate, pending_tokens, verify
 from .prefix_cache import PrefixCache, trimmable
 from .prompt_files import PromptFiles, tokenizer_digest
@@ -57,7 +59,7 @@ class _Running:
     reading: bool = True  # still in prefill
     logprobs: int | None = None  # alternatives to report per token, when asked
     sampler: Sampler | None = None  # its own draws (None: greedy)
-    lookup: Lookup | None = None  # its prompt-lookup index (None: it never speculates)
+    lookup: Lookup | ModelDrafter | None = None  # where its drafts come from (None: it never speculates)
     pace: Pace = attrs.field(factory=Pace)
 
 
@@ -77,6 +79,7 @@ class MlxBackend:
         prompt_cache_dir: Path | None = None,
         prompt_cache_bytes: int = 4 << 30,
         speculate_up_to: int = 1,
+        draft_path: Path | None = None,
     ) -> None:
         self.model_id = model_id
         self.stream = mx.new_thread_local_stream(mx.default_device())
@@ -91,6 +94,12 @@ class MlxBackend:
             self._kv_size = kv_sizes(self.model)
         self.tokenizer = Tokenizer.from_dir(path)
         self.tokenizer.grammars  # constrained decoding's tokenizer (~0.2 s): now, not in a step
+        self.draft_model: Any = None  # --draft-model: drafts come from it instead of prompt lookup
+        if draft_path is not None:
+            check_vocabularies(self.tokenizer.vocab, Tokenizer.from_dir(draft_path).vocab, draft_path.name)
+            with mx.stream(self.stream):
+                self.draft_model, _ = load_model(draft_path)
+                mx.eval(self.draft_model.parameters())
         self.context_window = context_window(path, config)
         self.sampling_defaults = generation_defaults(path)
         self.fingerprint = model_fingerprint(path)
@@ -185,7 +194,7 @@ class MlxBackend:
         self._running[seq] = _Running(
             uid, prompt, cached, logprobs=params.logprobs,
             sampler=sampler if isinstance(sampler, Sampler) else None,
-            lookup=Lookup() if drafts else None,
+            lookup=(Lookup() if self.draft_model is None else ModelDrafter(self.draft_model)) if drafts else None,
         )
         self._by_uid[uid] = seq
 
