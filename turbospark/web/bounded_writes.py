@@ -3,7 +3,8 @@
 Hypercorn shields every socket write from cancellation, so that a response is never cut
 mid-frame.  A client that stops reading then holds its connection, and the server's shutdown,
 for ever: the write waits for room in a socket buffer that never drains.  ``BoundedWrites``
-gives each write a deadline of its own (``--write-timeout``, as nginx's ``send_timeout``), and
+gives each write a deadline of its own, renewed every ``SLICE`` bytes that go out
+(``--write-timeout``, as nginx's ``send_timeout`` between two writes), and
 ``Writes.abandon`` (shutdown, once its grace is over) ends every write still waiting.  A write
 that gives up closes its connection: the request ends as if its client had left, so its
 generation stops within a step.
@@ -21,7 +22,11 @@ import trio
 from hypercorn.events import Closed, RawData
 from hypercorn.trio.tcp_server import TCPServer
 
-__all__ = ["BoundedWrites", "Writes", "install"]
+__all__ = ["BoundedWrites", "SLICE", "Writes", "install"]
+
+#: a write's deadline runs for each slice this large, so a slow client that keeps reading a long
+#: response is never cut: only one that takes nothing of a slice for --write-timeout is
+SLICE = 256 * 1024
 
 
 class Writes:
@@ -45,20 +50,23 @@ class BoundedWrites(TCPServer):
         if not isinstance(event, RawData) or writes is None:
             await super().protocol_send(event)
             return
+        data = memoryview(event.data)
         async with self.send_lock:
-            with trio.CancelScope(shield=True, deadline=trio.current_time() + writes.timeout) as scope:
-                if writes.abandoned:
-                    scope.cancel()
-                writes.waiting.add(scope)
-                try:
-                    await self.stream.send_all(event.data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    scope.cancel()  # the client has gone: the same ending
-                finally:
-                    writes.waiting.discard(scope)
-            if scope.cancelled_caught:  # cut mid-write, or the client took nothing in time
-                with trio.CancelScope(shield=True):
-                    await self.stream.aclose()
+            for start in range(0, max(len(data), 1), SLICE):  # the deadline is for progress
+                with trio.CancelScope(shield=True, deadline=trio.current_time() + writes.timeout) as scope:
+                    if writes.abandoned:
+                        scope.cancel()
+                    writes.waiting.add(scope)
+                    try:
+                        await self.stream.send_all(data[start : start + SLICE])
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        scope.cancel()  # the client has gone: the same ending
+                    finally:
+                        writes.waiting.discard(scope)
+                if scope.cancelled_caught:  # cut mid-write, or the client took nothing in time
+                    with trio.CancelScope(shield=True):
+                        await self.stream.aclose()
+                    break
         if scope.cancelled_caught:
             await self.protocol.handle(Closed())
 
