@@ -85,6 +85,28 @@ def run(backend, ids: list[int], speculate: bool, max_tokens: int) -> tuple[floa
     return (len(out) - 1) / (last - first), out, backend.drafted, backend.accepted
 
 
+def batch(backend, prompts: list[list[int]], speculate: bool, max_tokens: int) -> float:
+    """``prompts`` decoding together, speculating (all of them) or not: tokens a second, all
+    rows together, from the first step that gives every row a token to the end."""
+    from turbospark.model.backend import SamplingParams
+
+    backend.speculate_up_to = len(prompts) if speculate else 0
+    for seq, ids in enumerate(prompts):
+        backend.insert(seq, ids, SamplingParams(max_tokens=max_tokens, temperature=0.0))
+    counts = [0] * len(prompts)
+    first = 0.0
+    while min(counts) < max_tokens:
+        step = backend.step()
+        for seq in step.tokens:
+            counts[seq] += len(step.emitted(seq))
+        if not first and all(counts):
+            first, base = time.perf_counter(), sum(counts)
+    took = time.perf_counter() - first
+    for seq in range(len(prompts)):
+        backend.remove(seq, keep_cache=False)
+    return (sum(min(c, max_tokens) for c in counts) - base) / took
+
+
 def join(backend, running: list[list[int]], joiner: list[int], paced: bool, before: int = 6) -> tuple[float, float, float]:
     """``running`` streams decode; after ``before`` steps ``joiner`` arrives.  Returns the
     streams' median gap before it came, their longest gap while it prefilled, and its time to
@@ -130,6 +152,7 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=8, help="streams decoding when a request joins")
     parser.add_argument("--skip-speed", action="store_true", help="only the join part")
     parser.add_argument("--draft-model", help="also time speculation with this draft model")
+    parser.add_argument("--batches", default="1,2,4", help="batch sizes for the cut-off table ('' to skip)")
     args = parser.parse_args()
 
     from turbospark.cli.attach import stored_model
@@ -169,6 +192,22 @@ def main() -> None:
             share = f"{kept[path][1] / kept[path][0]:.0%}" if kept[path][0] else "-"
             print(f"| {name} | {len(ids)} | {path} | {speed:.1f} | {speed / plain:.2f}x | {share} "
                   f"| {'yes' if texts[path] == texts['plain'] else 'no'} |", flush=True)
+
+    # --- where speculation stops paying: several copying streams at once --------------------
+    sizes = [int(n) for n in args.batches.split(",") if n]
+    if sizes:
+        print(f"several streams repeating the passage at once, {args.max_tokens} new tokens each "
+              f"(tok/s, all streams together; medians of {args.runs}):")
+        print("| streams | plain | prompt lookup | lookup/plain |")
+        print("| --- | --- | --- | --- |")
+        ids = tok.encode(tok.render_chat(WORKLOADS["repeat a passage"]))
+        for n in sizes:
+            rates: dict[bool, list[float]] = {False: [], True: []}
+            for _ in range(args.runs):
+                for speculate in (False, True):
+                    rates[speculate].append(batch(backend, [ids] * n, speculate, args.max_tokens))
+            plain, spec = statistics.median(rates[False]), statistics.median(rates[True])
+            print(f"| {n} | {plain:.1f} | {spec:.1f} | {spec / plain:.2f}x |", flush=True)
 
     # --- a ~300-token request joining streams that decode -----------------------------------
     topics = ["the sea", "a dragon", "Paris", "the moon", "a robot", "winter", "a garden", "trains"]
