@@ -82,7 +82,8 @@ def run(backend, ids: list[int], speculate: bool, max_tokens: int) -> tuple[floa
             if backend.tokenizer.stop_ids and out[-1] in backend.tokenizer.stop_ids:
                 break
     backend.remove(0, keep_cache=False)
-    return (len(out) - 1) / (last - first), out, backend.drafted, backend.accepted
+    speed = (len(out) - 1) / (last - first) if last > first else float("nan")  # one step gave them all
+    return speed, out, backend.drafted, backend.accepted
 
 
 def batch(backend, prompts: list[list[int]], speculate: bool, max_tokens: int) -> float:
@@ -152,7 +153,8 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=8, help="streams decoding when a request joins")
     parser.add_argument("--skip-speed", action="store_true", help="only the join part")
     parser.add_argument("--draft-model", help="also time speculation with this draft model")
-    parser.add_argument("--batches", default="1,2,4", help="batch sizes for the cut-off table ('' to skip)")
+    parser.add_argument("--batches", default="1,2,4,8", help="batch sizes for the cut-off table ('' to skip)")
+    parser.add_argument("--skip-join", action="store_true", help="leave out the join part")
     args = parser.parse_args()
 
     from turbospark.cli.attach import stored_model
@@ -196,19 +198,26 @@ def main() -> None:
     # --- where speculation stops paying: several copying streams at once --------------------
     sizes = [int(n) for n in args.batches.split(",") if n]
     if sizes:
-        print(f"several streams repeating the passage at once, {args.max_tokens} new tokens each "
-              f"(tok/s, all streams together; medians of {args.runs}):")
-        print("| streams | plain | prompt lookup | lookup/plain |")
-        print("| --- | --- | --- | --- |")
-        ids = tok.encode(tok.render_chat(WORKLOADS["repeat a passage"]))
+        print(f"several streams at once, {args.max_tokens} new tokens each (tok/s, all streams "
+              f"together; medians of {args.runs}):")
+        print("| streams | what they write | plain | prompt lookup | lookup/plain |")
+        print("| --- | --- | --- | --- | --- |")
+        copy = tok.encode(tok.render_chat(WORKLOADS["repeat a passage"]))
+        prose = tok.encode(tok.render_chat(WORKLOADS["free prose"]))
         for n in sizes:
-            rates: dict[bool, list[float]] = {False: [], True: []}
-            for _ in range(args.runs):
-                for speculate in (False, True):
-                    rates[speculate].append(batch(backend, [ids] * n, speculate, args.max_tokens))
-            plain, spec = statistics.median(rates[False]), statistics.median(rates[True])
-            print(f"| {n} | {plain:.1f} | {spec:.1f} | {spec / plain:.2f}x |", flush=True)
+            for label, prompts in (("all repeat the passage", [copy] * n),
+                                   ("one repeats it, the rest free prose", [copy] + [prose] * (n - 1))):
+                if n == 1 and label.startswith("one"):
+                    continue
+                rates: dict[bool, list[float]] = {False: [], True: []}
+                for _ in range(args.runs):
+                    for speculate in (False, True):
+                        rates[speculate].append(batch(backend, prompts, speculate, args.max_tokens))
+                plain, spec = statistics.median(rates[False]), statistics.median(rates[True])
+                print(f"| {n} | {label} | {plain:.1f} | {spec:.1f} | {spec / plain:.2f}x |", flush=True)
 
+    if args.skip_join:
+        return
     # --- a ~300-token request joining streams that decode -----------------------------------
     topics = ["the sea", "a dragon", "Paris", "the moon", "a robot", "winter", "a garden", "trains"]
     running = [tok.encode(tok.render_chat([{"role": "user", "content": f"Write a story about {t}."}]))
