@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import random
 import secrets
+from typing import Any
 
 __all__ = [
     "ContextOverflow",
@@ -253,28 +254,27 @@ class InjectedFault(Exception):
     """Raised at an armed fault point (tests only)."""
 
 
-def arm(point: str, times: int = 1) -> None:
-    """Make the next ``times`` passes through ``point`` raise (``times`` 0: disarm)."""
-    if point not in FAULT_POINTS:
-        raise ValueError(f"no fault point {point!r}")
-    if times:
-        _armed[point] = times
-    else:
-        _armed.pop(point, None)
-
-
 #: points that fail at random, with their probability per pass (a soak's ``point:1%``)
 _rates: dict[str, float] = {}
 
 
+def arm(point: str, times: int = 1) -> None:
+    """Make the next ``times`` passes through ``point`` raise (``times`` 0: disarm)."""
+    _set(_armed, point, times)
+
+
 def arm_rate(point: str, rate: float) -> None:
     """Make every pass through ``point`` raise with probability ``rate`` (0: disarm)."""
+    _set(_rates, point, rate)
+
+
+def _set(table: dict[str, Any], point: str, value: float) -> None:
     if point not in FAULT_POINTS:
         raise ValueError(f"no fault point {point!r}")
-    if rate:
-        _rates[point] = rate
+    if value:
+        table[point] = value
     else:
-        _rates.pop(point, None)
+        table.pop(point, None)
 
 
 def inject(point: str) -> None:
