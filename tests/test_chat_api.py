@@ -335,7 +335,14 @@ async def test_events_file_and_metrics(start_server, client: httpx.AsyncClient, 
     assert "turbospark_queue_rejections_total 0.0" in metrics
     assert "# TYPE turbospark_generated_tokens_total counter" in v1
 
-    await wait_for(lambda: path.exists() and path.read_text().count("\n") >= 8)
+    def chat_finished() -> bool:  # the file is written apart from the metrics, a moment later
+        if not path.exists():
+            return False
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        first = next((e for e in lines if "id" in e), None)
+        return first is not None and any(e["kind"] == "requestFinished" and e["id"] == first["id"] for e in lines)
+
+    await wait_for(chat_finished)
     events = [json.loads(line) for line in path.read_text().splitlines()]
     assert events[0] == {"kind": "modelLoaded", "model": "scripted", "seconds": events[0]["seconds"], "size": 0}
     first = next(e for e in events if "id" in e)

@@ -327,7 +327,7 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
         pulls_send = None
         if spec.shelf is not None:
             pulls_send, pulls_recv = trio.open_memory_channel[Pull](64)
-            await nursery.start(pulls, pulls_recv, spec.shelf.pull)
+            await nursery.start(pulls, pulls_recv, lambda name, report: spec.shelf.pull(name, report))
         task_status.started(
             System(
                 settings=settings,
