@@ -34,6 +34,7 @@ from typing import Any
 import trio
 
 from ..errors import RankLost
+from .attach import ModelSetupError
 
 __all__ = ["BEAT", "FLUSH", "LOST_AFTER", "Lifeline", "beat", "rank_zero_host"]
 
@@ -77,8 +78,8 @@ class Lifeline:
                 try:
                     peer, _ = self.listener.accept()
                 except TimeoutError:
-                    raise RuntimeError(f"only {len(self.peers)} of {self.followers} ranks connected "
-                                       f"within {timeout:g} s") from None
+                    raise ModelSetupError(f"only {len(self.peers)} of {self.followers} other ranks connected "
+                                          f"to rank 0 within {timeout:g} s") from None
                 self.peers.append(peer)
 
     def report(self, why: str) -> None:
