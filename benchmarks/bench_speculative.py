@@ -12,7 +12,10 @@ longest gap while it prefills, and its time to first token, with the whole chunk
 step (as before pacing) against the paced chunk (``pacing.JoinPacer``), alternating.
 
     python benchmarks/bench_speculative.py [--model smollm2-135m-instruct] [--draft-model ID]
-                                           [--runs 3] [--max-tokens 96]
+                                           [--runs 3] [--max-tokens 96] [--server]
+
+``--server`` instead sends the repeat-a-passage request through the HTTP API, speculation on and
+off, as a new user would.
 
 It drives the backend in-process (the engine step the server runs), with OpenBLAS preloaded where
 installed, as ``python -m turbospark serve`` does.
@@ -145,6 +148,51 @@ def join(backend, running: list[list[int]], joiner: list[int], paced: bool, befo
     return statistics.median(gaps), max(stalls), now - arrived
 
 
+def through_the_server(model_dir, model: str, runs: int, max_tokens: int) -> None:
+    """What a new user sees: the repeat-a-passage request through ``/v1/chat/completions``,
+    speculation on (the default) and off (``"speculative": false``), alternating: the whole
+    request's time and the decode speed the reply's ``timings`` report."""
+    from functools import partial
+
+    import httpx
+    import trio
+
+    from turbospark.config import Settings
+    from turbospark.model.backend import BackendSpec
+    from turbospark.model.mlx_backend import MlxBackend
+    from turbospark.server import serve
+
+    async def go() -> None:
+        results: dict[bool, list[tuple[float, float, str]]] = {True: [], False: []}
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(partial(
+                serve, Settings(host="127.0.0.1", port=0, graceful_timeout=1.0),
+                [BackendSpec(model, lambda: MlxBackend(model_dir, model_id=model, cache_entries=0))],
+            ))
+            async with httpx.AsyncClient(timeout=600) as client:
+                for run_ in range(runs + 1):
+                    for speculative in (True, False):
+                        body = {"model": model, "messages": WORKLOADS["repeat a passage"], "temperature": 0,
+                                "max_tokens": max_tokens, "speculative": speculative}
+                        began = time.perf_counter()
+                        r = (await client.post(f"{server.url}/v1/chat/completions", json=body)).json()
+                        if run_:  # the first round warms up
+                            results[speculative].append((time.perf_counter() - began, r["timings"]["predicted_per_second"],
+                                                         r["choices"][0]["message"]["content"]))
+            server.stop.set()
+        on = [statistics.median(x[i] for x in results[True]) for i in (0, 1)]
+        off = [statistics.median(x[i] for x in results[False]) for i in (0, 1)]
+        same = {x[2] for x in results[True]} == {x[2] for x in results[False]}
+        print(f"through the server, repeat a passage, {max_tokens} new tokens (medians of {runs}):")
+        print("| speculation | whole request s | decode tok/s | same text |")
+        print("| --- | --- | --- | --- |")
+        print(f"| off | {off[0]:.2f} | {off[1]:.1f} | |")
+        print(f"| on | {on[0]:.2f} ({off[0] / on[0]:.2f}x faster) | {on[1]:.1f} ({on[1] / off[1]:.2f}x) | {'yes' if same else 'no'} |",
+              flush=True)
+
+    trio.run(go)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -155,6 +203,7 @@ def main() -> None:
     parser.add_argument("--draft-model", help="also time speculation with this draft model")
     parser.add_argument("--batches", default="1,2,4,8", help="batch sizes for the cut-off table ('' to skip)")
     parser.add_argument("--skip-join", action="store_true", help="leave out the join part")
+    parser.add_argument("--server", action="store_true", help="only the request through the server, on and off")
     args = parser.parse_args()
 
     from turbospark.cli.attach import stored_model
@@ -164,6 +213,9 @@ def main() -> None:
     from turbospark.model.mlx_backend import MlxBackend
 
     model_dir, _ = stored_model(args.model)
+    if args.server:
+        through_the_server(model_dir, args.model, args.runs, args.max_tokens)
+        return
     backend = MlxBackend(model_dir, model_id=args.model, cache_entries=0)
     paths = {"plain": (backend, False), "lookup": (backend, True)}
     if args.draft_model:
