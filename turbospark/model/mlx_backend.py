@@ -59,7 +59,7 @@ class _Running:
     reading: bool = True  # still in prefill
     logprobs: int | None = None  # alternatives to report per token, when asked
     sampler: Sampler | None = None  # its own draws (None: greedy)
-    lookup: Lookup | ModelDrafter | None = None  # where its drafts come from (None: it never speculates)
+    drafter: Lookup | ModelDrafter | None = None  # where its drafts come from (None: it never speculates)
     pace: Pace = attrs.field(factory=Pace)
 
 
@@ -195,7 +195,7 @@ class MlxBackend:
         self._running[seq] = _Running(
             uid, prompt, cached, logprobs=params.logprobs,
             sampler=sampler if isinstance(sampler, Sampler) else None,
-            lookup=(Lookup() if self.draft_model is None else ModelDrafter(self.draft_model)) if drafts else None,
+            drafter=(Lookup() if self.draft_model is None else ModelDrafter(self.draft_model)) if drafts else None,
         )
         self._by_uid[uid] = seq
 
@@ -269,18 +269,18 @@ class MlxBackend:
         if None in seqs:
             return None
         runs = [self._running[s] for s in seqs]  # type: ignore[index]
-        if all(r.lookup is None for r in runs) or not can_speculate(batch):
+        if all(r.drafter is None for r in runs) or not can_speculate(batch):
             return None
         with mx.stream(self.stream):
             drafts = []
             for e, (run, y) in enumerate(zip(runs, pending_tokens(batch), strict=True)):
-                if run.lookup is None:
+                if run.drafter is None:
                     drafts.append([])
                     continue
-                run.lookup.extend(batch.tokens[e][len(run.lookup.tokens):])
-                run.lookup.extend([y])
+                run.drafter.extend(batch.tokens[e][len(run.drafter.tokens):])
+                run.drafter.extend([y])
                 room = batch.max_tokens[e] - 3 - batch._num_tokens[e]  # our budget, after y
-                drafts.append(run.lookup.draft(min(run.pace.k, room)))
+                drafts.append(run.drafter.draft(min(run.pace.k, room)))
             if not any(drafts):
                 return None
             emitted = verify(batch, drafts, [r.sampler for r in runs])

@@ -98,6 +98,11 @@ class TurnStream:
         held = bool(self.tools) and (self.guardrails.rescue or self.call_required)
         return _Choice(Holdback() if held else None)
 
+    def _checks(self, c: _Choice) -> bool:
+        """Whether a call of ``c`` is validated before any of it is sent (a corrective retry
+        can still replace it)."""
+        return self.guardrails.validate and self._can_retry and not c.sent_now
+
     @property
     def _can_retry(self) -> bool:
         return self.retryable and self.attempt < self.guardrails.retries and bool(self.tools)
@@ -147,8 +152,8 @@ class TurnStream:
         if at is None:
             if piece.id in c.whole:
                 return
-            checked = self.guardrails.validate and self._can_retry and not self.call_required
-            if c.held is not None or (checked and not c.sent_now) or (not self.parallel and c.sent >= 1):
+            # a forced call's grammar already keeps its schema: nothing to check
+            if c.held is not None or (self._checks(c) and not self.call_required) or (not self.parallel and c.sent >= 1):
                 c.whole.add(piece.id)
                 return
             at = c.live[piece.id] = c.sent
@@ -168,7 +173,7 @@ class TurnStream:
             return  # one call per turn: the first stands
         call = attrs.evolve(call, index=c.sent + held)
         c.made.append(call)
-        if check and c.held is None and self.guardrails.validate and self._can_retry and not c.sent_now \
+        if check and c.held is None and self._checks(c) \
                 and validate([call], self.tools):
             c.held = []  # refused: held, and all after it, until the attempt's verdict
         events: list[TurnEvent] = [CallStart(call.index, call.id, call.name, index)]
