@@ -5,6 +5,8 @@ that step."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import trio
 
@@ -135,12 +137,45 @@ async def test_stop_strings_budgets_and_the_prefix_cache_are_exact_under_specula
     assert await follow_up(True) == await follow_up(False) > 40
 
 
+async def test_logprobs_and_constraints_stay_exact_under_speculation(spec_server, client) -> None:
+    """A request that reports log-probabilities, or whose output a JSON Schema constrains (or
+    both), speculates too: the same text, the same tokens with the same log-probabilities and
+    alternatives as without speculation, while drafts are kept; the grammar's matcher is rolled
+    back past refused drafts (the constrained answer still parses and fills the schema)."""
+    url = f"{spec_server.url}/v1/chat/completions"
+    schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"],
+              "additionalProperties": False}
+    ask = [{"role": "user", "content": 'Answer in JSON as {"text": ...}. Repeat this text exactly:\n\n' + PASSAGE}]
+    constrained = {"type": "json_schema", "json_schema": {"name": "copy", "schema": schema}}
+    cases = {
+        "logprobs": {"messages": COPY, "logprobs": True, "top_logprobs": 3},
+        "schema": {"messages": ask, "response_format": constrained},
+        "both": {"messages": ask, "response_format": constrained, "logprobs": True, "top_logprobs": 2},
+    }
+    for name, extra in cases.items():
+        body = {"max_tokens": 40, "temperature": 0, **extra}
+        kept = _served[-1].accepted
+        on = (await client.post(url, json=body)).json()["choices"][0]
+        assert _served[-1].accepted > kept, name  # drafts were checked and kept
+        off = (await client.post(url, json={**body, "speculative": False})).json()["choices"][0]
+        assert on["message"] == off["message"], name
+        assert on["finish_reason"] == off["finish_reason"], name
+        if "logprobs" in extra:
+            mine, plain = on["logprobs"]["content"], off["logprobs"]["content"]
+            assert [t["token"] for t in mine] == [t["token"] for t in plain], name
+            assert len(mine) == len(plain) > 20, name
+            for a, b in zip(mine, plain, strict=True):
+                assert a["logprob"] == pytest.approx(b["logprob"], abs=2e-3), name
+                assert [t["token"] for t in a["top_logprobs"]] == [t["token"] for t in b["top_logprobs"]], name
+        if "response_format" in extra and on["finish_reason"] == "stop":
+            assert set(json.loads(on["message"]["content"])) == {"text"}, name
+
+
 def test_a_draft_model_drafts_where_prompt_lookup_cannot_and_the_text_is_the_same() -> None:
     """``--draft-model`` on the real model (itself as its draft: the one model here with its
     vocabulary): greedy text and seeded text equal plain decoding, drafts are kept on the
     story, where the prompt has nothing to copy; a draft model of another vocabulary is refused."""
     from turbospark.model.mlx_backend import MlxBackend
-    from turbospark.model.mlx_sampling import Sampler
 
     from .realmodels import gemma_store
 

@@ -53,7 +53,7 @@ def run(prompts: list[list[int]], samplers: list, new: int, drafts_from=None) ->
                 lookups[e].extend(batch.tokens[e][len(lookups[e].tokens):] + [y])
                 drafts.append(drafts_from(e, lookups[e]))
             if any(drafts):
-                for e, tokens in enumerate(verify(batch, drafts, samplers)):
+                for e, tokens in enumerate(verify(batch, drafts, samplers)[0]):
                     out[batch.uids[e]].extend(tokens)
                     KEPT.append((len(drafts[e]), len(tokens) - 1))
                 continue

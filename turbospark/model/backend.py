@@ -88,6 +88,8 @@ class StepOutput:
     #: For sequences that asked: the token's log-probability, and the most likely alternatives
     #: as (token id, log-probability), most likely first.
     logprobs: Mapping[int, tuple[float, tuple[tuple[int, float], ...]]] = attrs.field(factory=dict)
+    #: The same for each of ``more[seq]``, in order.
+    more_logprobs: Mapping[int, tuple[tuple[float, tuple[tuple[int, float], ...]], ...]] = attrs.field(factory=dict)
 
     def emitted(self, seq: int) -> tuple[int, ...]:
         """Every token this step gave ``seq``, in order: ``tokens[seq]`` and a speculative step's

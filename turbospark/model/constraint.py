@@ -54,6 +54,7 @@ class Matcher:
         self._vocab = vocab
         self._eos = eos_id
         self._bits = llg_numpy.allocate_token_bitmask(1, vocab)
+        self.consumed = 0  # tokens llguidance took (a stopped grammar takes none), for rollback
 
     def allowed(self) -> np.ndarray:
         """A boolean mask over the tokenizer's vocabulary: the tokens allowed next (only the
@@ -69,7 +70,21 @@ class Matcher:
         """Advance past a sampled token; False when the grammar did not allow it."""
         if self._m.is_stopped() or self._m.is_error():
             return token == self._eos
-        return bool(self._m.consume_token(token))
+        took = bool(self._m.consume_token(token))
+        self.consumed += took
+        return took
+
+    def allows(self, tokens: list[int]) -> int:
+        """How many of ``tokens``, in order from here, the grammar allows (nothing is consumed)."""
+        if self._m.is_stopped() or self._m.is_error():
+            return 0
+        return int(self._m.validate_tokens(tokens))
+
+    def rollback(self, tokens: int) -> None:
+        """Undo the last ``tokens`` consumed (a speculative step's refused draft tokens)."""
+        if tokens > 0:
+            self._m.rollback(tokens)
+            self.consumed -= tokens
 
     def forced(self) -> list[int]:
         """Tokens the grammar forces next, whatever is sampled (may be none)."""

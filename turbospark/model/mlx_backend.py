@@ -40,6 +40,7 @@ from .backend import PrefillProgress, SamplingParams, StepOutput
 from .mlx_load import context_window, generation_defaults, kv_sizes, model_fingerprint
 from .lookup import Lookup, Pace
 from .pacing import JoinPacer
+from .constraint import Matcher
 from .mlx_sampling import Sampler, constrain, greedy, make_processors, make_sampler, top_logprobs
 from .mlx_draft import ModelDrafter, check_vocabularies
 from .mlx_speculate import can_speculate, pending_tokens, verify
@@ -60,6 +61,7 @@ class _Running:
     logprobs: int | None = None  # alternatives to report per token, when asked
     sampler: Sampler | None = None  # its own draws (None: greedy)
     drafter: Lookup | ModelDrafter | None = None  # where its drafts come from (None: it never speculates)
+    matcher: Matcher | None = None  # its grammar's position, when its output is constrained
     pace: Pace = attrs.field(factory=Pace)
 
 
@@ -177,8 +179,10 @@ class MlxBackend:
         if sampler is not greedy:
             own = self._guard(seq, sampler, greedy)
         steps = make_processors(params, len(prompt))
+        matcher = None
         if params.grammar is not None:
-            steps.append(constrain(self.tokenizer.grammars.matcher(params.grammar)))
+            matcher = self.tokenizer.grammars.matcher(params.grammar)
+            steps.append(constrain(matcher))
         processors = [self._guard(seq, p, lambda tokens, logits: logits) for p in steps]
         with mx.stream(self.stream):
             (uid,) = self.engine.insert(
@@ -189,13 +193,12 @@ class MlxBackend:
                 samplers=[own],
                 logits_processors=[processors],
             )
-        # Speculation keeps every token exact, but a grammar's matcher consumes tokens one at a
-        # time and log-probabilities are reported one step at a time: those sequences never draft.
-        drafts = params.speculative and params.grammar is None and params.logprobs is None
         self._running[seq] = _Running(
             uid, prompt, cached, logprobs=params.logprobs,
             sampler=sampler if isinstance(sampler, Sampler) else None,
-            drafter=(Lookup() if self.draft_model is None else ModelDrafter(self.draft_model)) if drafts else None,
+            drafter=(Lookup() if self.draft_model is None else ModelDrafter(self.draft_model))
+            if params.speculative else None,
+            matcher=matcher,
         )
         self._by_uid[uid] = seq
 
@@ -280,10 +283,21 @@ class MlxBackend:
                 run.drafter.extend(batch.tokens[e][len(run.drafter.tokens):])
                 run.drafter.extend([y])
                 room = batch.max_tokens[e] - 3 - batch._num_tokens[e]  # our budget, after y
-                drafts.append(run.drafter.draft(min(run.pace.k, room)))
+                draft = run.drafter.draft(min(run.pace.k, room))
+                if run.matcher is not None and draft:  # only what the grammar allows after y
+                    draft = draft[:max(0, run.matcher.allows([y, *draft]) - 1)]
+                drafts.append(draft)
             if not any(drafts):
                 return None
-            emitted = verify(batch, drafts, [r.sampler for r in runs])
+            before = [r.matcher.consumed if r.matcher else 0 for r in runs]
+            emitted, dists = verify(batch, drafts, [r.sampler for r in runs])
+            for run, was, out in zip(runs, before, emitted, strict=True):
+                if run.matcher is not None:  # it consumed the pending token and the whole draft
+                    run.matcher.rollback(run.matcher.consumed - was - len(out))
+            asked = [((seq, i), lp, token, run.logprobs)
+                     for seq, run, out, lps in zip(seqs, runs, emitted, dists, strict=True) if run.logprobs is not None
+                     for i, (token, lp) in enumerate(zip(out, lps, strict=True))]
+            reported = top_logprobs(asked)
         self.engine_steps += 1
         tokens: dict[int, int] = {}
         more: dict[int, tuple[int, ...]] = {}
@@ -297,7 +311,11 @@ class MlxBackend:
             if len(out) > 1:
                 more[seq] = tuple(out[1:])
         failed = self._drop_failed(tokens)
-        return StepOutput(tokens=tokens, more={s: m for s, m in more.items() if s in tokens}, failed=failed)
+        logprobs = {s: tuple(reported[s, i] for i in range(len(o))) for s, o in zip(seqs, emitted, strict=True)
+                    if s in tokens and (s, 0) in reported}
+        return StepOutput(tokens=tokens, more={s: m for s, m in more.items() if s in tokens}, failed=failed,
+                          logprobs={s: v[0] for s, v in logprobs.items()},
+                          more_logprobs={s: v[1:] for s, v in logprobs.items() if len(v) > 1})
 
     def remove(self, seq: int, *, keep_cache: bool = True) -> None:
         run = self._running.get(seq)

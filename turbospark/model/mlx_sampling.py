@@ -15,7 +15,8 @@ the model thread, inside a step.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from typing import TypeVar
 
 import mlx.core as mx
 import numpy as np
@@ -30,6 +31,8 @@ from mlx_lm.sample_utils import (
 
 from .backend import SamplingParams
 from .constraint import Matcher
+
+K = TypeVar("K", bound=Hashable)
 
 __all__ = ["Sampler", "constrain", "greedy", "make_processors", "make_sampler", "top_logprobs"]
 
@@ -138,11 +141,11 @@ def constrain(matcher: Matcher) -> Callable[[mx.array, mx.array], mx.array]:
 
 
 def top_logprobs(
-    asked: list[tuple[int, mx.array, int, int]],
-) -> dict[int, tuple[float, tuple[tuple[int, float], ...]]]:
+    asked: list[tuple[K, mx.array, int, int]],
+) -> dict[K, tuple[float, tuple[tuple[int, float], ...]]]:
     """The chosen token's log-probability and the ``k`` most likely tokens, for the sequences
     that asked (one evaluation for all of them; nothing for the others).  ``asked`` holds
-    ``(sequence, logprobs, token, k)``."""
+    ``(key, logprobs, token, k)``, a key per token (a sequence, or a sequence and a position)."""
     if not asked:
         return {}
     picks = []

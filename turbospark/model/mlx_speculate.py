@@ -19,6 +19,11 @@ differs; that choice becomes its next pending token.
   a row that kept fewer than the longest is shifted right into its left padding (what mlx-lm's
   ``BatchKVCache.finalize`` does for right-padded prompts).
 
+- Logits processors see each row's pending token and its own draft, never the padding after
+  it.  A stateful one (a grammar's matcher) has then consumed the whole draft: the caller drafts
+  only what the grammar allows and rolls the refused tokens back.  Each emitted token comes
+  with the log-probabilities it was drawn from, for requests that report them.
+
 Only plain ``BatchKVCache`` layers can be cut per row (``can_speculate``); other caches never
 speculate.
 """
@@ -49,13 +54,15 @@ def pending_tokens(batch: Any) -> list[int]:
 
 def verify(
     batch: Any, drafts: Sequence[Sequence[int]], samplers: Sequence[Sampler | None]
-) -> list[list[int]]:
+) -> tuple[list[list[int]], list[list[mx.array]]]:
     """One step of ``batch`` (mlx-lm's ``GenerationBatch``) that checks each row's draft.
 
     ``samplers[e]`` is row ``e``'s own ``Sampler`` (None: greedy).  Returns, per row, the
-    tokens this step emits: its pending token, then the draft tokens it kept."""
+    tokens this step emits (its pending token, then the draft tokens it kept) and the
+    log-probability vectors each of them was drawn from (lazy: evaluated only if read)."""
     rows = len(batch.uids)
     ys = pending_tokens(batch)
+    drawn_from = list(batch._next_logprobs)  # the pending tokens' distributions
     k = max(len(d) for d in drafts)
     width = k + 1
     inputs = mx.array([[y, *d, *[0] * (k - len(d))] for y, d in zip(ys, drafts, strict=True)], dtype=mx.uint32)
@@ -68,13 +75,15 @@ def verify(
         if processors:
             context = batch._token_context[e].update_and_fetch(inputs[e])
             base = context.shape[0] - width
+            # only the columns of the row's own draft: a processor that keeps state (a grammar's
+            # matcher) must never see the padding
             cols = []
-            for i in range(width):
+            for i in range(len(drafts[e]) + 1):
                 col = row[i:i + 1]
                 for processor in processors:
                     col = processor(context[:base + i + 1], col)
                 cols.append(col)
-            row = mx.concatenate(cols, axis=0)
+            row = mx.concatenate([*cols, row[len(cols):]], axis=0)
         processed.append(row)
     logits = mx.stack(processed)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -116,10 +125,11 @@ def verify(
         if any(shift):
             c._right_padding = mx.array(shift)
             c.finalize()
-    emitted = []
+    emitted, dists = [], []
     for e, (y, draft, n) in enumerate(zip(ys, drafts, kept, strict=True)):
         out = [y, *draft[:n]]
         emitted.append(out)
+        dists.append([drawn_from[e], *(logprobs[e, i] for i in range(n))])
         batch.tokens[e].extend(out)
         batch._num_tokens[e] += len(out)
         if batch.logits_processors[e]:
@@ -128,4 +138,4 @@ def verify(
     batch._next_tokens = mx.array([pick[n] for pick, n in zip(picks, kept, strict=True)], dtype=mx.uint32)
     batch._next_logprobs = [logprobs[e, n] for e, n in enumerate(kept)]
     mx.async_eval(batch._next_tokens, batch._next_logprobs)
-    return emitted
+    return emitted, dists

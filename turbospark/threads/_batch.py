@@ -113,13 +113,13 @@ class Batch:
             job, state = choice.job, choice.state
             try:
                 inject("decode step")
-                logprob = self._logprob(token, out.logprobs.get(sid))
-                for fed in out.emitted(sid):  # several after a speculative step
+                found = (out.logprobs.get(sid), *out.more_logprobs.get(sid, ()))
+                for i, fed in enumerate(out.emitted(sid)):  # several after a speculative step
                     parts = state.feed(fed)
+                    logprob = self._logprob(fed, found[i] if i < len(found) else None)
                     job.outbox.append(
                         Delta(parts.content, choice.index, logprob, parts.reasoning, parts.calls, parts.writing)
                     )
-                    logprob = None
                     if state.stop_reason is not None:  # what follows the end never reaches the client
                         break
                 if state.stop_reason is not None:
