@@ -114,11 +114,18 @@ def child_mlx(model_dir: Path) -> None:
     serve_lines(generate)
 
 
-def child_llama_cpp(gguf: Path, threads: int, n_ctx: int) -> None:
-    """llama-cpp-python (its own venv: nothing but the standard library and llama_cpp here)."""
+def child_llama_cpp(gguf: Path, threads: int, n_ctx: int, lookup: int = 0) -> None:
+    """llama-cpp-python (its own venv: nothing but the standard library and llama_cpp here);
+    ``lookup`` > 0 turns on its prompt-lookup decoding with drafts of that many tokens."""
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
+    draft = None
+    if lookup:
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup)
+    llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False,
+                draft_model=draft)
 
     def generate(ids: list[int], max_tokens: int) -> Any:
         llm.reset()  # no prefix carried over from the previous run
@@ -250,10 +257,11 @@ def main() -> None:
     parser.add_argument("--server", action="store_true", help="also through the server's streaming endpoint")
     parser.add_argument("--child", choices=["mlx", "llama-cpp"], help=argparse.SUPPRESS)
     parser.add_argument("--path", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--lookup", type=int, default=0, help=argparse.SUPPRESS)  # llama.cpp child's lookup drafts
     args = parser.parse_args()
 
     if args.child == "llama-cpp":
-        child_llama_cpp(args.path, args.threads, args.prompt_tokens + args.max_tokens + 64)
+        child_llama_cpp(args.path, args.threads, args.prompt_tokens + args.max_tokens + 64, args.lookup)
         return
     sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
     if args.child == "mlx":

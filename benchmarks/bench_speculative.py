@@ -14,6 +14,10 @@ step (as before pacing) against the paced chunk (``pacing.JoinPacer``), alternat
     python benchmarks/bench_speculative.py [--model smollm2-135m-instruct] [--draft-model ID]
                                            [--runs 3] [--max-tokens 96] [--server]
 
+With llama-cpp-python installed (``scripts/check-against-llama-cpp`` builds it), the table has
+llama.cpp's rows too: the same prompt ids on the GGUF the model was imported from, plain and with
+its own prompt-lookup decoding, greedy, on as many threads.
+
 ``--server`` instead sends the repeat-a-passage request through the HTTP API, speculation on and
 off, as a new user would.
 
@@ -24,9 +28,12 @@ installed, as ``python -m turbospark serve`` does.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 PASSAGE = (
     "The lighthouse stood on a narrow spit of rock at the mouth of the harbour, and for forty years "
@@ -148,6 +155,29 @@ def join(backend, running: list[list[int]], joiner: list[int], paced: bool, befo
     return statistics.median(gaps), max(stalls), now - arrived
 
 
+def llama_cpp_paths(model: str, max_tokens: int) -> dict[str, Any]:
+    """llama.cpp on the GGUF the catalogue model comes from, plain and with its own prompt-lookup
+    decoding (llama-cpp-python's ``LlamaPromptLookupDecoding``, 10-token drafts), each in its own
+    process (``bench_llama_cpp``'s children, greedy, not stopping at the end of turn); none when
+    llama-cpp-python is not installed (``scripts/check-against-llama-cpp`` builds it)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _gguf import catalogue_gguf
+    from bench_llama_cpp import Child, llama_cpp_python
+
+    from turbospark.store.catalogue import CATALOGUE
+
+    python = llama_cpp_python()
+    if python is None or model not in CATALOGUE:
+        print("llama.cpp: skipped (llama-cpp-python is not installed in $LLAMA_CPP_VENV, default "
+              "tests/.cache/llama-cpp/venv, or the model is not in the catalogue)", file=sys.stderr)
+        return {}
+    command = [str(python), str(Path(__file__).with_name("bench_llama_cpp.py")), "--threads", str(os.cpu_count() or 2),
+               "--child", "llama-cpp", "--path", str(catalogue_gguf(model)), "--prompt-tokens", "1024",
+               "--max-tokens", str(max_tokens)]
+    return {"llama.cpp": Child(command, dict(os.environ)),
+            "llama.cpp lookup": Child([*command, "--lookup", "10"], dict(os.environ))}
+
+
 def through_the_server(model_dir, model: str, runs: int, max_tokens: int) -> None:
     """What a new user sees: the repeat-a-passage request through ``/v1/chat/completions``,
     speculation on (the default) and off (``"speculative": false``), alternating: the whole
@@ -204,6 +234,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,2,4,8", help="batch sizes for the cut-off table ('' to skip)")
     parser.add_argument("--skip-join", action="store_true", help="leave out the join part")
     parser.add_argument("--server", action="store_true", help="only the request through the server, on and off")
+    parser.add_argument("--no-llama-cpp", action="store_true", help="leave out llama.cpp's columns")
     args = parser.parse_args()
 
     from turbospark.cli.attach import stored_model
@@ -222,15 +253,19 @@ def main() -> None:
         draft_dir, _ = stored_model(args.draft_model)
         paths["draft"] = (MlxBackend(model_dir, model_id=args.model, cache_entries=0, draft_path=draft_dir), True)
     tok = backend.tokenizer
+    llama = {} if args.no_llama_cpp or args.skip_speed else llama_cpp_paths(args.model, args.max_tokens)
     print(f"model {args.model}{f', draft model {args.draft_model}' if args.draft_model else ''}, {args.runs} runs "
           f"alternating, {args.max_tokens} new tokens, greedy; BLAS: {describe()}", flush=True)
-    print("| workload | prompt tokens | path | tok/s | /plain | draft tokens kept | same text |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| workload | prompt tokens | path | tok/s | /plain | /its own plain | draft tokens kept | same text |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for b, speculate in paths.values():  # warm-up
         run(b, tok.encode(tok.render_chat(WORKLOADS["free prose"])), speculate, 4)
+    for child in llama.values():
+        child.run(tok.encode(tok.render_chat(WORKLOADS["free prose"])), 4)
+    stops = set(tok.stop_ids or ())
     for name, messages in ({} if args.skip_speed else WORKLOADS).items():
         ids = tok.encode(tok.render_chat(messages))
-        speeds: dict[str, list[float]] = {path: [] for path in paths}
+        speeds: dict[str, list[float]] = {path: [] for path in [*paths, *llama]}
         texts: dict[str, list[int]] = {}
         kept: dict[str, list[int]] = {path: [0, 0] for path in paths}
         for _ in range(args.runs):
@@ -240,12 +275,20 @@ def main() -> None:
                 texts[path] = out
                 kept[path][0] += d
                 kept[path][1] += a
+            for path, child in llama.items():
+                answer = child.run(ids, args.max_tokens)
+                speeds[path].append(answer["sample"]["decode_tps"])
+                ends = [i for i, t in enumerate(answer["tokens"]) if t in stops]
+                texts[path] = answer["tokens"][:ends[0] + 1] if ends else answer["tokens"]
         plain = statistics.median(speeds["plain"])
-        for path in paths:
+        for path in speeds:
             speed = statistics.median(speeds[path])
-            share = f"{kept[path][1] / kept[path][0]:.0%}" if kept[path][0] else "-"
-            print(f"| {name} | {len(ids)} | {path} | {speed:.1f} | {speed / plain:.2f}x | {share} "
+            own = statistics.median(speeds["llama.cpp" if path.startswith("llama") else "plain"])
+            share = f"{kept[path][1] / kept[path][0]:.0%}" if kept.get(path, [0])[0] else "-"
+            print(f"| {name} | {len(ids)} | {path} | {speed:.1f} | {speed / plain:.2f}x | {speed / own:.2f}x | {share} "
                   f"| {'yes' if texts[path] == texts['plain'] else 'no'} |", flush=True)
+    for child in llama.values():
+        child.close()
 
     # --- where speculation stops paying: several copying streams at once --------------------
     sizes = [int(n) for n in args.batches.split(",") if n]
