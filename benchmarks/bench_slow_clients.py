@@ -2,14 +2,19 @@
 
 One server child (``serve --model M``; the scripted model paced by ``--token-delay-ms``).  For
 each run, the same streaming chat completion (``--max-tokens`` new tokens, one SSE chunk per
-token) is timed three ways, in turn:
+token) is timed five ways, in turn:
 
 1. alone;
 2. while 25 MiB bodies arrive back to back from another process (alternately a chat with a
    25 MiB image, parsed and answered, and a chat with 25 MiB of text, refused as longer than the
    context window without being encoded in full);
-3. while ``--idle`` connections are open and idle and ``--trickle`` more send a request head a
-   byte every 50 ms (held by another process, opened before the stream starts).
+3. the same bodies sent to another server process instead (a bare HTTP server that decodes
+   them): what they cost the stream through the machine alone (the sender, the kernel, a
+   decode on the same cores), which no server can avoid;
+4. while ``--idle`` connections are open and idle and ``--trickle`` more send a request head a
+   byte every 50 ms (held by another process, opened before the stream starts);
+5. while another process asks for embeddings of ``--embed-inputs`` texts back to back (the
+   server's default embedding model; each answer ~3 MB of JSON numbers at 2,048).
 
 Reported per phase (medians over ``--runs``): the longest gap between two consecutive tokens of
 the stream, its median gap, and the longest gap over the one alone; plus what the loads got
@@ -38,6 +43,8 @@ import httpx
 from _server import Child
 
 BODY = 25 * 1024 * 1024
+#: the control phase: the same bodies sent to another process, not to this server
+SINK = "25 MiB bodies to another process"
 
 
 def big_bodies(model: str) -> list[bytes]:
@@ -67,6 +74,44 @@ def child_bodies(url: str, model: str) -> None:
             statuses[f"{['image', 'text'][i % 2]} {r.status_code}"] += 1
             i += 1
     print(json.dumps(statuses), flush=True)
+
+
+def child_embeds(url: str, inputs: int) -> None:
+    """Ask for embeddings of ``inputs`` short texts back to back until stdin closes (each answer
+    is ``inputs`` x 384 numbers of JSON, ~3 MB at 2,048); print the statuses."""
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    statuses: Counter[str] = Counter()
+    with httpx.Client(timeout=300) as client:
+        print("ready", flush=True)
+        run = 0
+        while not stop.is_set():
+            texts = [f"note {run}-{i}" for i in range(inputs)]  # new texts: no cache anywhere
+            r = client.post(f"{url}/v1/embeddings", json={"model": "all-minilm-l6-v2", "input": texts})
+            statuses[f"embeddings {r.status_code}"] += 1
+            run += 1
+    print(json.dumps(statuses), flush=True)
+
+
+def child_sink() -> None:
+    """A bare HTTP server in its own process that reads each body whole, decodes its JSON (what
+    any server must do with it) and answers 400: what the bodies cost the machine without this
+    server (the sender, the kernel, one decode)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(400)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    print(f"http://127.0.0.1:{server.server_address[1]}", flush=True)
+    server.serve_forever()
 
 
 def child_idle(url: str, idle: int, trickle: int) -> None:
@@ -129,34 +174,50 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--idle", type=int, default=300)
     parser.add_argument("--trickle", type=int, default=20)
+    parser.add_argument("--embed-inputs", type=int, default=2048,
+                        help="inputs per embeddings request in the embeddings phase (0: no such phase)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
+        if args.child[0] == "sink":
+            return child_sink()
         kind, url = args.child[:2]
+        if kind == "embeds":
+            return child_embeds(url, args.embed_inputs)
         return child_bodies(url, args.model) if kind == "bodies" else child_idle(url, args.idle, args.trickle)
 
-    serve_args = ["--model", args.model, "--stt-model", "none", "--tts-model", "none"]
+    serve_args = ["--model", args.model, "--stt-model", "none", "--tts-model", "none",
+                  "--embedding-model", "all-minilm-l6-v2" if args.embed_inputs else "none"]
     if args.model == "scripted":
         serve_args += ["--token-delay-ms", str(args.token_delay_ms)]
     server = Child(serve_args)
-    me = [sys.executable, __file__, "--model", args.model, "--idle", str(args.idle), "--trickle", str(args.trickle)]
-    phases: dict[str, list[dict[str, float]]] = {"alone": [], "25 MiB bodies": [], "idle connections": []}
-    loads: dict[str, list[Any]] = {"25 MiB bodies": [], "idle connections": []}
+    me = [sys.executable, __file__, "--model", args.model, "--idle", str(args.idle), "--trickle", str(args.trickle),
+          "--embed-inputs", str(args.embed_inputs)]
+    embeds = f"{args.embed_inputs}-input embedding answers"
+    sink = subprocess.Popen([*me, "--child", "sink"], stdout=subprocess.PIPE, text=True)
+    assert sink.stdout is not None
+    sink_url = sink.stdout.readline().strip()
+    plan = [("25 MiB bodies", "bodies", server.url), (SINK, "bodies", sink_url), ("idle connections", "idle", server.url)]
+    if args.embed_inputs:
+        plan.append((embeds, "embeds", server.url))
+    phases: dict[str, list[dict[str, float]]] = {"alone": [], **{p[0]: [] for p in plan}}
+    loads: dict[str, list[Any]] = {p[0]: [] for p in plan}
     try:
         with httpx.Client(timeout=600) as client:
             stream(client, server.url, args.model, 10, -1, "warm-up")
             for run in range(args.runs):
                 phases["alone"].append(stream(client, server.url, args.model, args.max_tokens, run, "alone"))
-                for phase, kind in (("25 MiB bodies", "bodies"), ("idle connections", "idle")):
+                for phase, kind, url in plan:
                     result, report = with_load(
-                        [*me, "--child", kind, server.url],
+                        [*me, "--child", kind, url],
                         lambda phase=phase: stream(client, server.url, args.model, args.max_tokens, run, phase),
                     )
                     phases[phase].append(result)
                     loads[phase].append(report)
     finally:
         server.close()
+        sink.kill()
 
     alone = statistics.median(r["max_gap_ms"] for r in phases["alone"])
     rows = []
@@ -182,6 +243,11 @@ def main() -> None:
         bodies.update(report)
     print("25 MiB bodies answered during the streams:", dict(bodies))
     print("connections held:", loads["idle connections"][-1])
+    if args.embed_inputs:
+        answered: Counter[str] = Counter()
+        for report in loads[embeds]:
+            answered.update(report)
+        print("embedding answers during the streams:", dict(answered))
 
 
 if __name__ == "__main__":

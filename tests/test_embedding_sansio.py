@@ -98,7 +98,7 @@ def test_shorten_renormalises_and_encodings_agree() -> None:
     assert shorten(v, None) is v and shorten(v, 4) is v
     assert shorten(np.zeros((1, 3), np.float32), 2).tolist() == [[0.0, 0.0]]
     packed = encode_vector(v[0], "base64")
-    assert np.frombuffer(base64.b64decode(packed), "<f4").tolist() == encode_vector(v[0], "float")
+    assert np.frombuffer(base64.b64decode(packed), "<f4").tolist() == encode_vector(v[0], "float").tolist()
 
 
 def test_resolution_counts_only_embedding_models() -> None:

@@ -95,9 +95,9 @@ async def test_a_head_or_body_that_trickles_is_cut_at_its_timeout(start_server, 
     head = await _connect(server.url)
     results: dict[str, bytes] = {}
 
-    async def body_trickle(name: str, path: str) -> None:
+    async def body_trickle(name: str, path: str, length: int) -> None:
         stream = await _connect(server.url)
-        await stream.send_all(_head(server.url, path, len(body)))
+        await stream.send_all(_head(server.url, path, length))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_trickle, stream, body, 0.05)
             results[name] = await _read_to_close(stream)
@@ -117,11 +117,13 @@ async def test_a_head_or_body_that_trickles_is_cut_at_its_timeout(start_server, 
         nursery.start_soon(idle_wait)
         nursery.start_soon(head_trickle)
         for name, path in (("openai", PATH), ("anthropic", "/v1/messages"), ("ollama", "/api/embed")):
-            nursery.start_soon(body_trickle, name, path)
+            nursery.start_soon(body_trickle, name, path, len(body))
+        # a body big enough for the parser's child process (read in pieces): the same timeout
+        nursery.start_soon(body_trickle, "openai, 2 MiB", PATH, 2 << 20)
     # an idle connection and a head that never completes are closed without an answer
     assert results["idle"] == b"" and results["head"] == b""
     # a body that never completes gets a 408 in its family's shape, and the connection closes
-    for name in ("openai", "anthropic", "ollama"):
+    for name in ("openai", "anthropic", "ollama", "openai, 2 MiB"):
         head_part, _, payload = results[name].partition(b"\r\n\r\n")
         assert head_part.startswith(b"HTTP/1.1 408"), results[name]
         assert b"connection: close" in head_part.lower()

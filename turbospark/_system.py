@@ -8,6 +8,7 @@
     │                       runs the attached audio models' worker threads and queues, and the
     │                       async jobs (started when an audio model may be served)
     ├── pulls               inbox: Pull (with a model store); one job per model pulled
+    ├── parser              inbox: ParseJson, DumpJson; JSON too big for the loop, in a child process
     └── resolver            inbox: Resolve, Unload, Running, Refresh, Adopt; notes (unbounded,
         │                   never dropped): Release, Abandon; owns the resolution slots, the
         │                   keep-alive timers and:
@@ -46,6 +47,7 @@ from .actors.embedding import embedding_model
 from .actors.generation import QueueMessage, generation_queue
 from .actors.models import model_actor
 from .actors.pulls import Pull, pulls
+from .actors.parser import DumpJson, ParseJson, parser
 from .actors.observer import Event, Observer, ObserverMessage, ReadDepths, RenderMetrics, Subscribe, observer
 from .actors.resolution import Abandon, Adopt, Grant, Lifecycle, LoadedModel, Published, Refresh, Release, Resolve, Running, Unload
 from .actors.resolver import Library, ResolveFn, resolve_in_registry, resolver
@@ -86,6 +88,8 @@ class System:
     shelf: Any = None
     #: the pulls actor's inbox (with a model store): every /api/pull is one of its jobs
     pulls: trio.MemorySendChannel[Pull] | None = None
+    #: the parser actor's inbox: big request bodies are decoded, big answers written, off the loop
+    parser: trio.MemorySendChannel[ParseJson | DumpJson] | None = None
     #: the aliases ``POST /v1/audio/models`` may attach, each with how to build its spec
     #: (pulling it into the store: call it on a worker thread)
     audio_catalogue: Mapping[str, Any] = attrs.field(factory=dict)
@@ -328,6 +332,8 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
         if spec.shelf is not None:
             pulls_send, pulls_recv = trio.open_memory_channel[Pull](64)
             await nursery.start(pulls, pulls_recv, lambda name, report: spec.shelf.pull(name, report))
+        parse_send, parse_recv = trio.open_memory_channel[ParseJson | DumpJson](64)
+        await nursery.start(parser, parse_recv)
         task_status.started(
             System(
                 settings=settings,
@@ -341,6 +347,7 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
                 audio=audio_send,
                 shelf=spec.shelf,
                 pulls=pulls_send,
+                parser=parse_send,
                 audio_catalogue=spec.audio_catalogue or {},
             )
         )

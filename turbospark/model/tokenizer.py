@@ -203,14 +203,29 @@ class Tokenizer:
             at = end
         return ids + self._tok.encode(text[at:], add_special_tokens=False).ids
 
+    @functools.cached_property
+    def longest_token(self) -> int:
+        """The most characters one token of the vocabulary stands for (its longest entry; a
+        byte-level entry is a character per byte)."""
+        return max(len(t) for t in self._tok.get_vocab(with_added_tokens=True))
+
+    def surely_more_than(self, chars: int, limit: int) -> bool:
+        """Whether any text of ``chars`` characters surely encodes to more than ``limit``
+        tokens, from its length alone: no token stands for more than ``longest_token``
+        characters (4x slack for normalisers that shorten text)."""
+        return chars > 4 * self.longest_token * (limit + 1)
+
     def surely_longer(self, text: str, limit: int) -> bool:
         """Whether ``text`` surely encodes to more than ``limit`` tokens, found without encoding
         all of a long text.  Encoding holds the model thread and the GIL (a 25 MiB text takes
-        seconds, and every other stream would wait), so a long text is encoded a slice at a
+        seconds, and every other stream would wait), so a text far too long for any
+        tokenisation is refused by its length, and a long one is encoded a slice at a
         time, cut before whitespace where it can be, until the count passes the limit by more
         than the cuts can account for.  False means: encode it and see."""
         if len(text) <= _SLICE:
             return False
+        if self.surely_more_than(len(text), limit):
+            return True
         count, start, cuts = 0, 0, 0
         while start < len(text):
             end = min(start + _SLICE, len(text))

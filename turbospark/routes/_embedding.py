@@ -1,7 +1,7 @@
 """How a route runs an embedding job: resolve the model (through the resolver, which loads a
 stored embedding model when it is named, and keeps it for the request), hand the job to the
 model's embedding actor, wait for the one answer, and write a (possibly large) JSON body without
-holding up the event loop.
+holding up the event loop (``web/bodies.write_json``).
 
 The reply channel's receive end is entered into the request scope first thing, so whatever ends
 the request closes it, and the encoder thread drops the job at its next crossing, before the
@@ -10,7 +10,6 @@ job's next forward pass.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -23,11 +22,12 @@ from ..actors.resolution import Grant
 from ..errors import ShuttingDown
 from ..messages import EmbeddingJob, EmbeddingReply, Failed, RequestRouted, Vectors
 from ..web.app import request_scope, system
+from ..web.bodies import write_json
 
 __all__ = ["embed", "embedding_model", "json_body"]
 
-# Bodies with more numbers than this are serialised on a worker thread (a 2,048 x 384 float
-# answer takes about a second of json.dumps).
+# Bodies with more numbers than this are written by the parser actor's child process (a
+# 2,048 x 384 float answer takes about a second of json.dumps, holding the GIL throughout).
 _BIG = 50_000
 
 
@@ -69,13 +69,7 @@ async def embed(
 
 
 async def json_body(body: Any, numbers: int, status: int = 200) -> Response:
-    """``body`` as a JSON response; serialised on a worker thread when it holds many numbers."""
-    if numbers > _BIG:
-        text = await trio.to_thread.run_sync(_dumps, body, abandon_on_cancel=True)
-    else:
-        text = _dumps(body)
+    """``body`` (vectors in it as numpy arrays) as a JSON response; written off the loop when it
+    holds many numbers."""
+    text = await write_json(body, big=numbers > _BIG)
     return Response(text, status=status, content_type="application/json")
-
-
-def _dumps(body: Any) -> str:
-    return json.dumps(body, ensure_ascii=False)

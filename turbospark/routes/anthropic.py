@@ -15,14 +15,15 @@ import secrets
 from functools import partial
 
 import trio
-from quart import Blueprint, Response, g, request
+from quart import Blueprint, Response, g
 
 from ..errors import RequestInvalid
 from ..messages import RequestRouted, Started
 from ..threads.prompt import render_prompt
 from ..web.app import exception_body, json_response, system
 from ..wire.anthropic import MessagesRequest
-from ..wire.codec import parse_json, structure
+from ..web.bodies import read_json
+from ..wire.codec import structure
 from ._openai import DEGRADATION_HEADER, degradation, stream_response
 from ._turn import RETRIES_HEADER, TurnPlan, framed, open_turn
 from .anthropic_events import MessageStream
@@ -36,7 +37,7 @@ async def count_tokens() -> Response:
     sys_ = system()
     # the whole Messages body is accepted (clients send the request they will make); only what
     # makes up the prompt counts
-    body = structure(normalise(parse_json(await request.get_data())), MessagesRequest)
+    body = structure(normalise(await read_json()), MessagesRequest)
     entry = await sys_.resolve(body.model, "chat")
     p = plan(body, sys_.settings.system_prompt)
     if entry.tokenizer is None:
@@ -55,7 +56,7 @@ async def count_tokens() -> Response:
 @blueprint.post("/v1/messages")
 async def messages() -> Response:
     sys_ = system()
-    body = structure(normalise(parse_json(await request.get_data())), MessagesRequest)
+    body = structure(normalise(await read_json()), MessagesRequest)
     entry = await sys_.resolve(body.model, "chat")
     sys_.emit(RequestRouted(g.record.id, body.model, entry.id, body.stream))
     p = plan(body, sys_.settings.system_prompt)

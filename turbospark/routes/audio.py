@@ -55,7 +55,7 @@ from ..audio.wire import (
     render_transcript,
     transcription_options,
 )
-from ..wire.codec import parse_json
+from ..web.bodies import read_json
 from ..actors.audio import Conflict, HeldJob
 from ..actors.lifecycle import FOREVER, loadable_for
 from ..errors import ModelNotFound, NotFound, RequestInvalid, ShuttingDown, TurboSparkError
@@ -188,7 +188,7 @@ async def translations() -> Response:
 
 @blueprint.post("/v1/audio/speech")
 async def speech() -> Response:
-    req = check_speech(parse_json(await request.get_data()))
+    req = check_speech(await read_json())
     info: AudioInfo = await resolve_audio(req.model, "text_to_speech")
     system().emit(RequestRouted(g.record.id, req.model, info.id, req.stream))
     voice = check_voice(info.voices, req.voice)
@@ -228,7 +228,7 @@ async def speech() -> Response:
 
 @blueprint.post("/v1/audio/generate")
 async def generate() -> Response:
-    req = check_generate(parse_json(await request.get_data()))
+    req = check_generate(await read_json())
     await ask(partial(ResolveAudio, req.model, "music_generation"))
     # No music engine exists to reach this point (no package carries music weights).
     raise Unsupported("music generation has no engine on this server")
@@ -310,7 +310,7 @@ async def list_audio_models() -> Response:
 
 @blueprint.post("/v1/audio/models")
 async def load_audio_model() -> Response:
-    body = parse_json(await request.get_data())
+    body = await read_json()
     if not isinstance(body, dict):
         raise RequestInvalid("the request body must be a JSON object")
     for key in body:

@@ -31,7 +31,8 @@ from ..model.backend import SamplingParams
 from ..turns.chat import TemplateMessage, apply_default_system
 from ..turns.sampling import sampling
 from ..turns.structured import check_images, function_tools, grammar_for
-from ..web.app import json_response, read_body, system
+from ..web.app import json_response, system
+from ..web.bodies import read_body
 from ..wire.ollama import (
     OllamaChatRequest,
     OllamaGenerateRequest,

@@ -34,7 +34,7 @@ from werkzeug.exceptions import RequestTimeout
 
 from ..errors import NotFound, RequestInvalid
 from ..web.app import json_response, system
-from ..wire.codec import parse_json
+from ..web.bodies import read_json
 from ..wire.modelfile import ModelfileError, ModelSpec, parameter_value, parse
 from ..wire.ollama import ndjson
 from ._ollama import named, ndjson_response, progress_frames, shelf
@@ -94,7 +94,7 @@ def _spec(body: dict[str, Any], *, base_required: bool = True) -> ModelSpec:
 @blueprint.post("/api/create")
 async def create() -> Response:
     sys_ = system()
-    body = parse_json(await request.get_data())
+    body = await read_json()
     name = named(body).removesuffix(":latest")
     stream = body.get("stream", True)
     if not isinstance(stream, bool):

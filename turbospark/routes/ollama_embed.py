@@ -24,7 +24,7 @@ from typing import Any
 
 from quart import Blueprint, Response, g
 
-from ..web.app import read_body
+from ..web.bodies import read_body
 from ..wire.embedding_checks import check_dimensions, check_inputs, encode_vector, inputs_of, shorten
 from ..actors.lifecycle import parse_keep_alive
 from ..wire.embeddings import OllamaEmbeddingsRequest, OllamaEmbedRequest

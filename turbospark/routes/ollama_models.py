@@ -32,7 +32,7 @@ from ..errors import ModelInUse, ModelNotFound, RequestInvalid
 from ..messages import ModelUnloaded
 from ..web.app import json_response, system
 from ..web.page import wants_page
-from ..wire.codec import parse_json
+from ..web.bodies import read_json
 from ..wire.ollama import rfc3339
 from . import page
 from ._ollama import named, shelf
@@ -110,7 +110,7 @@ async def tags() -> Response:
 
 @blueprint.post("/api/show")
 async def show() -> Response:
-    entry = await _entry(named(parse_json(await request.get_data())))
+    entry = await _entry(named(await read_json()))
     loadable = loadable_of(entry)
     card = loadable.card if loadable is not None else None
     store = system().shelf
@@ -173,7 +173,7 @@ async def _unloaded(model_id: str) -> bool:
 @blueprint.route("/api/delete", methods=["DELETE"])
 async def delete() -> Response:
     sys_ = system()
-    name = named(parse_json(await request.get_data()))
+    name = named(await read_json())
     store = shelf()
     entry = await _entry(name)
     loadable = loadable_of(entry)
@@ -191,7 +191,7 @@ async def delete() -> Response:
 @blueprint.post("/api/copy")
 async def copy() -> Response:
     sys_ = system()
-    body = parse_json(await request.get_data())
+    body = await read_json()
     if not isinstance(body, dict) or not isinstance(body.get("source"), str) or not isinstance(body.get("destination"), str):
         raise RequestInvalid("source and destination are required model names")
     store = shelf()

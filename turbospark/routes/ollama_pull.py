@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import trio
-from quart import Blueprint, Response, request
+from quart import Blueprint, Response
 
 from ..actors.pulls import Pull, PullFailed, Pulled
 from ..errors import NotFound, RequestInvalid, ShuttingDown
 from ..web.app import json_response, request_scope, system
-from ..wire.codec import parse_json
+from ..web.bodies import read_json
 from ..wire.ollama import ndjson
 from ._ollama import named, ndjson_response, shelf
 
@@ -29,7 +29,7 @@ blueprint = Blueprint("ollama_pull", __name__)
 @blueprint.post("/api/pull")
 async def pull() -> Response:
     sys_ = system()
-    body = parse_json(await request.get_data())
+    body = await read_json()
     name = named(body).removesuffix(":latest")
     stream = body.get("stream", True)
     if not isinstance(stream, bool):

@@ -18,7 +18,8 @@ from ..messages import ChatPrompt, RequestRouted
 from ..turns.grammars import demanded_grammar, peer_grammar
 from ..turns.structured import check_images, function_tools, grammar_for, json_demand, select_tools
 from ..wire.openai import ChatCompletionRequest
-from ..web.app import exception_body, json_response, read_body, system
+from ..web.app import exception_body, json_response, system
+from ..web.bodies import read_body
 from ._openai import DEGRADATION_HEADER, degradation, sampling_params, stream_response
 from ._turn import RETRIES_HEADER, TurnPlan, framed, open_turn
 from .openai_chat_events import ChatStream, Envelope, chat_whole

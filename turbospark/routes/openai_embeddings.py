@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from quart import Blueprint, Response, g
 
-from ..web.app import read_body
+from ..web.bodies import read_body
 from ..wire.embedding_checks import check_dimensions, check_encoding_format, check_inputs, encode_vector, inputs_of, shorten
 from ..wire.embeddings import EmbeddingRequest
 from ._embedding import embed, embedding_model, json_body

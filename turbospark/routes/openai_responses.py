@@ -22,7 +22,8 @@ from ..errors import NotFound
 from ..messages import RequestRouted
 from ..turns.chat import TemplateMessage
 from ..turns.conversations import StoredResponse
-from ..web.app import exception_body, json_response, read_body, system
+from ..web.app import exception_body, json_response, system
+from ..web.bodies import read_body
 from ..wire.openai import ResponsesRequest
 from ._openai import DEGRADATION_HEADER, degradation, sampling_params, stream_response
 from ._turn import RETRIES_HEADER, TurnPlan, framed, open_turn

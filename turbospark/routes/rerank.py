@@ -17,7 +17,7 @@ from quart import Blueprint, Response, g
 
 from ..actors.registry import ModelEntry
 from ..messages import Vectors
-from ..web.app import read_body
+from ..web.bodies import read_body
 from ..wire.rerank import RerankBody, ScoreBody, rerank_request, rerank_response, score_pairs, score_response
 from ._embedding import embed, embedding_model, json_body
 from ._openai import DEGRADATION_HEADER

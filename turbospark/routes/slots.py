@@ -15,7 +15,7 @@ from quart import Blueprint, Response, request
 from ..messages import Failed
 from ..model.prompt_slots import SlotError
 from ..web.app import json_response, system
-from ..wire.codec import parse_json
+from ..web.bodies import read_json
 
 blueprint = Blueprint("slots", __name__)
 
@@ -51,7 +51,7 @@ async def slot_action(slot: str) -> Response:
     action = request.args.get("action", "")
     filename = None
     if action in ("save", "restore"):
-        body = parse_json(await request.get_data())
+        body = await read_json()
         filename = body.get("filename") if isinstance(body, dict) else None
         if not isinstance(filename, str):
             return _error(400, "invalid_request_error", "filename is required")

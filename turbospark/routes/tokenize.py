@@ -25,7 +25,8 @@ from ..model.tokenizer import Tokenizer
 from ..threads.prompt import render_prompt
 from ..turns.chat import apply_default_system
 from ..turns.structured import function_tools, select_tools
-from ..web.app import json_response, read_body, system
+from ..web.app import json_response, system
+from ..web.bodies import read_body
 from ..wire.codec import structure
 from ..wire.openai import ChatCompletionRequest
 from ..wire.tokenize import DetokenizeRequest, TokenizeRequest, check_ids, mixed_content

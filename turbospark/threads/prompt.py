@@ -9,6 +9,8 @@ against the batch and the KV budget).  Whatever they raise is that job's answer.
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import attrs
 
 from ..errors import ContextOverflow, RequestInvalid
@@ -35,6 +37,11 @@ def render_prompt(
     being encoded in full (see ``Tokenizer.surely_longer``): a 25 MiB prompt would otherwise
     hold the model thread, and every stream it runs, for seconds."""
     if isinstance(prompt, ChatPrompt):
+        # the users' own words alone can be too long to render at all (the template copies them)
+        said = sum(len(m["content"]) for m in prompt.messages
+                   if m.get("role") == "user" and isinstance(m.get("content"), str))
+        if limit is not None and tok.surely_more_than(said, limit):
+            _refuse(limit)
         text = tok.render_chat(
             prompt.messages, tools=prompt.tools or None, template_kwargs=prompt.template_kwargs
         )
@@ -50,10 +57,14 @@ def render_prompt(
 
 def _within(tok: Tokenizer, text: str, limit: int | None) -> None:
     if limit is not None and tok.surely_longer(text, limit):
-        raise ContextOverflow(
-            f"The prompt has more than {limit} tokens, more than this model can read. Shorten the prompt.",
-            param="messages",
-        )
+        _refuse(limit)
+
+
+def _refuse(limit: int) -> NoReturn:
+    raise ContextOverflow(
+        f"The prompt has more than {limit} tokens, more than this model can read. Shorten the prompt.",
+        param="messages",
+    )
 
 
 def encode_prompt(

@@ -17,7 +17,7 @@ import secrets
 import time
 from contextlib import ExitStack
 from collections.abc import Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import attrs
 import trio
@@ -29,7 +29,6 @@ from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException
 
 from .._system import System, enter_request_scope, request_scope
-from ..wire.codec import parse_json, structure
 from ..errors import Draining, Forbidden, RankLost, TurboSparkError, Unauthorized
 from .origins import host_allowed, origin_allowed
 from .page import is_page, subprotocol_key
@@ -41,12 +40,10 @@ __all__ = [
     "error_body",
     "exception_body",
     "json_response",
-    "read_body",
     "request_scope",
     "system",
 ]
 
-_T = TypeVar("_T")
 
 log = logging.getLogger("turbospark")
 
@@ -205,14 +202,6 @@ def error_response(status: int, body: dict[str, Any], message: str) -> Response:
     if record is not None:
         record.error = message
     return json_response(body, status)
-
-
-async def read_body(wire_type: type[_T]) -> _T:
-    """The request's JSON body, parsed and validated into ``wire_type`` (``wire/codec.py``): a
-    ``RequestInvalid``, answered as a 400 in the caller's family, otherwise.  (On the loop: on a
-    worker thread a 25 MiB body stalled the running streams as long, measured, since the C
-    JSON scanner holds the GIL.)"""
-    return structure(parse_json(await request.get_data()), wire_type)
 
 
 def json_response(body: Any, status: int = 200) -> Response:

@@ -138,9 +138,11 @@ def shorten(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
     return (cut / norms).astype(np.float32)
 
 
-def encode_vector(vector: np.ndarray, encoding_format: str) -> list[float] | str:
-    """A vector on the wire: JSON numbers (each float32 value exactly), or base64 of its
-    little-endian float32 bytes."""
+def encode_vector(vector: np.ndarray, encoding_format: str) -> np.ndarray | str:
+    """A vector on the wire: its float32 values, written as JSON numbers (each value exactly:
+    ``json_worker.dumps`` writes an array as its list), or base64 of its little-endian float32
+    bytes.  Kept an array until written, so a big answer is never a list of Python floats on
+    the event loop."""
     if encoding_format == "base64":
         return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
-    return vector.astype(np.float32).tolist()  # type: ignore[no-any-return]
+    return vector.astype(np.float32)

@@ -1,0 +1,69 @@
+"""Request bodies as JSON, decoded where they stall nothing; big answers written the same way.
+
+``read_json`` decodes a body below ``BIG_BODY`` on the loop (about a millisecond for 1 MiB) and
+hands a bigger one to the parser actor's child process (``actors/parser.py``), its pieces as
+they arrived, never joined here: decoding 25 MiB on the loop, or on a worker thread (the C
+scanner holds the GIL), stalled every running stream (decision 0019).  Both give the same
+value, or the same ``RequestInvalid`` (``codec.parse_json`` runs in the child too).
+``write_json`` writes an answer the same way: on the loop when small, in the child when big.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, TypeVar
+
+import trio
+from quart import g, request
+from werkzeug.exceptions import RequestTimeout
+
+from ..actors.parser import BIG_BODY, DumpJson, ParseJson, Parsed
+from ..wire.codec import parse_json, structure
+from ..wire.json_worker import dumps
+
+__all__ = ["read_body", "read_json", "write_json"]
+
+_T = TypeVar("_T")
+
+
+async def read_body(wire_type: type[_T]) -> _T:
+    """The request's JSON body, parsed and validated into ``wire_type`` (``wire/codec.py``): a
+    ``RequestInvalid``, answered as a 400 in the caller's family, otherwise."""
+    return structure(await read_json(), wire_type)
+
+
+async def read_json() -> Any:
+    """The request's body decoded as JSON (``codec.parse_json``: a ``RequestInvalid`` if it is
+    not JSON this server takes), in the parser's child when it is ``BIG_BODY`` bytes or more."""
+    inbox, length = g.system.parser, request.content_length
+    if inbox is None or length is None or length < BIG_BODY:
+        return parse_json(await request.get_data())
+    pieces = []
+    with trio.move_on_after(request.body_timeout or math.inf) as waited:
+        async for piece in request.body:
+            pieces.append(piece)
+    if waited.cancelled_caught:
+        raise RequestTimeout()
+    return await _ask(inbox, lambda reply: ParseJson(pieces, reply))
+
+
+async def write_json(value: Any, *, big: bool) -> bytes:
+    """``value`` as compact UTF-8 JSON (numpy arrays as lists of numbers): in the parser's child
+    when ``big`` (``json.dumps`` holds the GIL throughout: about a second for 2,048
+    embeddings), on the loop otherwise."""
+    inbox = g.system.parser
+    if not big or inbox is None:
+        return dumps(value).encode("utf-8")
+    text: bytes = await _ask(inbox, lambda reply: DumpJson(value, reply))
+    return text
+
+
+async def _ask(inbox: trio.MemorySendChannel[Any], job: Any) -> Any:
+    """Send the parser ``job(reply)``; its value, or raise its error."""
+    reply_send, reply_recv = trio.open_memory_channel[Parsed](1)
+    with reply_recv:
+        await inbox.send(job(reply_send))
+        answer = await reply_recv.receive()
+    if answer.error is not None:
+        raise answer.error
+    return answer.value
