@@ -59,38 +59,43 @@ def big_bodies(model: str) -> list[bytes]:
     return [json.dumps(image).encode(), json.dumps(text).encode()]
 
 
-def child_bodies(url: str, model: str) -> None:
-    """Post 25 MiB bodies back to back until stdin closes; print the statuses."""
-    bodies = big_bodies(model)
+def post_until_told(post: Any, timeout: float) -> None:
+    """Child loop: ``post(client, i)`` (it returns a status label) back to back until stdin
+    closes; then print the labels counted."""
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
     statuses: Counter[str] = Counter()
-    with httpx.Client(timeout=120) as client:
+    with httpx.Client(timeout=timeout) as client:
         print("ready", flush=True)
         i = 0
         while not stop.is_set():
-            r = client.post(f"{url}/v1/chat/completions", content=bodies[i % 2],
-                            headers={"content-type": "application/json"})
-            statuses[f"{['image', 'text'][i % 2]} {r.status_code}"] += 1
+            statuses[post(client, i)] += 1
             i += 1
     print(json.dumps(statuses), flush=True)
+
+
+def child_bodies(url: str, model: str) -> None:
+    """Post 25 MiB bodies back to back until stdin closes; print the statuses."""
+    bodies = big_bodies(model)
+
+    def post(client: httpx.Client, i: int) -> str:
+        r = client.post(f"{url}/v1/chat/completions", content=bodies[i % 2],
+                        headers={"content-type": "application/json"})
+        return f"{['image', 'text'][i % 2]} {r.status_code}"
+
+    post_until_told(post, 120)
 
 
 def child_embeds(url: str, inputs: int) -> None:
     """Ask for embeddings of ``inputs`` short texts back to back until stdin closes (each answer
     is ``inputs`` x 384 numbers of JSON, ~3 MB at 2,048); print the statuses."""
-    stop = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
-    statuses: Counter[str] = Counter()
-    with httpx.Client(timeout=300) as client:
-        print("ready", flush=True)
-        run = 0
-        while not stop.is_set():
-            texts = [f"note {run}-{i}" for i in range(inputs)]  # new texts: no cache anywhere
-            r = client.post(f"{url}/v1/embeddings", json={"model": "all-minilm-l6-v2", "input": texts})
-            statuses[f"embeddings {r.status_code}"] += 1
-            run += 1
-    print(json.dumps(statuses), flush=True)
+
+    def post(client: httpx.Client, i: int) -> str:
+        texts = [f"note {i}-{n}" for n in range(inputs)]  # new texts: no cache anywhere
+        r = client.post(f"{url}/v1/embeddings", json={"model": "all-minilm-l6-v2", "input": texts})
+        return f"embeddings {r.status_code}"
+
+    post_until_told(post, 300)
 
 
 def child_sink() -> None:
