@@ -8,6 +8,7 @@ import httpx
 import pytest
 import trio
 
+from turbospark.web import bodies
 from turbospark.model.scripted import ENDLESS_TEXT, ScriptedBackend, shipped_tokenizer
 
 from ._support import chat_body, sse_events, wait_for
@@ -482,7 +483,7 @@ async def test_a_base_url_without_v1_reaches_the_same_handlers(start_server) -> 
     assert (await sdk.models.retrieve("scripted")).id == "scripted"
 
 
-async def test_logprobs_streaming_and_not(start_server, client) -> None:
+async def test_logprobs_streaming_and_not(start_server, client, monkeypatch) -> None:
     server = await start_server()
     body = chat_body(max_tokens=4, logprobs=True, top_logprobs=3)
     r = await client.post(f"{server.url}/v1/chat/completions", json=body)
@@ -496,6 +497,14 @@ async def test_logprobs_streaming_and_not(start_server, client) -> None:
     chunks = [json.loads(d) for _, d in sse_events(r.text)[:-1]]
     streamed = [e for c in chunks if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]]
     assert streamed == content  # every token reported once, in order
+    # an answer with many log-probabilities is written by the parser's child: the same bytes
+    monkeypatch.setattr(bodies, "BIG_ANSWER", 10)
+    written = await client.post(f"{server.url}/v1/chat/completions", json=body | {"seed": 7})
+    monkeypatch.setattr(bodies, "BIG_ANSWER", 10**9)
+    on_the_loop = await client.post(f"{server.url}/v1/chat/completions", json=body | {"seed": 7})
+    assert len(content) * (1 + 3) > 10  # over the (lowered) threshold
+    assert written.json()["choices"] == on_the_loop.json()["choices"]
+    assert written.headers["content-type"] == on_the_loop.headers["content-type"] == "application/json"
     r = await client.post(f"{server.url}/v1/chat/completions", json=chat_body(max_tokens=2, top_logprobs=2))
     assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
     r = await client.post(f"{server.url}/v1/chat/completions", json=chat_body(max_tokens=2))

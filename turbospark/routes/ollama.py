@@ -32,7 +32,7 @@ from ..turns.chat import TemplateMessage, apply_default_system
 from ..turns.sampling import sampling
 from ..turns.structured import check_images, function_tools, grammar_for
 from ..web.app import json_response, system
-from ..web.bodies import read_body
+from ..web.bodies import json_answer, read_body
 from ..wire.ollama import (
     OllamaChatRequest,
     OllamaGenerateRequest,
@@ -131,7 +131,8 @@ async def _run(out: OllamaStream, stream: bool, entry: ModelEntry, prompt: ChatP
     if stream:
         response = ndjson_response(framed(turn, out, keepalive=sys_.settings.keepalive_interval, error=out.error))
     else:
-        response = json_response(out.whole(await turn.collect()))
+        whole = await turn.collect()
+        response = await json_answer(out.whole(whole), numbers=whole.numbers)
         if turn.retries:
             response.headers[RETRIES_HEADER] = str(turn.retries)
     if header := degradation(labels, images):

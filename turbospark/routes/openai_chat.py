@@ -18,8 +18,8 @@ from ..messages import ChatPrompt, RequestRouted
 from ..turns.grammars import demanded_grammar, peer_grammar
 from ..turns.structured import check_images, function_tools, grammar_for, json_demand, select_tools
 from ..wire.openai import ChatCompletionRequest
-from ..web.app import exception_body, json_response, system
-from ..web.bodies import read_body
+from ..web.app import exception_body, system
+from ..web.bodies import json_answer, read_body
 from ._openai import DEGRADATION_HEADER, degradation, sampling_params, stream_response
 from ._turn import RETRIES_HEADER, TurnPlan, framed, open_turn
 from .openai_chat_events import ChatStream, Envelope, chat_whole
@@ -127,7 +127,8 @@ async def chat_completions() -> Response:
             error=lambda exc: framer.error(exception_body(exc, "openai")),
         ))
     else:
-        response = json_response(chat_whole(env, await turn.collect(), logprobs))
+        whole = await turn.collect()
+        response = await json_answer(chat_whole(env, whole, logprobs), numbers=whole.numbers)
         if turn.retries:
             response.headers[RETRIES_HEADER] = str(turn.retries)
     if header := degradation(_unhonoured(body), images):

@@ -13,8 +13,8 @@ from ..messages import RequestRouted, TextPrompt
 from ..turns.grammars import demanded_grammar, peer_grammar
 from ..turns.structured import function_tools, grammar_for, json_demand, select_tools
 from ..wire.openai import CompletionRequest
-from ..web.app import exception_body, json_response, system
-from ..web.bodies import read_body
+from ..web.app import exception_body, system
+from ..web.bodies import json_answer, read_body
 from ._openai import DEGRADATION_HEADER, degradation, sampling_params, stream_response
 from ._turn import TurnPlan, framed, open_turn
 from .openai_chat_events import CompletionStream, Envelope, completion_whole
@@ -79,7 +79,8 @@ async def completions() -> Response:
             error=lambda exc: framer.error(exception_body(exc, "openai")),
         ))
     else:
-        response = json_response(completion_whole(framer, await turn.collect()))
+        whole = await turn.collect()
+        response = await json_answer(completion_whole(framer, whole), numbers=whole.numbers)
     if header := degradation(_unhonoured(body), 0):
         response.headers[DEGRADATION_HEADER] = header
     return response

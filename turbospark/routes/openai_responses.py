@@ -23,7 +23,7 @@ from ..messages import RequestRouted
 from ..turns.chat import TemplateMessage
 from ..turns.conversations import StoredResponse
 from ..web.app import exception_body, json_response, system
-from ..web.bodies import read_body
+from ..web.bodies import json_answer, read_body
 from ..wire.openai import ResponsesRequest
 from ._openai import DEGRADATION_HEADER, degradation, sampling_params, stream_response
 from ._turn import RETRIES_HEADER, TurnPlan, framed, open_turn
@@ -72,7 +72,8 @@ async def create_response() -> Response:
             error=lambda exc: resp.error(exception_body(exc, "openai")),
         ))
     else:
-        response = json_response(resp.whole(await turn.collect()))
+        whole = await turn.collect()
+        response = await json_answer(resp.whole(whole), numbers=whole.numbers)
         if turn.retries:
             response.headers[RETRIES_HEADER] = str(turn.retries)
     if header := degradation(unhonoured(body), p.images):

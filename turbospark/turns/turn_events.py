@@ -220,6 +220,12 @@ class Collected:
             out.feed(event)
         return out
 
+    @property
+    def numbers(self) -> int:
+        """How many log-probabilities the answer carries (each token's and its alternatives'):
+        what makes a whole answer big to write."""
+        return sum(1 + len(t.top) for c in self.choices for t in c.logprobs)
+
     def feed(self, event: TurnEvent) -> None:
         if isinstance(event, Usage):
             self.usage = event

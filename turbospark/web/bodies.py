@@ -5,7 +5,8 @@ hands a bigger one to the parser actor's child process (``actors/parser.py``), i
 they arrived, never joined here: decoding 25 MiB on the loop, or on a worker thread (the C
 scanner holds the GIL), stalled every running stream (decision 0019).  Both give the same
 value, or the same ``RequestInvalid`` (``codec.parse_json`` runs in the child too).
-``write_json`` writes an answer the same way: on the loop when small, in the child when big.
+``write_json`` writes an answer the same way: on the loop when small, in the child when it
+holds more than ``BIG_ANSWER`` numbers (``json_answer`` makes it a response).
 """
 
 from __future__ import annotations
@@ -14,16 +15,20 @@ import math
 from typing import Any, TypeVar
 
 import trio
-from quart import g, request
+from quart import Response, g, request
 from werkzeug.exceptions import RequestTimeout
 
 from ..actors.parser import BIG_BODY, DumpJson, ParseJson, Parsed
 from ..wire.codec import parse_json, structure
 from ..wire.json_worker import dumps
 
-__all__ = ["read_body", "read_json", "write_json"]
+__all__ = ["BIG_ANSWER", "json_answer", "read_body", "read_json", "write_json"]
 
 _T = TypeVar("_T")
+
+#: Answers with more numbers than this (embeddings, log-probabilities) are written by the
+#: parser's child: 50,000 take ~25 ms of ``json.dumps``, all of it holding the GIL.
+BIG_ANSWER = 50_000
 
 
 async def read_body(wire_type: type[_T]) -> _T:
@@ -56,6 +61,13 @@ async def write_json(value: Any, *, big: bool) -> bytes:
         return dumps(value).encode("utf-8")
     text: bytes = await _ask(inbox, lambda reply: DumpJson(value, reply))
     return text
+
+
+async def json_answer(body: Any, *, numbers: int, status: int = 200) -> Response:
+    """``body`` as a JSON response, written off the loop when it holds more than
+    ``BIG_ANSWER`` numbers."""
+    text = await write_json(body, big=numbers > BIG_ANSWER)
+    return Response(text, status=status, content_type="application/json")
 
 
 async def _ask(inbox: trio.MemorySendChannel[Any], job: Any) -> Any:
