@@ -133,3 +133,21 @@ async def test_an_unknown_model_is_a_404(start_server, client) -> None:
         assert r.status_code == 404 and r.json()["error"]["type"], path
         ok = await client.post(f"{server.url}{path}", json=body | {"model": "b"})
         assert ok.status_code == 200, path
+
+
+def test_a_long_text_encodes_to_the_same_ids_through_the_path_that_lets_go_of_the_gil() -> None:
+    """Texts past ``_LONG`` characters go through ``encode_batch`` (the binding holds the GIL
+    through ``encode``, for seconds on a long text): the ids are the same, special-token text
+    recognised or kept plain as asked."""
+    import random
+
+    from turbospark.model import tokenizer as module
+
+    tok = shipped_tokenizer()
+    pieces = ["word", "é", "日本", "<|im_start|>", " ", "\n", "x" * 50, "def f():", "🙂", "<|im_end|>"]
+    rng = random.Random(0)
+    for _ in range(10):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(2000, 4000)))
+        assert len(text) >= module._LONG
+        assert tok.encode(text) == tok._tok.encode(text, add_special_tokens=False).ids
+        assert tok.tokenize(text, parse_special=False) == tok._plain.encode(text, add_special_tokens=False).ids
