@@ -497,7 +497,7 @@ async def test_logprobs_streaming_and_not(start_server, client, monkeypatch) -> 
     chunks = [json.loads(d) for _, d in sse_events(r.text)[:-1]]
     streamed = [e for c in chunks if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]]
     assert streamed == content  # every token reported once, in order
-    # an answer with many log-probabilities is written by the parser's child: the same bytes
+    # an answer with many log-probabilities is written by the parser's child: the same answer
     monkeypatch.setattr(bodies, "BIG_ANSWER", 10)
     written = await client.post(f"{server.url}/v1/chat/completions", json=body | {"seed": 7})
     monkeypatch.setattr(bodies, "BIG_ANSWER", 10**9)

@@ -26,6 +26,7 @@ from ..web.bodies import json_answer
 
 __all__ = ["embed", "embedding_model", "json_body"]
 
+
 async def embedding_model(request_id: int, name: str | None, keep_alive: float | None = None) -> Grant:
     """The embedding model ``name`` resolves to, loaded and held until the request ends; a
     request that leaves while it loads abandons its wait (the load stops if it was the last)."""
