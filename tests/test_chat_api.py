@@ -11,7 +11,7 @@ import trio
 from turbospark.web import bodies
 from turbospark.model.scripted import ENDLESS_TEXT, ScriptedBackend, shipped_tokenizer
 
-from ._support import chat_body, sse_events, wait_for
+from ._support import chat_body, json_children, sse_events, wait_for
 
 TOK = shipped_tokenizer()
 
@@ -499,7 +499,9 @@ async def test_logprobs_streaming_and_not(start_server, client, monkeypatch) -> 
     assert streamed == content  # every token reported once, in order
     # an answer with many log-probabilities is written by the parser's child: the same answer
     monkeypatch.setattr(bodies, "BIG_ANSWER", 10)
+    assert json_children() == []
     written = await client.post(f"{server.url}/v1/chat/completions", json=body | {"seed": 7})
+    assert len(json_children()) == 1  # it was written there
     monkeypatch.setattr(bodies, "BIG_ANSWER", 10**9)
     on_the_loop = await client.post(f"{server.url}/v1/chat/completions", json=body | {"seed": 7})
     assert len(content) * (1 + 3) > 10  # over the (lowered) threshold

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from pathlib import Path
 
 import pytest
 import trio
@@ -20,6 +19,8 @@ from turbospark.actors.parser import DumpJson, ParseJson, Parsed, parser
 from turbospark.errors import GenerationFailed, RequestInvalid
 from turbospark.wire.codec import parse_json
 
+from ._support import json_children
+
 
 async def ask(inbox: trio.MemorySendChannel[ParseJson], body: bytes, pieces: int = 3) -> Parsed:
     step = max(1, len(body) // pieces)
@@ -28,19 +29,6 @@ async def ask(inbox: trio.MemorySendChannel[ParseJson], body: bytes, pieces: int
         await inbox.send(ParseJson([body[i:i + step] for i in range(0, len(body), step)], send))
         with trio.fail_after(60):
             return await recv.receive()
-
-
-def json_children() -> list[int]:
-    """This process's JSON children (``/proc``)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if (proc.name.isdigit() and int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid()
-                    and b"json_worker" in (proc / "cmdline").read_bytes()):
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
 
 
 @pytest.fixture
