@@ -48,7 +48,8 @@ _PIPE = 1 << 20  # pipe buffer asked for (Linux: up to /proc/sys/fs/pipe-max-siz
 
 @attrs.frozen
 class Parsed:
-    """A body's decoded value, or why it has none."""
+    """A job's answer: the decoded value (``ParseJson``) or the JSON text (``DumpJson``), or why
+    there is none."""
 
     value: Any = None
     error: RequestInvalid | GenerationFailed | None = None
