@@ -8,8 +8,10 @@ cold (no prefix cache).  Reported per workload and path: decode tok/s, medians o
 ((new tokens - 1) / time from the first token to the last), the ratio to plain, the share of
 draft tokens kept, and whether the greedy text is identical to plain.  Then the join stall: ``--streams`` streams
 decode, a ~300-token request arrives; the streams' median gap between tokens before it, their
-longest gap while it prefills, and its time to first token, with the whole chunk every mixed
-step (as before pacing) against the paced chunk (``pacing.JoinPacer``), alternating.
+longest gap while it prefills, its time to first token, and the streams' longest gap in the 8
+steps after it (while its layers are merged into the batch's cache); three ways, alternating:
+the whole chunk every mixed step in mlx-lm's two forward passes (as before pacing), the paced
+chunk (``pacing.JoinPacer``) in two passes, and the paced chunk in one pass (``mlx_fused``).
 
     python benchmarks/bench_speculative.py [--model smollm2-135m-instruct] [--draft-model ID]
                                            [--runs 3] [--max-tokens 96] [--server]
@@ -118,15 +120,16 @@ def batch(backend, prompts: list[list[int]], speculate: bool, max_tokens: int) -
     return (sum(min(c, max_tokens) for c in counts) - base) / took
 
 
-def join(backend, running: list[list[int]], joiner: list[int], paced: bool, before: int = 6) -> tuple[float, float, float]:
+def join(backend, running: list[list[int]], joiner: list[int], paced: bool, before: int = 6,
+         after: int = 8) -> tuple[float, float, float, float]:
     """``running`` streams decode; after ``before`` steps ``joiner`` arrives.  Returns the
-    streams' median gap before it came, their longest gap while it prefilled, and its time to
-    first token (seconds).  ``paced`` False: every mixed step prefills the whole chunk."""
+    streams' median gap before it came, their longest gap while it prefilled (up to its first
+    token), its time to first token, and the longest gap of the ``after`` steps that follow,
+    while it decodes beside them (seconds).  ``paced`` False: every mixed step prefills the
+    whole chunk."""
     from turbospark.model.backend import SamplingParams
-    from turbospark.model.pacing import JoinPacer
-
     backend.speculate_up_to = 0
-    backend.pacer = JoinPacer(backend.prefill_chunk)
+    backend.pacer = backend.join_pacer()
     if not paced:
         backend.pacer.size = lambda decoding: backend.prefill_chunk
     for seq, ids in enumerate(running):
@@ -141,7 +144,7 @@ def join(backend, running: list[list[int]], joiner: list[int], paced: bool, befo
         last = now
     new = len(running)
     arrived = time.perf_counter()
-    backend.insert(new, joiner, SamplingParams(max_tokens=4, temperature=0.0))
+    backend.insert(new, joiner, SamplingParams(max_tokens=after + 4, temperature=0.0))
     stalls = []
     while True:
         step = backend.step()
@@ -150,9 +153,16 @@ def join(backend, running: list[list[int]], joiner: list[int], paced: bool, befo
         last = now
         if new in step.tokens:
             break
+    first = now - arrived
+    later = []
+    for _ in range(after):
+        backend.step()
+        now = time.perf_counter()
+        later.append(now - last)
+        last = now
     for seq in range(new + 1):
         backend.remove(seq, keep_cache=False)
-    return statistics.median(gaps), max(stalls), now - arrived
+    return statistics.median(gaps), max(stalls), first, max(later)
 
 
 def llama_cpp_paths(model: str, max_tokens: int) -> dict[str, Any]:
@@ -318,19 +328,29 @@ def main() -> None:
     running = [tok.encode(tok.render_chat([{"role": "user", "content": f"Write a story about {t}."}]))
                for t in (topics * 4)[:args.streams]]
     joiner = [{"role": "user", "content": "Summarise these notes:\n" + PASSAGE[:1500]}]
-    results: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
+    # (label, paced, one pass): the engine's own two passes a mixed step, beside this tree's one
+    ways = [("fixed chunk, two passes", False, False), ("paced, two passes", True, False),
+            ("paced, one pass", True, True)]
+    fusable = backend.fuse
+    results: dict[str, list[tuple[float, float, float, float]]] = {label: [] for label, _, _ in ways}
     for run_ in range(args.runs):
-        for paced in (False, True):
-            ids = tok.encode(tok.render_chat([{"role": "user", "content": f"Run {run_}, {paced}."}, *joiner]))
-            results[paced].append(join(backend, running, ids, paced))
+        for label, paced, fused in ways:
+            if fused and not fusable:
+                continue
+            backend.fuse = fused
+            ids = tok.encode(tok.render_chat([{"role": "user", "content": f"Run {run_}, {label}."}, *joiner]))
+            results[label].append(join(backend, running, ids, paced))
+    backend.fuse = fusable
     print(f"a {len(ids)}-token request joining {args.streams} decoding streams (medians of {args.runs}):")
-    print(f"{'chunk':<26} {'median gap s':>12} {'longest gap s':>13} {'longest/median':>14} {'joiner TTFT s':>13}")
-    for paced, label in ((False, "fixed (prefill_chunk)"), (True, "paced")):
-        med = statistics.median(r[0] for r in results[paced])
-        worst = statistics.median(r[1] for r in results[paced])
-        ratio = statistics.median(r[1] / r[0] for r in results[paced])
-        ttft = statistics.median(r[2] for r in results[paced])
-        print(f"{label:<26} {med:>12.3f} {worst:>13.3f} {ratio:>13.1f}x {ttft:>13.2f}", flush=True)
+    print(f"{'chunk':<26} {'median gap s':>12} {'longest gap s':>13} {'longest/median':>14} {'joiner TTFT s':>13} "
+          f"{'next 8: longest/median':>22}")
+    for label in (label for label, _, _ in ways if results[label]):
+        med = statistics.median(r[0] for r in results[label])
+        worst = statistics.median(r[1] for r in results[label])
+        ratio = statistics.median(r[1] / r[0] for r in results[label])
+        ttft = statistics.median(r[2] for r in results[label])
+        later = statistics.median(r[3] / r[0] for r in results[label])
+        print(f"{label:<26} {med:>12.3f} {worst:>13.3f} {ratio:>13.2f}x {ttft:>13.2f} {later:>21.2f}x", flush=True)
 
 
 if __name__ == "__main__":

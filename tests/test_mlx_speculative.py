@@ -58,6 +58,41 @@ def test_greedy_text_is_the_same_with_speculation_alone_and_in_a_batch() -> None
     assert backend.accepted > 0
 
 
+def test_a_newcomer_read_in_one_pass_beside_the_streams_leaves_every_text_as_it_was() -> None:
+    """Joins (``mlx_fused``, ``mlx_joining``): the streams' and the newcomer's greedy tokens are
+    the ones the engine's own two-pass steps give."""
+    from turbospark.model.mlx_backend import MlxBackend
+
+    stored = smollm2_store()
+    backend = MlxBackend(stored.path, model_id=stored.name, cache_entries=0)
+    backend.speculate_up_to = 0
+    tok = backend.tokenizer
+    topics = ["a dragon", "the sea", "a robot", "winter"]
+    running = [tok.encode(tok.render_chat([{"role": "user", "content": f"Write a story about {t}."}])) for t in topics]
+    joiner = tok.encode(tok.render_chat([{"role": "user", "content": "Summarise this:\n\n" + PASSAGE * 3}]))
+
+    def run(fuse: bool) -> list[list[int]]:
+        backend.fuse = fuse
+        out: list[list[int]] = [[] for _ in range(5)]
+        for seq, ids in enumerate(running):
+            backend.insert(seq, ids, SamplingParams(max_tokens=40, temperature=0.0))
+        steps = 0
+        while any(len(o) < 40 for o in out[:4]) or len(out[4]) < 12:
+            if (steps := steps + 1) == 4:
+                backend.insert(4, joiner, SamplingParams(max_tokens=12, temperature=0.0))
+            step = backend.step()
+            for seq in step.tokens:
+                out[seq] += step.emitted(seq)
+        for seq in range(5):
+            backend.remove(seq, keep_cache=False)
+        return [o[:n] for o, n in zip(out, [40] * 4 + [12], strict=True)]
+
+    plain = run(False)
+    assert backend.fused_steps == 0
+    assert run(True) == plain
+    assert backend.fused_steps > len(joiner) // backend.prefill_chunk  # its chunks were read beside them
+
+
 _served: list = []  # the spec_server's backend, to read how many drafts it kept
 
 

@@ -8,7 +8,9 @@ are thread-local): loading, the prefix cache, prefill and decode.
   sequences still reading their prompts.  The chunk is shared: at most ``prefill_chunk`` tokens
   a step in all, split between the prompts being read, so a cancelled prompt stops within one
   chunk; while others decode, ``pacing.JoinPacer`` sizes it so that their longest gap between
-  tokens stays within about twice their usual one.
+  tokens stays under twice their usual one.  For llama-layout models, a step that decodes and
+  reads one prompt is one forward pass (``mlx_fused``), and a newcomer's KV joins the batch's a
+  few layers a step (``mlx_joining``) instead of in one copy of the whole batch.
 - While at most ``speculate_up_to`` sequences decode and none reads a prompt, a step checks
   drafts instead (``mlx_speculate``): several exact tokens a step.  Drafts come from each
   sequence's own prompt and output (prompt lookup), or from a draft model (``mlx_draft``).
@@ -43,6 +45,8 @@ from .pacing import JoinPacer
 from .constraint import Matcher
 from .mlx_sampling import Sampler, constrain, greedy, make_processors, make_sampler, top_logprobs
 from .mlx_draft import ModelDrafter, check_vocabularies
+from .mlx_fused import can_fuse, fusable, fused_next
+from .mlx_joining import settle
 from .mlx_speculate import can_speculate, pending_tokens, verify
 from .prefix_cache import PrefixCache, trimmable
 from .prompt_files import PromptFiles, tokenizer_digest
@@ -109,7 +113,7 @@ class MlxBackend:
         # Small chunks on CPU: a new arrival stalls the running streams, and a cancelled prompt
         # runs on, for one chunk at most.
         self.prefill_chunk = prefill_chunk or (512 if on_gpu else 128)
-        self.pacer = JoinPacer(self.prefill_chunk)
+        self.pacer = JoinPacer(self.prefill_chunk)  # replaced below, once fusing is known
         self.max_batch = max_batch
         files = None
         if prompt_cache_dir is not None:  # entries persist across restarts (prompt_files)
@@ -120,13 +124,23 @@ class MlxBackend:
         # Speculation runs while at most this many sequences decode (0: never); measured in
         # decision 0025: past 4 streams it costs the ones that have nothing to draft.
         self.speculate_up_to = speculate_up_to
+        # A step that decodes and reads a prompt runs as one forward pass (``mlx_fused``).
+        self.fuse = group is None and fusable(self.model)
+        self.pacer = self.join_pacer()
         self.decode_steps = 0  # tokens decoded, all sequences together (tests, benchmarks)
         self.drafted = self.accepted = 0  # draft tokens checked and kept (benchmarks)
         self.engine_steps = 0
+        self.fused_steps = 0  # steps run as one pass with a prompt chunk or joining layers (tests)
         self._running: dict[int, _Running] = {}
         self._by_uid: dict[int, int] = {}
         self._failed: dict[int, BaseException] = {}
         self.engine = self._new_engine()
+
+    def join_pacer(self) -> JoinPacer:
+        """The prefill chunk's pacer.  In one pass with the decode rows a small chunk costs them
+        little, so it may go down to 4 tokens; in a pass of its own it costs the whole pass
+        whatever its size, so it stays at 16 or more."""
+        return JoinPacer(self.prefill_chunk, least=4 if self.fuse else 16)
 
     def _new_engine(self) -> BatchGenerator:
         return BatchGenerator(
@@ -226,7 +240,13 @@ class MlxBackend:
         chunk = self.pacer.size(decoding)
         self.engine.prefill_step_size = max(8, chunk // max(1, prefilling))
         began = time.perf_counter()
-        prompt_responses, generation_responses = self.engine.next()
+        if self.fuse and can_fuse(self.engine):
+            self.fused_steps += 1
+            with mx.stream(self.stream):
+                prompt_responses, generation_responses = fused_next(self.engine)
+        else:
+            settle(self.engine._generation_batch)  # mlx-lm's own step knows only whole rectangles
+            prompt_responses, generation_responses = self.engine.next()
         self.pacer.record(time.perf_counter() - began, decoding, prefilling)
         self.engine_steps += 1
         progress: dict[int, PrefillProgress] = {}
