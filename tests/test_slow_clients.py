@@ -223,8 +223,9 @@ async def test_a_client_that_stops_reading_is_closed_at_the_write_timeout(start_
 
 async def test_shutdown_is_not_held_by_a_client_that_never_reads(nursery) -> None:
     """SIGTERM's path (``Server.stop``) with a 30,000-token stream nobody reads: the server is
-    gone within its grace (graceful timeout and the margin for endings) plus a second, though
-    Hypercorn shields its socket writes."""
+    gone within its grace (graceful timeout and the margin for endings), though Hypercorn shields
+    its socket writes (without the write deadlines it never ended).  Alone it takes ~3 s with a
+    1 s grace; the bound allows a few seconds more, for a machine busy with other tests."""
     from functools import partial
 
     from turbospark.config import Settings
@@ -243,6 +244,6 @@ async def test_shutdown_is_not_held_by_a_client_that_never_reads(nursery) -> Non
     stream = await _never_reading(server.url, 30_000)
     await wait_for(lambda: backend.counters.decode_steps > 2_000)  # far more than the buffers hold
     server.stop.set()
-    with trio.fail_after(settings.drain_delay + settings.graceful_timeout + SHUTDOWN_MARGIN + 1):
+    with trio.fail_after(settings.drain_delay + settings.graceful_timeout + SHUTDOWN_MARGIN + 5):
         await done.wait()
     await stream.aclose()
