@@ -11,7 +11,7 @@ def test_nothing_decoding_means_the_whole_chunk() -> None:
     assert pacer.size(decoding=3) == 128  # no decode step measured yet: nothing to steer by
     pacer.record(0.1, decoding=3, prefilled=0)
     assert pacer.size(decoding=0) == 128
-    assert pacer.size(decoding=3) == 4  # from its least: the first mixed steps grow it if they may
+    assert pacer.size(decoding=3) == 8  # from its least: the first mixed steps grow it if they may
 
 
 def test_the_chunk_shrinks_while_mixed_steps_stall_and_grows_while_they_do_not() -> None:
@@ -20,12 +20,12 @@ def test_the_chunk_shrinks_while_mixed_steps_stall_and_grows_while_they_do_not()
         pacer.record(0.1, decoding=4, prefilled=0)
     pacer.record(0.11, decoding=4, prefilled=1)  # cheap: it grows
     chunk = pacer.size(4)
-    assert chunk > 4
+    assert chunk > 8
     pacer.record(0.5, decoding=4, prefilled=1)  # 5x the usual gap
     assert pacer.size(4) < chunk
     for _ in range(20):
         pacer.record(0.5, decoding=4, prefilled=1)
-    assert pacer.size(4) == 4  # never below its least
+    assert pacer.size(4) == 8  # never below its least
     for _ in range(40):
         pacer.record(0.11, decoding=4, prefilled=1)  # cheap: it may grow, up to the most
     assert pacer.size(4) == 128

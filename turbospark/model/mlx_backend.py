@@ -138,9 +138,9 @@ class MlxBackend:
 
     def join_pacer(self) -> JoinPacer:
         """The prefill chunk's pacer.  In one pass with the decode rows a small chunk costs them
-        little, so it may go down to 4 tokens; in a pass of its own it costs the whole pass
+        little, so it may go down to 8 tokens; in a pass of its own it costs the whole pass
         whatever its size, so it stays at 16 or more."""
-        return JoinPacer(self.prefill_chunk, least=4 if self.fuse else 16)
+        return JoinPacer(self.prefill_chunk, least=8 if self.fuse else 16)
 
     def _new_engine(self) -> BatchGenerator:
         return BatchGenerator(

@@ -25,7 +25,7 @@ SHRINK_ABOVE, GROW_BELOW = 1.5, 1.2
 
 
 class JoinPacer:
-    def __init__(self, most: int, least: int = 4) -> None:
+    def __init__(self, most: int, least: int = 8) -> None:
         self.most, self.least = most, min(least, most)
         self.chunk = self.least  # the first mixed steps grow it if they may
         self._plain: deque[float] = deque(maxlen=32)
