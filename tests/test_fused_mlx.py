@@ -8,34 +8,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import mlx.core as mx
 import numpy as np
 import pytest
-from mlx.utils import tree_map
 from mlx_lm.generate import BatchGenerator
-from mlx_lm.models import llama
 
 from turbospark.model import mlx_joining
 from turbospark.model.mlx_fused import can_fuse, fusable, fused_next
 from turbospark.model.mlx_joining import JoiningKVCache, joining, settle
 from turbospark.model.mlx_sampling import greedy
 
+from ._support import tiny_llama
+
 VOCAB = 32
 
-
-def tiny_model() -> llama.Model:
-    mx.random.seed(1)
-    args = llama.ModelArgs(
-        model_type="llama", hidden_size=32, num_hidden_layers=4, intermediate_size=64,
-        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=VOCAB,
-    )
-    model = llama.Model(args)
-    model.update(tree_map(lambda w: w * 3, model.parameters()))  # peaked: no near-ties
-    mx.eval(model.parameters())
-    return model
-
-
-MODEL = tiny_model()
+MODEL = tiny_llama(VOCAB, layers=4, seed=1)
 RUNNING = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [3, 1, 4, 1, 5, 9]]
 NEWCOMER = [int(t) for t in np.random.default_rng(0).integers(1, VOCAB, 37)]
 SECOND = [int(t) for t in np.random.default_rng(1).integers(1, VOCAB, 23)]

@@ -226,8 +226,6 @@ async def test_shutdown_is_not_held_by_a_client_that_never_reads(nursery) -> Non
     gone within its grace (graceful timeout and the margin for endings), though Hypercorn shields
     its socket writes (without the write deadlines it never ended).  Alone it takes ~3 s with a
     1 s grace; the bound allows a few seconds more, for a machine busy with other tests."""
-    from functools import partial
-
     from turbospark.config import Settings
     from turbospark.model.backend import BackendSpec
     from turbospark.server import SHUTDOWN_MARGIN, serve

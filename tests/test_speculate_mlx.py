@@ -7,32 +7,18 @@ from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_map
 from mlx_lm.generate import BatchGenerator
-from mlx_lm.models import llama
 
 from turbospark.model.backend import SamplingParams
 from turbospark.model.lookup import Lookup
 from turbospark.model.mlx_sampling import Sampler, greedy
 from turbospark.model.mlx_speculate import can_speculate, pending_tokens, verify
 
+from ._support import tiny_llama
+
 VOCAB = 8
 
-
-def tiny_model() -> llama.Model:
-    mx.random.seed(0)
-    args = llama.ModelArgs(
-        model_type="llama", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
-        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=VOCAB,
-    )
-    model = llama.Model(args)
-    # larger weights than the default init: peaked distributions, so drafts are often right
-    model.update(tree_map(lambda w: w * 3, model.parameters()))
-    mx.eval(model.parameters())
-    return model
-
-
-MODEL = tiny_model()
+MODEL = tiny_llama(VOCAB, layers=2, seed=0)  # peaked: drafts are often right
 PROMPTS = [[1, 2, 3, 4, 1, 2, 3], [5, 6, 7, 5, 6]]
 KEPT: list[tuple[int, int]] = []  # (drafted, kept) per row of each speculative step
 

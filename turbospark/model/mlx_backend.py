@@ -113,7 +113,6 @@ class MlxBackend:
         # Small chunks on CPU: a new arrival stalls the running streams, and a cancelled prompt
         # runs on, for one chunk at most.
         self.prefill_chunk = prefill_chunk or (512 if on_gpu else 128)
-        self.pacer = JoinPacer(self.prefill_chunk)  # replaced below, once fusing is known
         self.max_batch = max_batch
         files = None
         if prompt_cache_dir is not None:  # entries persist across restarts (prompt_files)

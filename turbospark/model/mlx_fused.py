@@ -99,6 +99,7 @@ def forward(model: Any, rows: mx.array, rows_cache: list[Any], chunk: mx.array |
         chunk_mask = create_attention_mask(h_chunk, chunk_cache[0])
         h = mx.concatenate([h, h_chunk], axis=1)
     masks: dict[tuple[int, int], Any] = {}  # by (parts, part): the same for every such layer
+    # (without a chunk, ``cc`` is the rows' own cache again, unread)
     for layer, c, cc in zip(inner.layers, rows_cache, chunk_cache or rows_cache, strict=True):
         attn = layer.self_attn
         x = layer.input_layernorm(h)

@@ -23,7 +23,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
-__all__ = ["MERGE_BYTES", "JoiningKVCache", "joining", "merge_some", "settle"]
+__all__ = ["MERGE_BYTES", "JoiningKVCache", "join", "joining", "merge", "merge_some", "settle"]
 
 #: KV bytes merged a step, at least one layer: ~12 ms of copying on a 2-core CPU (measured
 #: in decision 0025: a layer's merge costs about what the same layer's parts add to a step).
