@@ -118,19 +118,22 @@ def json_children() -> list[int]:
     return found
 
 
-def tiny_llama(vocab: int, layers: int, seed: int) -> Any:
-    """A tiny random llama (mlx-lm's ``llama.Model``) for engine tests, no download; its weights
-    are scaled up from the default init, so its distributions are peaked (few near-ties)."""
+def tiny_llama(vocab: int, layers: int, seed: int, arch: str = "llama") -> Any:
+    """A tiny random model of mlx-lm's llama layer stack (``arch``: its ``llama`` or ``qwen2``
+    module) for engine tests, no download; its weights are scaled up from the default init, so
+    its distributions are peaked (few near-ties)."""
+    import importlib
+
     import mlx.core as mx
     from mlx.utils import tree_map
-    from mlx_lm.models import llama
 
+    module = importlib.import_module(f"mlx_lm.models.{arch}")
     mx.random.seed(seed)
-    args = llama.ModelArgs(
-        model_type="llama", hidden_size=32, num_hidden_layers=layers, intermediate_size=64,
+    args = module.ModelArgs(
+        model_type=arch, hidden_size=32, num_hidden_layers=layers, intermediate_size=64,
         num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=vocab,
     )
-    model = llama.Model(args)
+    model = module.Model(args)
     model.update(tree_map(lambda w: w * 3, model.parameters()))
     mx.eval(model.parameters())
     return model

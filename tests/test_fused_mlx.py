@@ -7,6 +7,7 @@ prompt cancelled mid-read), and a leaving sequence's KV is the same."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,10 +30,10 @@ SECOND = [int(t) for t in np.random.default_rng(1).integers(1, VOCAB, 23)]
 Event = Callable[[BatchGenerator, dict[str, int]], None]
 
 
-def drive(fused: bool, events: dict[int, Event], steps: int = 40) -> tuple[dict[int, list[int]], dict]:
+def drive(fused: bool, events: dict[int, Event], steps: int = 40, model=MODEL) -> tuple[dict[int, list[int]], dict]:
     """The running prompts decode; ``events[n]`` acts on the engine before step ``n``.  Returns
     each sequence's tokens (by insertion order) and what the events kept."""
-    engine = BatchGenerator(MODEL, sampler=greedy, completion_batch_size=16, prefill_batch_size=16,
+    engine = BatchGenerator(model, sampler=greedy, completion_batch_size=16, prefill_batch_size=16,
                             prefill_step_size=4)
     order: dict[int, int] = {}
     kept: dict = {"order": order}
@@ -83,7 +84,7 @@ def one_layer_a_step(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(mlx_joining, "MERGE_BYTES", 1)
 
 
-def same(events: dict[int, Event], **kw: int) -> dict:
+def same(events: dict[int, Event], **kw: Any) -> dict:
     """The same tokens for every sequence.  A prompt whose rest fits one chunk is read with its
     last token in one pass (the engine gives that token a step of its own), so a newcomer may
     be a token ahead after the same number of steps, never behind and never different."""
@@ -99,6 +100,12 @@ def same(events: dict[int, Event], **kw: int) -> dict:
 
 def test_the_tiny_model_is_one_this_pass_knows() -> None:
     assert fusable(MODEL)
+
+
+def test_qwen2s_layer_stack_is_read_the_same_way() -> None:
+    qwen2 = tiny_llama(VOCAB, layers=4, seed=2, arch="qwen2")  # biased q/k/v projections
+    assert fusable(qwen2)
+    same({3: join(NEWCOMER), 20: leave(0)}, model=qwen2)
 
 
 def test_a_newcomer_read_in_one_pass_gives_every_sequence_the_same_tokens() -> None:

@@ -8,7 +8,7 @@ are thread-local): loading, the prefix cache, prefill and decode.
   sequences still reading their prompts.  The chunk is shared: at most ``prefill_chunk`` tokens
   a step in all, split between the prompts being read, so a cancelled prompt stops within one
   chunk; while others decode, ``pacing.JoinPacer`` sizes it so that their longest gap between
-  tokens stays under twice their usual one.  For llama-layout models, a step that decodes and
+  tokens stays under twice their usual one.  For llama-stack models, a step that decodes and
   reads one prompt is one forward pass (``mlx_fused``), and a newcomer's KV joins the batch's a
   few layers a step (``mlx_joining``) instead of in one copy of the whole batch.
 - While at most ``speculate_up_to`` sequences decode and none reads a prompt, a step checks

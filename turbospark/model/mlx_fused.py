@@ -18,7 +18,8 @@ engine's own code: the generation batch's ``next`` (its processors, samplers, st
 pipelining) runs on the logits this pass gave it, and so does the newcomer's first
 ``GenerationBatch`` step.
 
-Only models whose layer stack is mlx-lm's llama layout (``fusable``), plain ``BatchKVCache``
+Only models whose layer stack is mlx-lm's llama layout (``fusable``: its llama and qwen2 modules,
+Mistral and Qwen2.5 among them), plain ``BatchKVCache``
 layers, and one prompt being read at a time; anything else takes the engine's own step.
 """
 
@@ -35,7 +36,7 @@ from .mlx_joining import JoiningKVCache, join, joining, merge_some
 
 __all__ = ["can_fuse", "forward", "fusable", "fused_next"]
 
-_LAYOUTS = {"mlx_lm.models.llama"}
+_LAYOUTS = {"mlx_lm.models.llama", "mlx_lm.models.qwen2"}  # the same blocks (qwen2: biased q/k/v)
 
 
 def fusable(model: Any) -> bool:
