@@ -27,10 +27,10 @@ RUNNING = [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [3, 1, 4, 1,
 NEWCOMER = [int(t) for t in np.random.default_rng(0).integers(1, VOCAB, 37)]
 SECOND = [int(t) for t in np.random.default_rng(1).integers(1, VOCAB, 23)]
 
-Event = Callable[[BatchGenerator, dict[str, int]], None]
+Event = Callable[[BatchGenerator, dict[str, Any]], None]
 
 
-def drive(fused: bool, events: dict[int, Event], steps: int = 40, model=MODEL) -> tuple[dict[int, list[int]], dict]:
+def drive(fused: bool, events: dict[int, Event], steps: int = 40, model: Any = MODEL) -> tuple[dict[int, list[int]], dict]:
     """The running prompts decode; ``events[n]`` acts on the engine before step ``n``.  Returns
     each sequence's tokens (by insertion order) and what the events kept."""
     engine = BatchGenerator(model, sampler=greedy, completion_batch_size=16, prefill_batch_size=16,
