@@ -142,8 +142,8 @@ async def test_a_25_mib_body_is_answered_beside_a_running_stream(start_server, c
     server = await start_server([backend])
     done: dict[str, httpx.Response] = {}
 
-    async def stream() -> None:
-        done["stream"] = await client.post(f"{server.url}{PATH}", json=chat_body(max_tokens=200, stream=True))
+    async def stream() -> None:  # 6 s of tokens: longer than the bodies take on a busy machine
+        done["stream"] = await client.post(f"{server.url}{PATH}", json=chat_body(max_tokens=600, stream=True))
 
     big = json.dumps(chat_body("word " * (25 * 1024 * 1024 // 5 - 40), max_tokens=5)).encode()
     assert 25 * 1024 * 1024 - 1024 < len(big) <= 25 * 1024 * 1024
