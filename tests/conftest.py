@@ -6,6 +6,8 @@ deadlines at once); only the pure-Trio actor tests do.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
 from typing import Any
@@ -24,6 +26,27 @@ from turbospark.server import Server, serve
 
 # as the server does: the processes the tests start (HAProxy among them) keep the run's limit
 import_mlx_lm_keeping_the_fd_limit()
+
+
+_EXIT = pytest.StashKey[int]()  # pytest's exit status, kept for ``pytest_unconfigure``
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_EXIT] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """End the test process with pytest's own status and without interpreter finalization.
+
+    MLX 0.32 frees thread-local state (compile caches, streams) in destructors that can run after
+    Python has finalized, and that can crash a process whose every test passed (exit 139 once
+    here after "1063 passed"; ml-explore/mlx#4347).  Everything pytest reports is written by now.
+    """
+    if _EXIT in config.stash:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(config.stash[_EXIT])
 
 
 
