@@ -49,7 +49,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os._exit(config.stash[_EXIT])
 
 
-
 @pytest.fixture
 async def start_server(nursery: trio.Nursery) -> AsyncIterator[Callable[..., Any]]:
     """``await start_server(backends=[...], encoders=[...], **settings)`` -> a running ``Server``.
