@@ -47,6 +47,7 @@ from .mlx_sampling import Sampler, constrain, greedy, make_processors, make_samp
 from .mlx_draft import ModelDrafter, check_vocabularies
 from .mlx_fused import can_fuse, fusable, fused_next
 from .mlx_joining import settle
+from .mlx_kernels import install as install_kernels
 from .mlx_speculate import can_speculate, pending_tokens, verify
 from .prefix_cache import PrefixCache, trimmable
 from .prompt_files import PromptFiles, tokenizer_digest
@@ -97,6 +98,7 @@ class MlxBackend:
                 self.model.shard(group)
                 mx.random.seed(0)  # every rank samples alike
             mx.eval(self.model.parameters())
+            self.kernels = install_kernels(self.model)  # which kernels serve it (startup lines)
             self._kv_size = kv_sizes(self.model)
         self.tokenizer = Tokenizer.from_dir(path)
         self.tokenizer.grammars  # constrained decoding's tokenizer (~0.2 s): now, not in a step
@@ -106,6 +108,7 @@ class MlxBackend:
             with mx.stream(self.stream):
                 self.draft_model, _ = load_model(draft_path)
                 mx.eval(self.draft_model.parameters())
+                install_kernels(self.draft_model)
         self.context_window = context_window(path, config)
         self.sampling_defaults = generation_defaults(path)
         self.fingerprint = model_fingerprint(path)

@@ -1,0 +1,284 @@
+#include "rows.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <stdexcept>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "mlx/types/half_types.h"
+#include "pool.h"
+#include "rows_kernels.h"
+
+namespace turbospark::kernels {
+
+namespace {
+
+std::vector<const Isa*> runnable() {
+  std::vector<const Isa*> out;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    out.push_back(&isa_avx2());
+#endif
+  out.push_back(&isa_portable());
+  return out;
+}
+
+std::atomic<const Isa*>& current() {
+  static std::atomic<const Isa*> isa{runnable().front()};
+  return isa;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  int n = std::atoi(v);
+  return n > 0 ? n : fallback;
+}
+
+int cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// Below this many bytes of weights a product runs on one thread (waking the others costs more).
+constexpr size_t kParallelBytes = 64 << 10;
+
+template <class T>
+void widen(const char* src, int64_t s0, int64_t s1, int R, int K, float* dst) {
+  for (int r = 0; r < R; ++r) {
+    const T* row = reinterpret_cast<const T*>(src) + r * s0;
+    for (int k = 0; k < K; ++k) dst[size_t(r) * K + k] = static_cast<float>(row[k * s1]);
+  }
+}
+
+float scalar_at(const mx::array& a, size_t i) {
+  switch (a.dtype()) {
+    case mx::float32:
+      return a.data<float>()[i];
+    case mx::bfloat16:
+      return static_cast<float>(a.data<mx::bfloat16_t>()[i]);
+    default:
+      return static_cast<float>(a.data<mx::float16_t>()[i]);
+  }
+}
+
+ScaleType scale_type(mx::Dtype t) {
+  return t == mx::float32 ? ScaleType::F32 : t == mx::bfloat16 ? ScaleType::BF16 : ScaleType::F16;
+}
+
+void check_float(const mx::array& a, const char* what) {
+  if (a.dtype() != mx::float32 && a.dtype() != mx::bfloat16 && a.dtype() != mx::float16)
+    throw std::invalid_argument(std::string("[rows_matmul] ") + what + " must be float32, bfloat16 or float16");
+}
+
+// Weights are read in place: row-contiguous already, or made so.
+mx::array row_major(const mx::array& a, const mx::Stream& s) {
+  if (a.is_available() && a.flags().row_contiguous) return a;
+  return mx::contiguous(a, false, s);
+}
+
+mx::array rows_op(const mx::array& x, std::vector<mx::array> weights, const std::optional<mx::array>& bias,
+                  int N, int K, int group_size, int bits, mx::StreamOrDevice s) {
+  auto stream = mx::to_stream(s);
+  check_float(x, "x");
+  if (x.ndim() < 1 || x.shape(-1) != K)
+    throw std::invalid_argument("[rows_matmul] x's last dimension must match the weight's");
+  if (K % 8 != 0) throw std::invalid_argument("[rows_matmul] the inner dimension must be a multiple of 8");
+  int R = K == 0 ? 0 : int(x.size() / K);
+  std::vector<mx::array> inputs{mx::reshape(x, {R, K}, stream)};
+  for (auto& w : weights) inputs.push_back(row_major(w, stream));
+  if (bias) {
+    check_float(*bias, "bias");
+    if (bias->ndim() != 1 || bias->shape(0) != N) throw std::invalid_argument("[rows_matmul] bias must be (N,)");
+    inputs.push_back(row_major(*bias, stream));
+  }
+  auto out = mx::array(mx::Shape{R, N}, x.dtype(),
+                       std::make_shared<RowsMatmul>(stream, group_size, bits, bool(bias)), std::move(inputs));
+  auto shape = x.shape();
+  shape.back() = N;
+  return mx::reshape(out, shape, stream);
+}
+
+} // namespace
+
+Pool& pool() {
+  static Pool* p = new Pool(env_int("TURBOSPARK_KERNEL_THREADS", cores()), env_int("TURBOSPARK_KERNEL_SPIN_US", 200));
+  return *p;
+}
+
+std::vector<std::string> isas() {
+  std::vector<std::string> names;
+  for (auto* isa : runnable()) names.emplace_back(isa->name);
+  return names;
+}
+
+std::string isa() { return current().load()->name; }
+
+bool use_isa(const std::string& name) {
+  for (auto* isa : runnable())
+    if (name == isa->name) {
+      current().store(isa);
+      return true;
+    }
+  return false;
+}
+
+int threads() { return pool().size(); }
+
+size_t huge_pages(const std::vector<mx::array>& arrays) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  std::vector<std::pair<uintptr_t, uintptr_t>> spans;
+  for (auto& a : arrays) {
+    if (!a.is_available() || a.nbytes() == 0) continue;
+    auto begin = reinterpret_cast<uintptr_t>(a.data<char>());
+    spans.emplace_back(begin & ~(page - 1), (begin + a.nbytes() + page - 1) & ~(page - 1));
+  }
+  std::sort(spans.begin(), spans.end());
+  std::vector<std::pair<uintptr_t, uintptr_t>> merged;
+  for (auto& s : spans) {
+    if (!merged.empty() && s.first <= merged.back().second + 2 * page)
+      merged.back().second = std::max(merged.back().second, s.second);
+    else
+      merged.push_back(s);
+  }
+  size_t done = 0;
+  for (auto& [b, e] : merged) {
+    uintptr_t hb = (b + kHuge - 1) & ~(kHuge - 1), he = e & ~(kHuge - 1);
+    if (hb >= he) continue;
+    if (madvise(reinterpret_cast<void*>(hb), he - hb, MADV_HUGEPAGE) != 0) continue;
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25
+#endif
+    // A piece that cannot be collapsed (a hole between two buffers) fails alone.
+    for (uintptr_t p = hb; p < he; p += kHuge)
+      if (madvise(reinterpret_cast<void*>(p), kHuge, MADV_COLLAPSE) == 0) done += kHuge;
+  }
+  return done;
+#else
+  return 0;
+#endif
+}
+
+mx::array rows_matmul(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
+                      mx::StreamOrDevice s) {
+  check_float(w, "w");
+  if (w.ndim() != 2) throw std::invalid_argument("[rows_matmul] w must be (N, K)");
+  return rows_op(x, {w}, bias, w.shape(0), w.shape(1), 0, 0, s);
+}
+
+mx::array rows_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                                const mx::array& biases, const std::optional<mx::array>& bias,
+                                int group_size, int bits, mx::StreamOrDevice s) {
+  if (bits != 4 && bits != 8) throw std::invalid_argument("[rows_quantized_matmul] bits must be 4 or 8");
+  if (group_size != 32 && group_size != 64 && group_size != 128)
+    throw std::invalid_argument("[rows_quantized_matmul] group_size must be 32, 64 or 128");
+  if (w.dtype() != mx::uint32 || w.ndim() != 2)
+    throw std::invalid_argument("[rows_quantized_matmul] w must be (N, K * bits / 32) uint32");
+  check_float(scales, "scales");
+  if (biases.dtype() != scales.dtype()) throw std::invalid_argument("[rows_quantized_matmul] scales and biases differ in type");
+  int N = w.shape(0), K = w.shape(1) * 32 / bits;
+  if (scales.shape() != mx::Shape{N, K / group_size} || biases.shape() != scales.shape())
+    throw std::invalid_argument("[rows_quantized_matmul] scales and biases must be (N, K / group_size)");
+  return rows_op(x, {w, scales, biases}, bias, N, K, group_size, bits, s);
+}
+
+void RowsMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[RowsMatmul] runs on the CPU only");
+}
+
+bool RowsMatmul::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const RowsMatmul&>(other);
+  return group_size_ == o.group_size_ && bits_ == o.bits_ && has_bias_ == o.has_bias_;
+}
+
+std::vector<mx::Shape> RowsMatmul::output_shapes(const std::vector<mx::array>& inputs) {
+  int N = inputs[1].shape(0);
+  return {mx::Shape{inputs[0].shape(0), N}};
+}
+
+void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  std::vector<mx::array> in;
+  for (auto& a : inputs) {
+    encoder.set_input_array(a);
+    in.push_back(mx::array::unsafe_weak_copy(a));
+  }
+  encoder.set_output_array(out);
+  encoder.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), bits = bits_,
+                    group = group_size_, has_bias = has_bias_]() mutable {
+    const auto& x = in[0];
+    const int R = x.shape(0), K = x.shape(1), N = out.shape(1);
+    if (R == 0 || N == 0) return;
+    std::vector<float> xf(size_t(R) * K);
+    const char* xp = x.data<char>();
+    switch (x.dtype()) {
+      case mx::float32:
+        widen<float>(xp, x.strides(0), x.strides(1), R, K, xf.data());
+        break;
+      case mx::bfloat16:
+        widen<mx::bfloat16_t>(xp, x.strides(0), x.strides(1), R, K, xf.data());
+        break;
+      default:
+        widen<mx::float16_t>(xp, x.strides(0), x.strides(1), R, K, xf.data());
+    }
+    std::vector<float> yf;
+    float* y = out.data<float>();
+    if (out.dtype() != mx::float32) {
+      yf.resize(size_t(R) * N);
+      y = yf.data();
+    }
+    RowsJob job{xf.data(), R, K, N, WeightType::F32, in[1].data<void>(), nullptr, nullptr, ScaleType::F32, group, y};
+    size_t weight_bytes = in[1].nbytes();
+    if (bits == 0) {
+      job.wtype = in[1].dtype() == mx::float32 ? WeightType::F32
+                  : in[1].dtype() == mx::bfloat16 ? WeightType::BF16 : WeightType::F16;
+    } else {
+      job.wtype = bits == 4 ? WeightType::Affine4 : WeightType::Affine8;
+      job.scales = in[2].data<void>();
+      job.biases = in[3].data<void>();
+      job.stype = scale_type(in[2].dtype());
+    }
+    const Isa* isa = current().load();
+    auto& team = pool();
+    int parts = weight_bytes < kParallelBytes ? 1 : team.size();
+    if (parts == 1) {
+      isa->rows(job, 0, N);
+    } else {
+      // equal shares of output rows, in fours
+      int quads = (N + 3) / 4;
+      team.run([&](int i) {
+        int o0 = std::min(N, 4 * (quads * i / parts));
+        int o1 = std::min(N, 4 * (quads * (i + 1) / parts));
+        if (o0 < o1) isa->rows(job, o0, o1);
+      });
+    }
+    if (has_bias) {
+      const auto& b = in.back();
+      for (int o = 0; o < N; ++o) {
+        float bo = scalar_at(b, o);
+        for (int r = 0; r < R; ++r) y[size_t(r) * N + o] += bo;
+      }
+    }
+    if (out.dtype() == mx::bfloat16) {
+      auto* o = out.data<mx::bfloat16_t>();
+      for (size_t i = 0; i < yf.size(); ++i) o[i] = mx::bfloat16_t(yf[i]);
+    } else if (out.dtype() == mx::float16) {
+      auto* o = out.data<mx::float16_t>();
+      for (size_t i = 0; i < yf.size(); ++i) o[i] = mx::float16_t(yf[i]);
+    }
+  });
+}
+
+} // namespace turbospark::kernels

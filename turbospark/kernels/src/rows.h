@@ -1,0 +1,57 @@
+// MLX primitives: matrix times a few rows on the CPU (rows_kernels.h), for float32, bfloat16 and
+// float16 weights and MLX's affine 4- and 8-bit layout.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mlx/array.h"
+#include "mlx/primitives.h"
+#include "mlx/utils.h"
+
+namespace turbospark::kernels {
+
+namespace mx = mlx::core;
+
+// x @ w.T (+ bias), as nn.Linear computes it: x (..., K), w (N, K).
+mx::array rows_matmul(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
+                      mx::StreamOrDevice s = {});
+
+// x @ dequantize(w, scales, biases).T (+ bias), as nn.QuantizedLinear computes it (affine mode,
+// transposed): w (N, K * bits / 32) uint32, scales and biases (N, K / group_size).
+mx::array rows_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
+                                const mx::array& biases, const std::optional<mx::array>& bias,
+                                int group_size, int bits, mx::StreamOrDevice s = {});
+
+class RowsMatmul : public mx::UnaryPrimitive {
+ public:
+  // bits 0: float weights; 4 or 8: affine quantized.
+  RowsMatmul(mx::Stream stream, int group_size, int bits, bool has_bias)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), has_bias_(has_bias) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  const char* name() const override { return "RowsMatmul"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+
+ private:
+  int group_size_;
+  int bits_;
+  bool has_bias_;
+};
+
+// The instruction sets this build has and this CPU runs, best first; which one the kernels use.
+std::vector<std::string> isas();
+std::string isa();
+bool use_isa(const std::string& name);
+int threads();
+
+// Backs the arrays' memory with transparent huge pages where the kernel allows (Linux
+// MADV_COLLAPSE): a weight matrix read once per step then costs far fewer TLB misses (~1.8x the
+// bandwidth of 4 KiB pages on x86).  Adjacent buffers are taken together, since most of a small
+// model's matrices are under 2 MiB each.  Returns the bytes now in huge pages.
+size_t huge_pages(const std::vector<mx::array>& arrays);
+
+} // namespace turbospark::kernels

@@ -1,0 +1,47 @@
+// Matrix times a few rows: y[r][o] = sum_k x[r][k] * W[o][k], W in float32, bfloat16, float16 or
+// MLX's affine 4- and 8-bit layout (w = scale * q + bias per group along k).
+//
+// One source, compiled once per instruction set (rows_kernels_*.cpp set ROWS_ISA and the flags):
+// GCC's vector extensions become AVX2/FMA instructions with -mavx2 -mfma -mf16c, SSE2 on a plain
+// x86-64 and NEON on aarch64.  Each weight row is read from memory once per call: a block of four
+// output rows is kept in L1 (dequantized into a small tile first when more than two rows of x
+// read it) while every row of x passes over it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace turbospark::kernels {
+
+enum class WeightType : int { F32 = 0, BF16 = 1, F16 = 2, Affine4 = 3, Affine8 = 4 };
+enum class ScaleType : int { F32 = 0, BF16 = 1, F16 = 2 };
+
+// What one call computes: output rows [o0, o1) of y (R x N, float32) from x (R x K, float32).
+struct RowsJob {
+  const float* x;
+  int R;
+  int K;
+  int N;
+  WeightType wtype;
+  const void* w;        // N x K (float types) or N x K*bits/32 uint32 words (affine)
+  const void* scales;   // N x K/group (affine only)
+  const void* biases;   // N x K/group (affine only)
+  ScaleType stype;
+  int group;            // 32, 64 or 128 (affine only)
+  float* y;
+};
+
+using RowsFn = void (*)(const RowsJob& job, int o0, int o1);
+
+// The kernels of one instruction set.
+struct Isa {
+  const char* name;
+  RowsFn rows;
+};
+
+const Isa& isa_portable();
+#if defined(__x86_64__) || defined(_M_X64)
+const Isa& isa_avx2();
+#endif
+
+} // namespace turbospark::kernels

@@ -1,0 +1,11 @@
+// The kernels for x86-64 with AVX2, FMA and F16C (compiled with -mavx2 -mfma -mf16c; chosen at
+// run time only where the CPU has all three).
+#define ROWS_NS avx2
+#include "rows_kernels_impl.h"
+
+namespace turbospark::kernels {
+const Isa& isa_avx2() {
+  static const Isa isa{"avx2+fma", avx2::rows};
+  return isa;
+}
+} // namespace turbospark::kernels

@@ -1,0 +1,14 @@
+// The kernels for any CPU: SSE2 on x86-64, NEON on aarch64 (rows_kernels_impl.h).
+#define ROWS_NS portable
+#include "rows_kernels_impl.h"
+
+namespace turbospark::kernels {
+const Isa& isa_portable() {
+#if defined(__aarch64__)
+  static const Isa isa{"neon", portable::rows};
+#else
+  static const Isa isa{"portable", portable::rows};
+#endif
+  return isa;
+}
+} // namespace turbospark::kernels

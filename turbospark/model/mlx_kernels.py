@@ -1,0 +1,102 @@
+"""A loaded MLX model's matrix products through turbospark's CPU kernels (``turbospark.kernels``).
+
+``install`` changes the class of each ``nn.Linear``, ``nn.QuantizedLinear`` and (for a tied
+output head, ``as_linear``) ``nn.Embedding`` and ``nn.QuantizedEmbedding`` whose weights the
+kernels read to a subclass that sends its product there, keeping the module's parameters as they
+are.  Float32 weights go to the kernels for the few rows of a decode step (``MAX_FLOAT32_ROWS``)
+and to MLX's BLAS GEMM for a prompt chunk; bfloat16, float16 and 4- and 8-bit weights go to the
+kernels for any number of rows (MLX's own products for them are scalar on x86).  Layers of other
+classes (a sharded model's, an adapter's) and layouts the kernels do not read keep MLX's ops.
+
+Only on the CPU: on a GPU, or where the kernels are not built, nothing changes and the line that
+``install`` returns says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from .. import kernels
+
+__all__ = ["install"]
+
+
+def _few(x: mx.array) -> bool:
+    return x.size <= kernels.MAX_FLOAT32_ROWS * x.shape[-1]
+
+
+def _float_product(x: mx.array, weight: mx.array, bias: mx.array | None) -> mx.array | None:
+    """The kernels' product, or None where MLX's own op serves better (or alone)."""
+    if x.dtype != weight.dtype or (weight.dtype == mx.float32 and not _few(x)):
+        return None
+    return kernels.linear(x, weight, bias)
+
+
+class _Linear(nn.Linear):
+    def __call__(self, x: mx.array) -> mx.array:
+        y = _float_product(x, self["weight"], self.get("bias"))
+        return super().__call__(x) if y is None else y
+
+
+class _Embedding(nn.Embedding):
+    def as_linear(self, x: mx.array) -> mx.array:
+        y = _float_product(x, self["weight"], None)
+        return super().as_linear(x) if y is None else y
+
+
+def _quantized(module: Any, x: mx.array, bias: mx.array | None) -> mx.array:
+    return kernels.quantized_linear(
+        x, module["weight"], module["scales"], module["biases"], bias,
+        group_size=module.group_size, bits=module.bits,
+    )
+
+
+class _QuantizedLinear(nn.QuantizedLinear):
+    def __call__(self, x: mx.array) -> mx.array:
+        return _quantized(self, x, self.get("bias"))
+
+
+class _QuantizedEmbedding(nn.QuantizedEmbedding):
+    def as_linear(self, x: mx.array) -> mx.array:
+        return _quantized(self, x, None)
+
+
+def _readable(module: Any) -> bool:
+    if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        return (kernels.supports_quantized(module.group_size, module.bits, getattr(module, "mode", "affine"))
+                and module.get("biases") is not None)
+    weight = module["weight"]
+    return weight.dtype in (mx.float32, mx.bfloat16, mx.float16) and weight.shape[-1] % 8 == 0
+
+
+_OURS = {nn.Linear: _Linear, nn.Embedding: _Embedding,
+         nn.QuantizedLinear: _QuantizedLinear, nn.QuantizedEmbedding: _QuantizedEmbedding}
+
+
+def install(model: nn.Module) -> str:
+    """Send ``model``'s matrix products through the kernels where they serve; a line saying
+    which kernels serve it (for the startup report)."""
+    if mx.default_device().type != mx.cpu:
+        return "MLX's own ops (on the GPU)"
+    if not kernels.available():
+        return kernels.describe()
+    ours = linear = 0
+    head = False  # a tied output head (the embedding's as_linear) went to the kernels
+    for _, module in model.named_modules():
+        cls = _OURS.get(type(module))
+        if cls is None:
+            continue
+        is_linear = isinstance(module, (nn.Linear, nn.QuantizedLinear))
+        linear += is_linear
+        if _readable(module):
+            module.__class__ = cls
+            ours += is_linear
+            head = head or not is_linear
+    tied = head and getattr(getattr(model, "args", None), "tie_word_embeddings", False)
+    huge = kernels.huge_pages([a for _, a in tree_flatten(model.parameters())])
+    return (f"{kernels.describe()}: {ours} of {linear} linear layers" + (" and the tied output head" if tied else "")
+            + f"; weights in huge pages: {huge >> 20} MiB")
