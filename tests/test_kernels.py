@@ -161,3 +161,101 @@ def test_without_the_kernels_a_model_keeps_mlx_ops_and_the_line_says_why(monkeyp
     assert line == "MLX's own ops (turbospark's CPU kernels: not built (test))"
     assert all(type(m).__module__.startswith("mlx.") for _, m in model.named_modules()
                if isinstance(m, (nn.Linear, nn.Embedding)))
+
+
+# --- RMSNorm, RoPE and attention against mx.fast's own (MLX's fallbacks on the CPU) -----------
+# Tolerances, absolute on outputs of size ~1: float32 1e-5 (sums in another order; the sines and
+# cosines of another libm), float16 and bfloat16 one unit in the last place of the output
+# (2^-10 and 2^-7 of its size: a product rounded on the other side).
+
+FAST_TOLERANCE = {mx.float32: 1e-5, mx.float16: 2e-3, mx.bfloat16: 1.6e-2}
+
+
+def check_fast(got: mx.array, want: mx.array, dtype) -> None:
+    assert got.shape == want.shape and got.dtype == want.dtype
+    g, w = np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32))
+    np.testing.assert_allclose(g, w, rtol=FAST_TOLERANCE[dtype], atol=FAST_TOLERANCE[dtype])
+
+
+floats = st.sampled_from([mx.float32, mx.bfloat16, mx.float16])
+
+
+@needs_kernels
+@ours
+@given(rows=st.integers(1, 9), dims=st.sampled_from([8, 64, 576]), dtype=floats, weight=st.booleans(),
+       batch=st.booleans(), seed=st.integers(0, 2**16))
+def test_rms_norm_equals_mlx(rows, dims, dtype, weight, batch, seed) -> None:
+    mx.random.seed(seed)
+    x = mx.random.normal((rows, 1, dims) if batch else (rows, dims)).astype(dtype) * 3
+    w = (1 + mx.random.normal((dims,)) / 4).astype(dtype) if weight else None
+    check_fast(kernels.native.rms_norm(x, w, 1e-5), kernels._MLX_FAST["rms_norm"](x, w, 1e-5), dtype)
+
+
+@needs_kernels
+@ours
+@given(batch=st.integers(1, 3), heads=st.integers(1, 4), length=st.integers(1, 9),
+       head_dim=st.sampled_from([16, 64]), part=st.booleans(), traditional=st.booleans(), dtype=floats,
+       per_row=st.booleans(), freqs=st.booleans(), transposed=st.booleans(), seed=st.integers(0, 2**16))
+def test_rope_equals_mlx(batch, heads, length, head_dim, part, traditional, dtype, per_row, freqs, transposed,
+                         seed) -> None:
+    """Offsets shared or one per row (a batch's), the plain base or given frequencies (Llama 3,
+    YaRN and long RoPE pass theirs), all or part of each head, and the layout attention uses (a
+    transposed view)."""
+    mx.random.seed(seed)
+    x = mx.random.normal((batch, length, heads, head_dim)).astype(dtype)
+    x = x.transpose(0, 2, 1, 3) if transposed else x.reshape(batch, heads, length, head_dim)
+    dims = head_dim // 2 if part else head_dim
+    offset = mx.array([seed % 50 + 7 * b for b in range(batch)]) if per_row else seed % 300
+    args = dict(traditional=traditional, scale=0.5 + (seed % 3) / 4, offset=offset)
+    if freqs:
+        args.update(base=None, freqs=mx.random.uniform(1, 1e4, (dims // 2,)))
+    else:
+        args.update(base=10000.0)
+    check_fast(kernels.rope(x, dims, **args), kernels._MLX_FAST["rope"](x, dims, **args), dtype)
+
+
+@needs_kernels
+@ours
+@given(batch=st.integers(1, 3), kv_heads=st.integers(1, 3), group=st.sampled_from([1, 3]),
+       q_len=st.integers(1, 20), extra=st.integers(0, 40), head_dim=st.sampled_from([16, 64]), dtype=floats,
+       mask=st.sampled_from([None, "causal", "bool", "additive"]), sinks=st.booleans(), sliced=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_attention_equals_mlx(batch, kv_heads, group, q_len, extra, head_dim, dtype, mask, sinks, sliced,
+                              seed) -> None:
+    """Grouped heads, decode (one query row) and prefill rows, no mask, causal, a batch's boolean
+    padding mask or an additive one, attention sinks, and keys read as a cache hands them out (a
+    slice of a longer buffer)."""
+    mx.random.seed(seed)
+    heads, k_len = kv_heads * group, q_len + extra
+    q = mx.random.normal((batch, heads, q_len, head_dim)).astype(dtype)
+    room = k_len + (16 if sliced else 0)
+    k = mx.random.normal((batch, kv_heads, room, head_dim)).astype(dtype)[:, :, :k_len]
+    v = mx.random.normal((batch, kv_heads, room, head_dim)).astype(dtype)[:, :, :k_len]
+    m = mask
+    if mask == "bool":
+        m = mx.random.uniform(shape=(batch, 1, 1, k_len)) > 0.3
+        m[..., -1] = True
+    elif mask == "additive":
+        m = mx.random.normal((batch, 1, q_len, k_len)).astype(dtype)
+    s = mx.random.normal((heads,)).astype(dtype) if sinks else None
+    args = dict(scale=head_dim**-0.5, mask=m, sinks=s)
+    check_fast(kernels.attention(q, k, v, **args), kernels._MLX_FAST["scaled_dot_product_attention"](q, k, v, **args),
+               dtype)
+
+
+def primitives(out: mx.array, tmp_path) -> str:
+    mx.export_to_dot(str(tmp_path / "graph.dot"), out)
+    return (tmp_path / "graph.dot").read_text()
+
+
+@needs_kernels
+def test_fast_ops_are_one_op_on_the_cpu_and_mlx_own_where_the_kernels_do_not_serve(tmp_path) -> None:
+    """The default CPU stream gets one primitive each; an explicit stream (and a GPU, which this
+    machine has none of) gets MLX's own fallback graph."""
+    x = mx.random.normal((1, 2, 3, 8))
+    assert "TurbosparkRmsNorm" in primitives(kernels.rms_norm(x, None, 1e-5), tmp_path)
+    assert "TurbosparkRope" in primitives(kernels.rope(x, 8, traditional=False, base=1e4, scale=1.0, offset=3), tmp_path)
+    assert "TurbosparkAttention" in primitives(kernels.attention(x, x, x, scale=0.3, mask="causal"), tmp_path)
+    given = kernels.rms_norm(x, None, 1e-5, stream=mx.cpu)
+    assert "Turbospark" not in primitives(given, tmp_path) and "Rsqrt" in primitives(given, tmp_path)
+    np.testing.assert_array_equal(np.array(given), np.array(kernels._MLX_FAST["rms_norm"](x, None, 1e-5)))

@@ -8,6 +8,12 @@ weights) with the weights read once per step, SIMD chosen at run time by the CPU
 process is given.  They are MLX primitives, so they sit in MLX's graph like its own ops: lazy,
 on the model thread's stream, in order with everything else.
 
+``serve_fast_ops`` puts one-op versions of ``mx.fast.rms_norm``, ``mx.fast.rope`` and
+``mx.fast.scaled_dot_product_attention`` in place of MLX's own for arrays on the CPU, where MLX
+builds each from a graph of 6 to 20 small ops (about 3.5-5 us each to dispatch); every model's
+layers call them there, whatever its architecture or RoPE scaling.  Anything else (a GPU stream,
+an explicit ``stream=``, types or masks the kernels do not take) goes to MLX's own.
+
 The module is optional.  Where it was not built (no compiler, another platform), was built
 against another MLX than the one running (the C++ API is internal; scripts/setup rebuilds it),
 or a model runs on a GPU, MLX's own ops serve and ``describe()`` says why.  ``TURBOSPARK_KERNELS=off``
@@ -20,7 +26,10 @@ import os
 
 import mlx.core as mx
 
-__all__ = ["MAX_FLOAT32_ROWS", "available", "describe", "huge_pages", "linear", "native", "quantized_linear", "supports_quantized"]
+__all__ = [
+    "MAX_FLOAT32_ROWS", "available", "describe", "huge_pages", "linear", "native", "quantized_linear",
+    "serve_fast_ops", "supports_quantized",
+]
 
 #: Up to this many rows a float32 product is ours; past it, MLX's BLAS GEMM is as fast or faster.
 MAX_FLOAT32_ROWS = 16
@@ -76,3 +85,49 @@ def quantized_linear(
 ) -> mx.array:
     """``x @ dequantize(weight).T (+ bias)`` for MLX's affine layout (transposed)."""
     return native.rows_quantized_matmul(x, weight, scales, biases, bias, group_size=group_size, bits=bits)
+
+
+_MLX_FAST = {name: getattr(mx.fast, name) for name in ("rms_norm", "rope", "scaled_dot_product_attention")}
+_FLOATS = (mx.float32, mx.bfloat16, mx.float16)
+
+
+def _on_cpu(stream: object) -> bool:
+    return stream is None and mx.default_device() == mx.cpu
+
+
+def rms_norm(x: mx.array, weight: mx.array | None, eps: float, *, stream: object = None) -> mx.array:
+    if _on_cpu(stream) and x.dtype in _FLOATS and (weight is None or weight.dtype in _FLOATS):
+        return native.rms_norm(x, weight, eps)
+    return _MLX_FAST["rms_norm"](x, weight, eps, stream=stream)
+
+
+def rope(
+    a: mx.array, dims: int, *, traditional: bool, base: float | None, scale: float, offset: int | mx.array,
+    freqs: mx.array | None = None, stream: object = None,
+) -> mx.array:
+    if _on_cpu(stream) and a.dtype in _FLOATS and a.ndim >= 3:
+        if not isinstance(offset, mx.array):
+            offset = mx.array(offset, mx.int32)
+        return native.rope(a, dims, traditional, base, scale, offset, freqs)
+    return _MLX_FAST["rope"](a, dims, traditional=traditional, base=base, scale=scale, offset=offset,
+                             freqs=freqs, stream=stream)
+
+
+def attention(
+    q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask: mx.array | str | None = None,
+    sinks: mx.array | None = None, stream: object = None,
+) -> mx.array:
+    if _on_cpu(stream) and q.dtype in _FLOATS and k.dtype == q.dtype and v.dtype == q.dtype:
+        if mask is None or mask == "causal":
+            return native.attention(q, k, v, scale, mask or "", None, sinks)
+        if isinstance(mask, mx.array) and (mask.dtype == mx.bool_ or mask.dtype == q.dtype):
+            return native.attention(q, k, v, scale, "array", mask, sinks)
+    return _MLX_FAST["scaled_dot_product_attention"](q, k, v, scale=scale, mask=mask, sinks=sinks, stream=stream)
+
+
+def serve_fast_ops() -> None:
+    """Make ``mx.fast.rms_norm``, ``rope`` and ``scaled_dot_product_attention`` one op each on the
+    CPU, for every caller in this process (idempotent).  Needs the kernels."""
+    mx.fast.rms_norm = rms_norm
+    mx.fast.rope = rope
+    mx.fast.scaled_dot_product_attention = attention

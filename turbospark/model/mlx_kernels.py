@@ -8,6 +8,9 @@ and to MLX's BLAS GEMM for a prompt chunk; bfloat16, float16 and 4- and 8-bit we
 kernels for any number of rows (MLX's own products for them are scalar on x86).  Layers of other
 classes (a sharded model's, an adapter's) and layouts the kernels do not read keep MLX's ops.
 
+It also makes ``mx.fast``'s RMSNorm, RoPE and attention one op each on the CPU
+(``kernels.serve_fast_ops``).
+
 Only on the CPU: on a GPU, or where the kernels are not built, nothing changes and the line that
 ``install`` returns says so.
 """
@@ -84,6 +87,7 @@ def install(model: nn.Module) -> str:
         return "MLX's own ops (on the GPU)"
     if not kernels.available():
         return kernels.describe()
+    kernels.serve_fast_ops()
     ours = linear = 0
     head = False  # a tied output head (the embedding's as_linear) went to the kernels
     for _, module in model.named_modules():
@@ -99,4 +103,4 @@ def install(model: nn.Module) -> str:
     tied = head and getattr(getattr(model, "args", None), "tie_word_embeddings", False)
     huge = kernels.huge_pages([a for _, a in tree_flatten(model.parameters())])
     return (f"{kernels.describe()}: {ours} of {linear} linear layers" + (" and the tied output head" if tied else "")
-            + f"; weights in huge pages: {huge >> 20} MiB")
+            + f", RMSNorm, RoPE and attention; weights in huge pages: {huge >> 20} MiB")

@@ -6,6 +6,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "mlx/version.h"
+#include "fused.h"
 #include "rows.h"
 
 namespace nb = nanobind;
@@ -29,6 +30,27 @@ NB_MODULE(_native, m) {
       },
       "x"_a, "w"_a, "scales"_a, "biases"_a, "bias"_a = nb::none(), "group_size"_a = 64, "bits"_a = 4,
       "x @ dequantize(w).T (+ bias) for MLX's affine 4- and 8-bit weights, on the CPU.");
+  m.def(
+      "rms_norm",
+      [](const mlx::core::array& x, const std::optional<mlx::core::array>& weight, float eps) {
+        return tk::rms_norm(x, weight, eps);
+      },
+      "x"_a, "weight"_a.none(), "eps"_a, "mx.fast.rms_norm as one op on the CPU.");
+  m.def(
+      "rope",
+      [](const mlx::core::array& x, int dims, bool traditional, std::optional<float> base, float scale,
+         const mlx::core::array& offset, const std::optional<mlx::core::array>& freqs) {
+        return tk::rope(x, dims, traditional, base, scale, offset, freqs);
+      },
+      "x"_a, "dims"_a, "traditional"_a, "base"_a.none(), "scale"_a, "offset"_a, "freqs"_a = nb::none(),
+      "mx.fast.rope as one op on the CPU; offset an int32 array (a scalar or one per batch row).");
+  m.def(
+      "attention",
+      [](const mlx::core::array& q, const mlx::core::array& k, const mlx::core::array& v, float scale,
+         const std::string& mask_mode, const std::optional<mlx::core::array>& mask,
+         const std::optional<mlx::core::array>& sinks) { return tk::attention(q, k, v, scale, mask_mode, mask, sinks); },
+      "q"_a, "k"_a, "v"_a, "scale"_a, "mask_mode"_a = "", "mask"_a = nb::none(), "sinks"_a = nb::none(),
+      "mx.fast.scaled_dot_product_attention as one op on the CPU.");
   m.def("isas", &tk::isas, "The instruction sets this build has and this CPU runs, best first.");
   m.def("isa", &tk::isa, "The instruction set the kernels use.");
   m.def("use_isa", &tk::use_isa, "name"_a, "Use another instruction set (tests); False if not runnable.");

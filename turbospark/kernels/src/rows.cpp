@@ -14,6 +14,7 @@
 #include "mlx/ops.h"
 #include "mlx/types/half_types.h"
 #include "pool.h"
+#include "strided.h"
 #include "rows_kernels.h"
 
 namespace turbospark::kernels {
@@ -53,9 +54,10 @@ int cores() {
 constexpr size_t kParallelBytes = 64 << 10;
 
 template <class T>
-void widen(const char* src, int64_t s0, int64_t s1, int R, int K, float* dst) {
+void widen(const mx::array& x, int R, int K, float* dst) {
+  const int64_t s1 = x.strides().back();
   for (int r = 0; r < R; ++r) {
-    const T* row = reinterpret_cast<const T*>(src) + r * s0;
+    const T* row = x.data<T>() + row_offset(x, r);
     for (int k = 0; k < K; ++k) dst[size_t(r) * K + k] = static_cast<float>(row[k * s1]);
   }
 }
@@ -93,22 +95,22 @@ mx::array rows_op(const mx::array& x, std::vector<mx::array> weights, const std:
   if (x.ndim() < 1 || x.shape(-1) != K)
     throw std::invalid_argument("[rows_matmul] x's last dimension must match the weight's");
   if (K % 8 != 0) throw std::invalid_argument("[rows_matmul] the inner dimension must be a multiple of 8");
-  int R = K == 0 ? 0 : int(x.size() / K);
-  std::vector<mx::array> inputs{mx::reshape(x, {R, K}, stream)};
+  std::vector<mx::array> inputs{x};
   for (auto& w : weights) inputs.push_back(row_major(w, stream));
   if (bias) {
     check_float(*bias, "bias");
     if (bias->ndim() != 1 || bias->shape(0) != N) throw std::invalid_argument("[rows_matmul] bias must be (N,)");
     inputs.push_back(row_major(*bias, stream));
   }
-  auto out = mx::array(mx::Shape{R, N}, x.dtype(),
-                       std::make_shared<RowsMatmul>(stream, group_size, bits, bool(bias)), std::move(inputs));
   auto shape = x.shape();
   shape.back() = N;
-  return mx::reshape(out, shape, stream);
+  return mx::array(std::move(shape), x.dtype(), std::make_shared<RowsMatmul>(stream, group_size, bits, bool(bias)),
+                   std::move(inputs));
 }
 
 } // namespace
+
+const Isa& active_isa() { return *current().load(); }
 
 Pool& pool() {
   static Pool* p = new Pool(env_int("TURBOSPARK_KERNEL_THREADS", cores()), env_int("TURBOSPARK_KERNEL_SPIN_US", 200));
@@ -203,8 +205,9 @@ bool RowsMatmul::is_equivalent(const mx::Primitive& other) const {
 }
 
 std::vector<mx::Shape> RowsMatmul::output_shapes(const std::vector<mx::array>& inputs) {
-  int N = inputs[1].shape(0);
-  return {mx::Shape{inputs[0].shape(0), N}};
+  auto shape = inputs[0].shape();
+  shape.back() = inputs[1].shape(0);
+  return {shape};
 }
 
 void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -219,19 +222,19 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
   encoder.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), bits = bits_,
                     group = group_size_, has_bias = has_bias_]() mutable {
     const auto& x = in[0];
-    const int R = x.shape(0), K = x.shape(1), N = out.shape(1);
+    const int K = x.shape(-1), N = out.shape(-1);
+    const int R = K == 0 ? 0 : int(x.size() / K);
     if (R == 0 || N == 0) return;
     std::vector<float> xf(size_t(R) * K);
-    const char* xp = x.data<char>();
     switch (x.dtype()) {
       case mx::float32:
-        widen<float>(xp, x.strides(0), x.strides(1), R, K, xf.data());
+        widen<float>(x, R, K, xf.data());
         break;
       case mx::bfloat16:
-        widen<mx::bfloat16_t>(xp, x.strides(0), x.strides(1), R, K, xf.data());
+        widen<mx::bfloat16_t>(x, R, K, xf.data());
         break;
       default:
-        widen<mx::float16_t>(xp, x.strides(0), x.strides(1), R, K, xf.data());
+        widen<mx::float16_t>(x, R, K, xf.data());
     }
     std::vector<float> yf;
     float* y = out.data<float>();

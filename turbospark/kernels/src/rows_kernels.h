@@ -33,13 +33,17 @@ struct RowsJob {
 
 using RowsFn = void (*)(const RowsJob& job, int o0, int o1);
 
-// The kernels of one instruction set.
+// The kernels of one instruction set: the products, and the two loops of attention.
 struct Isa {
   const char* name;
   RowsFn rows;
+  float (*dot)(const float* a, const float* b, int n);        // sum a[i] * b[i]
+  void (*axpy)(float a, const float* x, float* y, int n);     // y[i] += a * x[i]
 };
 
 const Isa& isa_portable();
+// The set the kernels use now (rows.cpp: the best this CPU runs, or the one a test chose).
+const Isa& active_isa();
 #if defined(__x86_64__) || defined(_M_X64)
 const Isa& isa_avx2();
 #endif

@@ -5,7 +5,7 @@
 
 namespace turbospark::kernels {
 const Isa& isa_avx2() {
-  static const Isa isa{"avx2+fma", avx2::rows};
+  static const Isa isa{"avx2+fma", avx2::rows, avx2::dot, avx2::axpy};
   return isa;
 }
 } // namespace turbospark::kernels

@@ -183,6 +183,79 @@ inline void all_rows(const Src& src, const RowsJob& job, int o, float* y, int ld
   if (r < job.R) block<OB, 1>(src, job, o, r, y, ldy, yo);
 }
 
+// One row of x times affine weights, the decode case: with w = s * q + b per group,
+// sum(w * x) = s * sum(q * x) + b * sum(x), so each group sums q * x and is scaled once, and the
+// biases meet the group sums of x.  Per eight weights: widen, convert, one multiply-add.
+template <class S>
+inline float scale_at(const void* p, size_t i) {
+  if constexpr (std::is_same_v<S, float>) {
+    return static_cast<const float*>(p)[i];
+  } else if constexpr (std::is_same_v<S, uint16_t>) {  // bfloat16
+    uint32_t bits = uint32_t(static_cast<const uint16_t*>(p)[i]) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+  } else {
+    return float(static_cast<const _Float16*>(p)[i]);
+  }
+}
+
+template <int BITS>
+inline v8f raw8(const void* w, size_t at) {  // eight quantized values from weight index `at`
+  if constexpr (BITS == 4) {
+    return from_u4(static_cast<const uint32_t*>(w)[at / 8]);
+  } else {
+    return from_u8(static_cast<const uint8_t*>(w) + at);
+  }
+}
+
+template <int OB, int BITS, class S>
+inline void affine_one(const RowsJob& job, const float* xsum, int o) {
+  const size_t K = job.K, G = job.group, groups = K / G;
+  v8f acc[OB] = {};
+  float bias_acc[OB] = {};
+  for (size_t gi = 0; gi < groups; ++gi) {
+    v8f gacc[OB] = {};
+    for (size_t k = gi * G; k < (gi + 1) * G; k += 8) {
+      const v8f xv = load8(job.x + k);
+      for (int i = 0; i < OB; ++i) gacc[i] += raw8<BITS>(job.w, (o + i) * K + k) * xv;
+    }
+    for (int i = 0; i < OB; ++i) {
+      const size_t at = (o + i) * groups + gi;
+      acc[i] += gacc[i] * scale_at<S>(job.scales, at);
+      bias_acc[i] += scale_at<S>(job.biases, at) * xsum[gi];
+    }
+  }
+  for (int i = 0; i < OB; ++i) job.y[o + i] = hsum(acc[i]) + bias_acc[i];
+}
+
+template <int BITS, class S>
+void affine_one_row(const RowsJob& job, int o0, int o1) {
+  const int groups = job.K / job.group;
+  thread_local std::vector<float> xsum;
+  xsum.resize(groups);
+  for (int g = 0; g < groups; ++g) {
+    float t = 0;
+    for (int k = g * job.group; k < (g + 1) * job.group; ++k) t += job.x[k];
+    xsum[g] = t;
+  }
+  int o = o0;
+  for (; o + 4 <= o1; o += 4) affine_one<4, BITS, S>(job, xsum.data(), o);
+  for (; o < o1; ++o) affine_one<1, BITS, S>(job, xsum.data(), o);
+}
+
+template <int BITS>
+void affine_one_row(const RowsJob& job, int o0, int o1) {
+  switch (job.stype) {
+    case ScaleType::F32:
+      return affine_one_row<BITS, float>(job, o0, o1);
+    case ScaleType::BF16:
+      return affine_one_row<BITS, uint16_t>(job, o0, o1);
+    default:
+      return affine_one_row<BITS, _Float16>(job, o0, o1);
+  }
+}
+
 template <class Src>
 void rows_from(const Src& src, const RowsJob& job, int o0, int o1) {
   constexpr bool is_f32 = std::is_same_v<Src, F32Src>;
@@ -215,6 +288,28 @@ void rows_from(const Src& src, const RowsJob& job, int o0, int o1) {
   }
 }
 
+float dot(const float* a, const float* b, int n) {
+  v8f acc0 = {}, acc1 = {};
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 += load8(a + i) * load8(b + i);
+    acc1 += load8(a + i + 8) * load8(b + i + 8);
+  }
+  for (; i + 8 <= n; i += 8) acc0 += load8(a + i) * load8(b + i);
+  float s = hsum(acc0 + acc1);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void axpy(float a, const float* x, float* y, int n) {
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    v8f v = load8(y + i) + a * load8(x + i);
+    std::memcpy(y + i, &v, sizeof v);
+  }
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
 void rows(const RowsJob& job, int o0, int o1) {
   const size_t K = job.K;
   switch (job.wtype) {
@@ -225,10 +320,12 @@ void rows(const RowsJob& job, int o0, int o1) {
     case WeightType::F16:
       return rows_from(F16Src{static_cast<const uint16_t*>(job.w), K}, job, o0, o1);
     case WeightType::Affine4: {
+      if (job.R == 1) return affine_one_row<4>(job, o0, o1);
       Affine4Src s{{job.scales, job.biases, job.stype, K, job.group, K / job.group}, static_cast<const uint32_t*>(job.w)};
       return rows_from(s, job, o0, o1);
     }
     case WeightType::Affine8: {
+      if (job.R == 1) return affine_one_row<8>(job, o0, o1);
       Affine8Src s{{job.scales, job.biases, job.stype, K, job.group, K / job.group}, static_cast<const uint8_t*>(job.w)};
       return rows_from(s, job, o0, o1);
     }

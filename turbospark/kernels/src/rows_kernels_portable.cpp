@@ -5,9 +5,9 @@
 namespace turbospark::kernels {
 const Isa& isa_portable() {
 #if defined(__aarch64__)
-  static const Isa isa{"neon", portable::rows};
+  static const Isa isa{"neon", portable::rows, portable::dot, portable::axpy};
 #else
-  static const Isa isa{"portable", portable::rows};
+  static const Isa isa{"portable", portable::rows, portable::dot, portable::axpy};
 #endif
   return isa;
 }

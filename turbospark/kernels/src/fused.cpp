@@ -1,0 +1,392 @@
+#include "fused.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "mlx/types/half_types.h"
+#include "pool.h"
+#include "strided.h"
+#include "rows_kernels.h"
+
+namespace turbospark::kernels {
+
+namespace {
+
+using mx::bfloat16_t;
+using mx::float16_t;
+
+// Calls f with a value of the array's float type (float, bfloat16_t or float16_t).
+template <class F>
+void by_type(mx::Dtype t, F&& f) {
+  if (t == mx::float32) {
+    f(float{});
+  } else if (t == mx::bfloat16) {
+    f(bfloat16_t{});
+  } else if (t == mx::float16) {
+    f(float16_t{});
+  } else {
+    throw std::invalid_argument("[turbospark kernels] expected float32, bfloat16 or float16");
+  }
+}
+
+// Rounds a float32 to T and back, as an MLX op whose output is T does.
+template <class T>
+inline float round_to(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    return static_cast<float>(static_cast<T>(v));
+  }
+}
+
+// Element (i0, i1, i2, i3) of an array of up to 4 dimensions, by its strides.
+struct View4 {
+  const char* data;
+  mx::Dtype dtype;
+  int64_t st[4];
+  template <class T>
+  T at(int64_t a, int64_t b, int64_t c, int64_t d) const {
+    return reinterpret_cast<const T*>(data)[a * st[0] + b * st[1] + c * st[2] + d * st[3]];
+  }
+};
+
+View4 view4(const mx::array& a) {
+  View4 v{a.data<char>(), a.dtype(), {0, 0, 0, 0}};
+  int nd = int(a.ndim());
+  for (int i = 0; i < nd; ++i) v.st[4 - nd + i] = a.strides(i);
+  return v;
+}
+
+void add_inputs(mx::cpu::CommandEncoder& enc, const std::vector<mx::array>& inputs, std::vector<mx::array>& weak) {
+  for (auto& a : inputs) {
+    enc.set_input_array(a);
+    weak.push_back(mx::array::unsafe_weak_copy(a));
+  }
+}
+
+void check_cpu(const mx::Stream& s, const char* what) {
+  if (s.device != mx::Device::cpu) throw std::invalid_argument(std::string(what) + " runs on the CPU only");
+}
+
+} // namespace
+
+// ---------------------------------------------------------------------------------------- RMSNorm
+
+mx::array rms_norm(const mx::array& x, const std::optional<mx::array>& weight, float eps, mx::StreamOrDevice s_) {
+  auto s = mx::to_stream(s_);
+  check_cpu(s, "[rms_norm]");
+  if (x.ndim() == 0) throw std::invalid_argument("[rms_norm] x must have at least 1 dimension");
+  auto out_type = weight ? mx::result_type(x, *weight) : x.dtype();
+  if (out_type != mx::float32 && out_type != mx::bfloat16 && out_type != mx::float16)
+    throw std::invalid_argument("[rms_norm] expected float32, bfloat16 or float16");
+  if (weight && (weight->ndim() != 1 || weight->shape(0) != x.shape(-1)))
+    throw std::invalid_argument("[rms_norm] weight must be (D,) for x (..., D)");
+  std::vector<mx::array> inputs{mx::astype(x, out_type, s)};
+  if (weight) inputs.push_back(mx::astype(*weight, out_type, s));
+  return mx::array(x.shape(), out_type, std::make_shared<RmsNorm>(s, eps, bool(weight)), std::move(inputs));
+}
+
+void RmsNorm::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[TurbosparkRmsNorm] runs on the CPU only");
+}
+
+bool RmsNorm::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const RmsNorm&>(other);
+  return eps_ == o.eps_ && has_weight_ == o.has_weight_;
+}
+
+void RmsNorm::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  std::vector<mx::array> in;
+  add_inputs(enc, inputs, in);
+  enc.set_output_array(out);
+  enc.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), eps = eps_, has_weight = has_weight_]() mutable {
+    by_type(out.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      const auto& x = in[0];
+      const int D = x.shape(-1);
+      const int R = D == 0 ? 0 : int(x.size() / D);
+      const int64_t s1 = x.strides().back();
+      const T* xp = x.data<T>();
+      const T* wp = has_weight ? in[1].data<T>() : nullptr;
+      const int64_t ws = has_weight ? in[1].strides(0) : 0;
+      T* op = out.data<T>();
+      for (int r = 0; r < R; ++r) {
+        const T* row = xp + row_offset(x, r);
+        float ss = 0;
+        for (int d = 0; d < D; ++d) {
+          float v = static_cast<float>(row[d * s1]);
+          ss += v * v;
+        }
+        float inv = 1.0f / std::sqrt(ss / float(D) + eps);
+        T* o = op + size_t(r) * D;
+        for (int d = 0; d < D; ++d) {
+          float y = round_to<T>(static_cast<float>(row[d * s1]) * inv);
+          if (wp) y *= static_cast<float>(wp[d * ws]);
+          o[d] = static_cast<T>(y);
+        }
+      }
+    });
+  });
+}
+
+// ------------------------------------------------------------------------------------------- RoPE
+
+mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<float> base, float scale,
+               const mx::array& offset, const std::optional<mx::array>& freqs, mx::StreamOrDevice s_) {
+  auto s = mx::to_stream(s_);
+  check_cpu(s, "[rope]");
+  if (x.ndim() < 3) throw std::invalid_argument("[rope] x must have at least 3 dimensions");
+  if (dims <= 0 || dims % 2 != 0 || dims > x.shape(-1))
+    throw std::invalid_argument("[rope] dims must be even, positive and at most x's last dimension");
+  if (offset.ndim() > 1 || (offset.size() != 1 && offset.size() != size_t(x.shape(0))))
+    throw std::invalid_argument("[rope] offset must be a scalar or one per batch row");
+  if (bool(freqs) == bool(base)) throw std::invalid_argument("[rope] exactly one of base and freqs");
+  if (freqs && (freqs->ndim() != 1 || freqs->shape(0) != dims / 2))
+    throw std::invalid_argument("[rope] freqs must be (dims / 2,)");
+  auto shape = x.shape();
+  int B = shape[0], T = shape[shape.size() - 2], D = shape.back();
+  int N = int(x.size() / (size_t(B) * T * D));
+  // (B, T, D) and (B, N, T, D) are read as they are; more dimensions are folded into N
+  auto xin = x.ndim() <= 4 ? x : mx::reshape(x, {B, N, T, D}, s);
+  auto off = offset.ndim() == 1 && offset.dtype() == mx::int32 ? offset : mx::astype(mx::reshape(offset, {-1}, s), mx::int32, s);
+  std::vector<mx::array> inputs{xin, off};
+  if (freqs) inputs.push_back(mx::astype(*freqs, mx::float32, s));
+  auto out = mx::array(xin.shape(), x.dtype(),
+                       std::make_shared<Rope>(s, dims, traditional, base ? *base : 1.0f, scale, bool(freqs)),
+                       std::move(inputs));
+  return x.ndim() <= 4 ? out : mx::reshape(out, shape, s);
+}
+
+void Rope::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[TurbosparkRope] runs on the CPU only");
+}
+
+bool Rope::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const Rope&>(other);
+  return dims_ == o.dims_ && traditional_ == o.traditional_ && base_ == o.base_ && scale_ == o.scale_ &&
+         has_freqs_ == o.has_freqs_;
+}
+
+void Rope::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  std::vector<mx::array> in;
+  add_inputs(enc, inputs, in);
+  enc.set_output_array(out);
+  enc.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), dims = dims_, traditional = traditional_,
+                base = base_, scale = scale_, has_freqs = has_freqs_]() mutable {
+    by_type(out.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      const auto& x = in[0];
+      const bool three = x.ndim() == 3;  // (B, T, D): one head
+      const int B = x.shape(0), N = three ? 1 : x.shape(1), L = x.shape(-2), D = x.shape(-1), half = dims / 2;
+      View4 xv = view4(x);
+      if (three) xv = View4{xv.data, xv.dtype, {xv.st[1], 0, xv.st[2], xv.st[3]}};
+      const int32_t* off = in[1].data<int32_t>();
+      const bool per_row = in[1].size() > 1;
+      std::vector<float> inv(half);
+      if (has_freqs) {
+        for (int i = 0; i < half; ++i) inv[i] = 1.0f / in[2].data<float>()[i * in[2].strides(0)];
+      } else {
+        const float c = std::log(base) / float(half);
+        for (int i = 0; i < half; ++i) inv[i] = std::exp(float(-i) * c);
+      }
+      std::vector<float> cs(half), sn(half);
+      T* op = out.data<T>();
+      for (int b = 0; b < B; ++b) {
+        const float o = float(off[per_row ? b * in[1].strides(0) : 0]);
+        for (int t = 0; t < L; ++t) {
+          const float pos = (float(t) + o) * scale;
+          for (int i = 0; i < half; ++i) {
+            const float theta = pos * inv[i];
+            cs[i] = round_to<T>(std::cos(theta));
+            sn[i] = round_to<T>(std::sin(theta));
+          }
+          for (int n = 0; n < N; ++n) {
+            T* row = op + ((size_t(b) * N + n) * L + t) * D;
+            for (int i = 0; i < half; ++i) {
+              const int a = traditional ? 2 * i : i, c = traditional ? 2 * i + 1 : i + half;
+              const float x1 = static_cast<float>(xv.at<T>(b, n, t, a));
+              const float x2 = static_cast<float>(xv.at<T>(b, n, t, c));
+              row[a] = static_cast<T>(round_to<T>(x1 * cs[i]) - round_to<T>(x2 * sn[i]));
+              row[c] = static_cast<T>(round_to<T>(x1 * sn[i]) + round_to<T>(x2 * cs[i]));
+            }
+            for (int d = dims; d < D; ++d) row[d] = xv.at<T>(b, n, t, d);
+          }
+        }
+      }
+    });
+  });
+}
+
+// -------------------------------------------------------------------------------------- Attention
+
+mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
+                    const std::string& mask_mode, const std::optional<mx::array>& mask,
+                    const std::optional<mx::array>& sinks, mx::StreamOrDevice s_) {
+  auto s = mx::to_stream(s_);
+  check_cpu(s, "[attention]");
+  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4)
+    throw std::invalid_argument("[attention] q, k and v must be (B, H, L, D)");
+  if (k.shape(0) != q.shape(0) || v.shape(0) != q.shape(0) || k.shape(1) != v.shape(1) || k.shape(2) != v.shape(2) ||
+      q.shape(3) != k.shape(3) || q.shape(1) % k.shape(1) != 0)
+    throw std::invalid_argument("[attention] q, k and v do not fit together");
+  bool causal = mask_mode == "causal";
+  if (!mask_mode.empty() && !causal && mask_mode != "array")
+    throw std::invalid_argument("[attention] mask_mode must be '', 'causal' or 'array'");
+  auto type = mx::result_type(q, k, v);
+  std::vector<mx::array> inputs{mx::astype(q, type, s), mx::astype(k, type, s), mx::astype(v, type, s)};
+  bool has_mask = !causal && mask.has_value();
+  if (has_mask) {
+    auto m = mask->dtype() == mx::bool_ ? *mask : mx::astype(*mask, type, s);
+    inputs.push_back(mx::broadcast_to(m, {q.shape(0), q.shape(1), q.shape(2), k.shape(2)}, s));
+  }
+  if (sinks) {
+    if (sinks->ndim() != 1 || sinks->shape(0) != q.shape(1)) throw std::invalid_argument("[attention] sinks must be (Hq,)");
+    inputs.push_back(mx::astype(*sinks, type, s));
+  }
+  mx::Shape shape{q.shape(0), q.shape(1), q.shape(2), v.shape(3)};
+  return mx::array(shape, type, std::make_shared<Attention>(s, scale, causal, has_mask, bool(sinks)), std::move(inputs));
+}
+
+void Attention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[TurbosparkAttention] runs on the CPU only");
+}
+
+bool Attention::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const Attention&>(other);
+  return scale_ == o.scale_ && causal_ == o.causal_ && has_mask_ == o.has_mask_ && has_sinks_ == o.has_sinks_;
+}
+
+std::vector<mx::Shape> Attention::output_shapes(const std::vector<mx::array>& inputs) {
+  auto& q = inputs[0];
+  return {mx::Shape{q.shape(0), q.shape(1), q.shape(2), inputs[2].shape(3)}};
+}
+
+namespace {
+
+// One query row's attention: scores over the keys it may see, softmax in float32, the weighted
+// sum of values.  Rounds where the MLX fallback's ops round (their outputs are T).
+template <class T>
+struct AttentionJob {
+  View4 q, k, v, m;
+  bool causal, has_mask, bool_mask, has_sinks;
+  const T* sinks;
+  int64_t sinks_stride;
+  float scale;
+  int Hq, Hkv, Lq, Lk, D, Dv;
+  T* out;
+
+  // rows (b, h, i) for i in [i0, i1)
+  void run(int b, int h, int i0, int i1, const Isa& isa) const {
+    const int kvh = h / (Hq / Hkv);
+    thread_local std::vector<float> kf, vf, qf, scores, acc;
+    // keys and values of this head as float32 rows (read in place where they already are)
+    const float* kp;
+    const float* vp;
+    int64_t kst, vst;
+    auto rows_of = [&](const View4& a, int n, int d, std::vector<float>& buf, const float*& p, int64_t& st) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (a.st[3] == 1) {
+          p = reinterpret_cast<const float*>(a.data) + b * a.st[0] + kvh * a.st[1];
+          st = a.st[2];
+          return;
+        }
+      }
+      buf.resize(size_t(n) * d);
+      for (int j = 0; j < n; ++j)
+        for (int e = 0; e < d; ++e) buf[size_t(j) * d + e] = static_cast<float>(a.at<T>(b, kvh, j, e));
+      p = buf.data();
+      st = d;
+    };
+    rows_of(k, Lk, D, kf, kp, kst);
+    rows_of(v, Lk, Dv, vf, vp, vst);
+    qf.resize(D);
+    scores.resize(Lk);
+    acc.resize(Dv);
+    const float lowest = std::numeric_limits<float>::lowest();
+    // finfo(T).min, what the fallback writes where the mask says no
+    const float masked = std::is_same_v<T, float> ? lowest : std::is_same_v<T, bfloat16_t> ? -3.38953139e38f : -65504.0f;
+    for (int i = i0; i < i1; ++i) {
+      for (int e = 0; e < D; ++e) qf[e] = round_to<T>(scale * static_cast<float>(q.at<T>(b, h, i, e)));
+      const int visible = causal ? std::min(Lk, i + 1 + (Lk - Lq)) : Lk;
+      float top = has_sinks ? static_cast<float>(sinks[h * sinks_stride]) : lowest;
+      for (int j = 0; j < visible; ++j) {
+        float sc = round_to<T>(isa.dot(qf.data(), kp + j * kst, D));
+        if (has_mask) {
+          if (bool_mask) {
+            if (!m.at<bool>(b, h, i, j)) sc = masked;
+          } else {
+            sc = round_to<T>(sc + static_cast<float>(m.at<T>(b, h, i, j)));
+          }
+        }
+        scores[j] = sc;
+        top = std::max(top, sc);
+      }
+      float total = has_sinks ? std::exp(static_cast<float>(sinks[h * sinks_stride]) - top) : 0.0f;
+      for (int j = 0; j < visible; ++j) {
+        scores[j] = std::exp(scores[j] - top);
+        total += scores[j];
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int j = 0; j < visible; ++j) {
+        const float p = round_to<T>(scores[j] / total);
+        if (p != 0.0f) isa.axpy(p, vp + j * vst, acc.data(), Dv);
+      }
+      T* o = out + ((size_t(b) * Hq + h) * Lq + i) * Dv;
+      for (int e = 0; e < Dv; ++e) o[e] = static_cast<T>(acc[e]);
+    }
+  }
+};
+
+// Below this many multiply-adds an attention runs on one thread.
+constexpr size_t kParallelWork = 1 << 16;
+
+} // namespace
+
+void Attention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  std::vector<mx::array> in;
+  add_inputs(enc, inputs, in);
+  enc.set_output_array(out);
+  enc.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), scale = scale_, causal = causal_,
+                has_mask = has_mask_, has_sinks = has_sinks_]() mutable {
+    by_type(out.dtype(), [&](auto zero) {
+      using T = decltype(zero);
+      const auto &q = in[0], &k = in[1], &v = in[2];
+      AttentionJob<T> job{view4(q), view4(k), view4(v), has_mask ? view4(in[3]) : View4{nullptr, mx::bool_, {0, 0, 0, 0}}, causal, has_mask,
+                          has_mask && in[3].dtype() == mx::bool_, has_sinks,
+                          has_sinks ? in.back().data<T>() : nullptr, has_sinks ? in.back().strides(0) : 0, scale,
+                          q.shape(1), k.shape(1), q.shape(2), k.shape(2), q.shape(3), v.shape(3), out.data<T>()};
+      const int B = q.shape(0);
+      // units: (b, h, a block of up to 16 query rows)
+      const int blocks = (job.Lq + 15) / 16;
+      const int units = B * job.Hq * blocks;
+      const Isa& isa = active_isa();
+      auto unit = [&](int u) {
+        int blk = u % blocks, bh = u / blocks;
+        job.run(bh / job.Hq, bh % job.Hq, blk * 16, std::min(job.Lq, blk * 16 + 16), isa);
+      };
+      size_t work = size_t(B) * job.Hq * job.Lq * job.Lk * (job.D + job.Dv);
+      auto& team = pool();
+      if (work < kParallelWork || team.size() == 1 || units == 1) {
+        for (int u = 0; u < units; ++u) unit(u);
+      } else {
+        const int parts = team.size();
+        team.run([&](int p) {
+          for (int u = units * p / parts; u < units * (p + 1) / parts; ++u) unit(u);
+        });
+      }
+    });
+  });
+}
+
+} // namespace turbospark::kernels
