@@ -154,6 +154,7 @@ def entry_for(loadable: Loadable, info: Any | None = None, *, now: float) -> Mod
         fingerprint=info.fingerprint,
         tokenizer=getattr(info, "tokenizer", None),
         inbox=getattr(info, "inbox", None),  # its model thread's slot commands
+        kernels=getattr(info, "kernels", ""),
     )
 
 

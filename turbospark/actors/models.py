@@ -58,6 +58,7 @@ class ModelInfo:
     fingerprint: str
     tokenizer: Tokenizer
     inbox: Any = None  # where ``SlotCommand``s for its model thread go
+    kernels: str = ""  # what computes its layers (an MLX model's ``kernels`` line), for the startup lines
 
 
 def answered(job: GenerationJob) -> bool:
@@ -243,6 +244,7 @@ async def model_actor(
                         fingerprint=backend.fingerprint,
                         tokenizer=backend.tokenizer,
                         inbox=intake.control,
+                        kernels=getattr(backend, "kernels", ""),
                     )
                 )
         finally:

@@ -75,6 +75,8 @@ class ModelEntry:
     inbox: Any = attrs.field(default=None, eq=False, hash=False, repr=False)
     #: A loaded audio model's ``AudioInfo`` (its task, voices and sample rate).
     audio: Any = attrs.field(default=None, eq=False, hash=False)
+    #: What computes a loaded MLX model's layers (``mlx_kernels.install``), for the startup lines.
+    kernels: str = attrs.field(default="", eq=False, hash=False)
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -68,6 +68,9 @@ async def _run(
                 print(f"  audio: {', '.join(audio) or 'none'}", file=sys.stderr)
                 if "mlx.core" in sys.modules:
                     print(f"  blas: {describe_blas()}", file=sys.stderr)
+                for entry in server.system.registry.entries:
+                    if entry.kernels:  # a loaded MLX model: what computes its layers
+                        print(f"  kernels: {entry.id}: {entry.kernels}", file=sys.stderr)
                 sys.stderr.flush()
             nursery.cancel_scope.cancel()  # the signal watcher
 

@@ -62,13 +62,14 @@ SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
 
 def default_dtype() -> str:
-    """The dtype that fits this platform.
-
-    On the MLX CPU backend only float32 matmuls use BLAS; bf16/fp16 and quantized matmuls are 2-20x
-    slower, so CPU gets ``float32``. With Metal, quantized weights are fast and small, so the GGUF's
-    own quantization is kept where MLX supports it (``native``).
+    """The dtype that fits this platform: the GGUF's own quantization where MLX keeps it
+    (``native``), with Metal, or on the CPU where turbospark's kernels read it (decision 0027:
+    the same weights as the float32 import, a quarter of the bytes, faster); ``float32`` on a CPU
+    without them, where only float32 products are fast (BLAS).
     """
-    return "native" if mx.metal.is_available() else "float32"
+    from .. import kernels
+
+    return "native" if mx.metal.is_available() or kernels.available() else "float32"
 
 
 def check_dtype(dtype: str) -> None:

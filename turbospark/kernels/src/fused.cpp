@@ -318,8 +318,9 @@ struct AttentionJob {
       for (int e = 0; e < D; ++e) qf[e] = round_to<T>(scale * static_cast<float>(q.at<T>(b, h, i, e)));
       const int visible = causal ? std::min(Lk, i + 1 + (Lk - Lq)) : Lk;
       float top = has_sinks ? static_cast<float>(sinks[h * sinks_stride]) : lowest;
+      isa.dots(qf.data(), kp, kst, visible, D, scores.data());
       for (int j = 0; j < visible; ++j) {
-        float sc = round_to<T>(isa.dot(qf.data(), kp + j * kst, D));
+        float sc = round_to<T>(scores[j]);
         if (has_mask) {
           if (bool_mask) {
             if (!m.at<bool>(b, h, i, j)) sc = masked;
@@ -335,11 +336,9 @@ struct AttentionJob {
         scores[j] = std::exp(scores[j] - top);
         total += scores[j];
       }
+      for (int j = 0; j < visible; ++j) scores[j] = round_to<T>(scores[j] / total);
       std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int j = 0; j < visible; ++j) {
-        const float p = round_to<T>(scores[j] / total);
-        if (p != 0.0f) isa.axpy(p, vp + j * vst, acc.data(), Dv);
-      }
+      isa.axpys(scores.data(), vp, vst, visible, Dv, acc.data());
       T* o = out + ((size_t(b) * Hq + h) * Lq + i) * Dv;
       for (int e = 0; e < Dv; ++e) o[e] = static_cast<T>(acc[e]);
     }

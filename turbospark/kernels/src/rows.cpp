@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <memory>
+#include <dlfcn.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -52,6 +53,30 @@ int cores() {
 
 // Below this many bytes of weights a product runs on one thread (waking the others costs more).
 constexpr size_t kParallelBytes = 64 << 10;
+
+// From this many rows of x (a prompt chunk) a product is a GEMM: its weights are widened to
+// float32 a block of rows at a time, in L2, and multiplied by the BLAS MLX itself uses (OpenBLAS
+// where serve preloads it), which is faster than these kernels at many rows.
+constexpr int kGemmRows = 24;
+constexpr int kGemmBlock = 256;
+
+using Sgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
+
+// cblas_sgemm as MLX's own calls resolve it: the process's (a preloaded OpenBLAS), else the one
+// libmlx depends on; null when neither is found (then the kernels run every product).
+Sgemm sgemm() {
+  static Sgemm f = [] {
+    void* sym = dlsym(RTLD_DEFAULT, "cblas_sgemm");
+    Dl_info info;
+    if (sym == nullptr && dladdr(reinterpret_cast<void*>(&mx::allocator::allocator), &info) != 0) {
+      if (void* lib = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD)) sym = dlsym(lib, "cblas_sgemm");
+    }
+    return reinterpret_cast<Sgemm>(sym);
+  }();
+  return f;
+}
+
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 
 template <class T>
 void widen(const mx::array& x, int R, int K, float* dst) {
@@ -256,7 +281,14 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
     const Isa* isa = current().load();
     auto& team = pool();
     int parts = weight_bytes < kParallelBytes ? 1 : team.size();
-    if (parts == 1) {
+    if (R >= kGemmRows && sgemm() != nullptr) {
+      std::vector<float> block(size_t(kGemmBlock) * K);
+      for (int o = 0; o < N; o += kGemmBlock) {
+        int nb = std::min(kGemmBlock, N - o);
+        isa->widen(job, o, o + nb, block.data());
+        sgemm()(kRowMajor, kNoTrans, kTrans, R, nb, K, 1.0f, xf.data(), K, block.data(), K, 0.0f, y + o, N);
+      }
+    } else if (parts == 1) {
       isa->rows(job, 0, N);
     } else {
       // equal shares of output rows, in fours

@@ -37,8 +37,12 @@ using RowsFn = void (*)(const RowsJob& job, int o0, int o1);
 struct Isa {
   const char* name;
   RowsFn rows;
-  float (*dot)(const float* a, const float* b, int n);        // sum a[i] * b[i]
-  void (*axpy)(float a, const float* x, float* y, int n);     // y[i] += a * x[i]
+  // out[j] = sum_e q[e] * k[j * kst + e], for n rows of k
+  void (*dots)(const float* q, const float* k, int64_t kst, int n, int d, float* out);
+  // acc[e] += sum_j p[j] * v[j * vst + e], for n rows of v (rows whose p is 0 skipped)
+  void (*axpys)(const float* p, const float* v, int64_t vst, int n, int d, float* acc);
+  // weight rows [o0, o1) as float32, (o1 - o0) x K into out (for a GEMM of many rows of x)
+  void (*widen)(const RowsJob& job, int o0, int o1, float* out);
 };
 
 const Isa& isa_portable();

@@ -5,7 +5,7 @@
 
 namespace turbospark::kernels {
 const Isa& isa_avx2() {
-  static const Isa isa{"avx2+fma", avx2::rows, avx2::dot, avx2::axpy};
+  static const Isa isa{"avx2+fma", avx2::rows, avx2::dots, avx2::axpys, avx2::widen};
   return isa;
 }
 } // namespace turbospark::kernels

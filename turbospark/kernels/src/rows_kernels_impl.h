@@ -288,26 +288,74 @@ void rows_from(const Src& src, const RowsJob& job, int o0, int o1) {
   }
 }
 
-float dot(const float* a, const float* b, int n) {
-  v8f acc0 = {}, acc1 = {};
-  int i = 0;
-  for (; i + 16 <= n; i += 16) {
-    acc0 += load8(a + i) * load8(b + i);
-    acc1 += load8(a + i + 8) * load8(b + i + 8);
+void dots(const float* q, const float* k, int64_t kst, int n, int d, float* out) {
+  for (int j = 0; j < n; ++j) {
+    const float* row = k + j * kst;
+    v8f acc0 = {}, acc1 = {};
+    int e = 0;
+    for (; e + 16 <= d; e += 16) {
+      acc0 += load8(q + e) * load8(row + e);
+      acc1 += load8(q + e + 8) * load8(row + e + 8);
+    }
+    for (; e + 8 <= d; e += 8) acc0 += load8(q + e) * load8(row + e);
+    float s = hsum(acc0 + acc1);
+    for (; e < d; ++e) s += q[e] * row[e];
+    out[j] = s;
   }
-  for (; i + 8 <= n; i += 8) acc0 += load8(a + i) * load8(b + i);
-  float s = hsum(acc0 + acc1);
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
 }
 
-void axpy(float a, const float* x, float* y, int n) {
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    v8f v = load8(y + i) + a * load8(x + i);
-    std::memcpy(y + i, &v, sizeof v);
+void axpys(const float* p, const float* v, int64_t vst, int n, int d, float* acc) {
+  if (d == 64) {  // the usual head size: the sum stays in registers
+    v8f a[8];
+    for (int e = 0; e < 8; ++e) a[e] = load8(acc + 8 * e);
+    for (int j = 0; j < n; ++j) {
+      if (p[j] == 0.0f) continue;
+      const float* row = v + j * vst;
+      for (int e = 0; e < 8; ++e) a[e] += p[j] * load8(row + 8 * e);
+    }
+    std::memcpy(acc, a, sizeof a);
+    return;
   }
-  for (; i < n; ++i) y[i] += a * x[i];
+  for (int j = 0; j < n; ++j) {
+    if (p[j] == 0.0f) continue;
+    const float* row = v + j * vst;
+    int e = 0;
+    for (; e + 8 <= d; e += 8) {
+      v8f t = load8(acc + e) + p[j] * load8(row + e);
+      std::memcpy(acc + e, &t, sizeof t);
+    }
+    for (; e < d; ++e) acc[e] += p[j] * row[e];
+  }
+}
+
+template <class Src>
+void widen_from(const Src& src, const RowsJob& job, int o0, int o1, float* out) {
+  for (int o = o0; o < o1; ++o)
+    for (int g = 0, gi = 0; g < job.K; g += src.span(), ++gi) {
+      auto p = src.params(o, gi);
+      for (int k = g; k < g + src.span(); k += 8) {
+        v8f v = src.load(o, k, p);
+        std::memcpy(out + size_t(o - o0) * job.K + k, &v, sizeof v);
+      }
+    }
+}
+
+void widen(const RowsJob& job, int o0, int o1, float* out) {
+  const size_t K = job.K;
+  switch (job.wtype) {
+    case WeightType::F32:
+      return widen_from(F32Src{static_cast<const float*>(job.w), K}, job, o0, o1, out);
+    case WeightType::BF16:
+      return widen_from(BF16Src{static_cast<const uint16_t*>(job.w), K}, job, o0, o1, out);
+    case WeightType::F16:
+      return widen_from(F16Src{static_cast<const uint16_t*>(job.w), K}, job, o0, o1, out);
+    case WeightType::Affine4:
+      return widen_from(Affine4Src{{job.scales, job.biases, job.stype, K, job.group, K / job.group},
+                                   static_cast<const uint32_t*>(job.w)}, job, o0, o1, out);
+    case WeightType::Affine8:
+      return widen_from(Affine8Src{{job.scales, job.biases, job.stype, K, job.group, K / job.group},
+                                   static_cast<const uint8_t*>(job.w)}, job, o0, o1, out);
+  }
 }
 
 void rows(const RowsJob& job, int o0, int o1) {

@@ -5,9 +5,9 @@
 namespace turbospark::kernels {
 const Isa& isa_portable() {
 #if defined(__aarch64__)
-  static const Isa isa{"neon", portable::rows, portable::dot, portable::axpy};
+  static const Isa isa{"neon", portable::rows, portable::dots, portable::axpys, portable::widen};
 #else
-  static const Isa isa{"portable", portable::rows, portable::dot, portable::axpy};
+  static const Isa isa{"portable", portable::rows, portable::dots, portable::axpys, portable::widen};
 #endif
   return isa;
 }
