@@ -22,7 +22,11 @@ costs the streams already in it.
                                      [--max-tokens 64] [--runs 3] [--max-batch 16] [--json]
 
 One server (``serve --max-batch``) serves every size and part 2; one child process runs mlx-lm,
-with OpenBLAS preloaded where installed, as ``python -m turbospark serve`` does.  After a warm-up
+with OpenBLAS preloaded where installed and turbospark's CPU kernels in its model
+(``mlx_kernels.install``), as ``python -m turbospark serve`` does: both paths compute alike, and
+server/raw is what the server adds.  Where llama-cpp-python is built
+(``scripts/check-against-llama-cpp``), llama.cpp decodes the one-stream prompt on the same GGUF and
+cores in every run too, measured the same way (new tokens over wall time, prefill included).  After a warm-up
 round on both, raw and server runs alternate size by size, so whatever else the machine is doing
 weighs on both alike.  Client-side figures: the streaming client shares the machine's cores with
 the server (one SSE chunk per token with visible text).
@@ -75,12 +79,15 @@ def run_raw(model_dir: Path) -> None:
     from mlx_lm.utils import load_model
 
     from turbospark.cli.blas import describe
+    from turbospark.model.mlx_kernels import install
     from turbospark.model.tokenizer import Tokenizer
 
     model, _ = load_model(model_dir)
+    mx.eval(model.parameters())
+    kernels = install(model)  # the server's compute: the difference is the server's own
     tok = Tokenizer.from_dir(model_dir)  # the same prompt ids and stop ids the server uses
     wrapper = SimpleNamespace(eos_token_ids=sorted(tok.stop_ids), decode=tok.decode)
-    print(json.dumps({"blas": describe()}), flush=True)
+    print(json.dumps({"blas": describe(), "kernels": kernels}), flush=True)
     for line in sys.stdin:
         job = json.loads(line)
         prompts = [tok.encode_chat(c) for c in batch(job["size"], job["run"])]
@@ -223,8 +230,14 @@ def compare(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     assert raw.stdin is not None and raw.stdout is not None
-    blas = json.loads(raw.stdout.readline())["blas"]
+    first = json.loads(raw.stdout.readline())
+    blas, kernels = first["blas"], first["kernels"]
     server = BatchServer(args.model, args.max_batch)
+    from turbospark.model.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(model_dir)
+    llama = llama_cpp(args)
+    llama_samples: list[float] = []
 
     def raw_batch(size: int, run: int, max_tokens: int) -> dict[str, Any]:
         raw.stdin.write(json.dumps({"size": size, "run": run, "max_tokens": max_tokens}) + "\n")
@@ -240,18 +253,21 @@ def compare(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
             for size in args.sizes:
                 samples[size]["raw"].append(raw_batch(size, run, args.max_tokens))
                 samples[size]["server"].append(server_batch(server, size, run, args.max_tokens))
+            if llama is not None:  # one stream, the 1-stream prompt of this run
+                answer = llama.run(tok.encode_chat(batch(1, run)[0]), args.max_tokens)
+                n, sample = len(answer["tokens"]), answer["sample"]
+                llama_samples.append(n / (sample["ttft_s"] + (n - 1) / sample["decode_tps"]))
         raw.stdin.close()
         raw.wait(timeout=60)
 
-        from turbospark.model.tokenizer import Tokenizer
-
-        tok = Tokenizer.from_dir(model_dir)
         long_tokens = max(4 * args.max_tokens, 64)
         joins = [join_run(server, tok, run, long_tokens) for run in range(args.runs)]
     finally:
         server.close()
         if raw.poll() is None:
             raw.kill()
+        if llama is not None:
+            llama.close()
 
     sizes = {}
     for size, s in samples.items():
@@ -270,12 +286,32 @@ def compare(args: argparse.Namespace, model_dir: Path) -> dict[str, Any]:
     if 1 in sizes:
         for figures in sizes.values():
             figures["speedup"] = figures["server_tps"] / sizes[1]["server_tps"]
-    return {"blas": blas, "sizes": sizes, "join": summary(joins) | {"runs": joins}}
+    llama_tps = statistics.median(llama_samples) if llama_samples else None
+    return {"blas": blas, "kernels": kernels, "sizes": sizes, "llama_cpp_tps": llama_tps,
+            "join": summary(joins) | {"runs": joins}}
+
+
+def llama_cpp(args: argparse.Namespace) -> Any:
+    """bench_llama_cpp's llama.cpp child on the catalogue model's GGUF, or None (not built)."""
+    import os
+
+    from _gguf import catalogue_gguf
+    from bench_llama_cpp import Child, llama_cpp_python
+
+    python = llama_cpp_python()
+    if python is None:
+        print("llama.cpp: skipped, llama-cpp-python is not built (scripts/check-against-llama-cpp)", file=sys.stderr)
+        return None
+    threads = str(os.cpu_count() or 2)
+    command = [str(python), str(Path(__file__).parent / "bench_llama_cpp.py"), "--threads", threads, "--child",
+               "llama-cpp", "--path", str(catalogue_gguf(args.model)), "--prompt-tokens", "512",
+               "--max-tokens", str(args.max_tokens)]  # fmt: skip
+    return Child(command, dict(os.environ, OPENBLAS_NUM_THREADS=threads, OMP_NUM_THREADS=threads))
 
 
 def report(args: argparse.Namespace, results: dict[str, Any]) -> None:
     print(f"model {args.model}, {args.runs} runs (medians), {args.max_tokens} new tokens a stream, greedy, "
-          f"server --max-batch {args.max_batch}; BLAS: {results['blas']}")
+          f"server --max-batch {args.max_batch}; BLAS: {results['blas']}; {results['kernels']}")
     print(f"{'streams':>7} {'raw tok/s':>10} {'server tok/s':>13} {'server/raw':>11} {'vs 1 stream':>12} "
           f"{'tokens raw/server':>18} {'short':>6} {'same text':>10}")
     for size, f in results["sizes"].items():
@@ -284,6 +320,9 @@ def report(args: argparse.Namespace, results: dict[str, Any]) -> None:
         print(f"{size:>7} {f['raw_tps']:>10.1f} {f['server_tps']:>13.1f} {f['ratio']:>11.3f} {speedup:>12} "
               f"{tokens:>18} {f['short_streams']:>6} {f['same_text']:>10.0%}")
     sizes = results["sizes"]
+    if (llama := results["llama_cpp_tps"]) is not None:
+        print(f"llama.cpp, one stream (same GGUF, cores and prompt as 1): {llama:.1f} tok/s; the server's streams "
+              + ", ".join(f"{n}: {f['server_tps'] / llama:.2f}x" for n, f in sizes.items()))
     worst = min(sizes.values(), key=lambda f: f["ratio"])["ratio"]
     print(f"server/raw >= 0.9 at every size: {'yes' if worst >= 0.9 else 'NO'} (worst {worst:.3f})")
     if 8 in sizes and "speedup" in sizes[8]:

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from turbospark import kernels
+from turbospark.kernels import ops as kernels
 from turbospark.model import mlx_kernels
 
 from ._support import tiny_llama

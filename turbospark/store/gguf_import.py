@@ -67,7 +67,7 @@ def default_dtype() -> str:
     the same weights as the float32 import, a quarter of the bytes, faster); ``float32`` on a CPU
     without them, where only float32 products are fast (BLAS).
     """
-    from .. import kernels
+    from ..kernels import ops as kernels
 
     return "native" if mx.metal.is_available() or kernels.available() else "float32"
 

@@ -1,0 +1,115 @@
+"""The kernels as Python sees them: loading ``_native``, and the functions the model code calls.
+
+See the package's docstring (``turbospark/kernels/__init__.py``) for what they are."""
+
+from __future__ import annotations
+
+import os
+
+import mlx.core as mx
+
+__all__ = [
+    "MAX_FLOAT32_ROWS", "available", "describe", "huge_pages", "linear", "native", "quantized_linear",
+    "serve_fast_ops", "supports_quantized",
+]
+
+#: Up to this many rows a float32 product is ours; past it, MLX's BLAS GEMM is as fast or faster.
+MAX_FLOAT32_ROWS = 16
+
+
+def _load():
+    if os.environ.get("TURBOSPARK_KERNELS", "").lower() in ("off", "0", "mlx"):
+        return None, "turned off (TURBOSPARK_KERNELS)"
+    try:
+        from . import _native
+    except ImportError as exc:
+        return None, f"not built ({exc}); scripts/setup builds it"
+    want = "{}.{}.{}".format(*divmod(_native.mlx_version // 100, 100), _native.mlx_version % 100)
+    if want != mx.__version__:
+        return None, f"built against MLX {want}, running MLX {mx.__version__}; scripts/setup rebuilds it"
+    return _native, None
+
+
+native, _why_not = _load()
+
+
+def available() -> bool:
+    """Whether the kernels can serve in this process."""
+    return native is not None
+
+
+def describe() -> str:
+    """One line for the startup report: which kernels, or why none."""
+    if native is None:
+        return f"MLX's own ops (turbospark's CPU kernels: {_why_not})"
+    return f"turbospark's CPU kernels ({native.isa()}, {native.threads()} threads)"
+
+
+def supports_quantized(group_size: int, bits: int, mode: str = "affine") -> bool:
+    """Whether a quantized layout is one the kernels read."""
+    return mode == "affine" and bits in (4, 8) and group_size in (32, 64, 128)
+
+
+def huge_pages(arrays: list[mx.array]) -> int:
+    """Back evaluated arrays' memory with transparent huge pages where Linux allows (a weight
+    matrix read once a step streams ~1.8x faster); the bytes that now are."""
+    return native.huge_pages(arrays)
+
+
+def linear(x: mx.array, weight: mx.array, bias: mx.array | None = None) -> mx.array:
+    """``x @ weight.T (+ bias)``; weight (N, K) in float32, bfloat16 or float16, K a multiple of 8."""
+    return native.rows_matmul(x, weight, bias)
+
+
+def quantized_linear(
+    x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, bias: mx.array | None = None,
+    *, group_size: int, bits: int,
+) -> mx.array:
+    """``x @ dequantize(weight).T (+ bias)`` for MLX's affine layout (transposed)."""
+    return native.rows_quantized_matmul(x, weight, scales, biases, bias, group_size=group_size, bits=bits)
+
+
+_MLX_FAST = {name: getattr(mx.fast, name) for name in ("rms_norm", "rope", "scaled_dot_product_attention")}
+_FLOATS = (mx.float32, mx.bfloat16, mx.float16)
+
+
+def _on_cpu(stream: object) -> bool:
+    return stream is None and mx.default_device() == mx.cpu
+
+
+def rms_norm(x: mx.array, weight: mx.array | None, eps: float, *, stream: object = None) -> mx.array:
+    if _on_cpu(stream) and x.dtype in _FLOATS and (weight is None or weight.dtype in _FLOATS):
+        return native.rms_norm(x, weight, eps)
+    return _MLX_FAST["rms_norm"](x, weight, eps, stream=stream)
+
+
+def rope(
+    a: mx.array, dims: int, *, traditional: bool, base: float | None, scale: float, offset: int | mx.array,
+    freqs: mx.array | None = None, stream: object = None,
+) -> mx.array:
+    if _on_cpu(stream) and a.dtype in _FLOATS and a.ndim >= 3:
+        if not isinstance(offset, mx.array):
+            offset = mx.array(offset, mx.int32)
+        return native.rope(a, dims, traditional, base, scale, offset, freqs)
+    return _MLX_FAST["rope"](a, dims, traditional=traditional, base=base, scale=scale, offset=offset,
+                             freqs=freqs, stream=stream)
+
+
+def attention(
+    q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask: mx.array | str | None = None,
+    sinks: mx.array | None = None, stream: object = None,
+) -> mx.array:
+    if _on_cpu(stream) and q.dtype in _FLOATS and k.dtype == q.dtype and v.dtype == q.dtype:
+        if mask is None or mask == "causal":
+            return native.attention(q, k, v, scale, mask or "", None, sinks)
+        if isinstance(mask, mx.array) and (mask.dtype == mx.bool_ or mask.dtype == q.dtype):
+            return native.attention(q, k, v, scale, "array", mask, sinks)
+    return _MLX_FAST["scaled_dot_product_attention"](q, k, v, scale=scale, mask=mask, sinks=sinks, stream=stream)
+
+
+def serve_fast_ops() -> None:
+    """Make ``mx.fast.rms_norm``, ``rope`` and ``scaled_dot_product_attention`` one op each on the
+    CPU, for every caller in this process (idempotent).  Needs the kernels."""
+    mx.fast.rms_norm = rms_norm
+    mx.fast.rope = rope
+    mx.fast.scaled_dot_product_attention = attention
