@@ -23,6 +23,7 @@ __all__ = [
     "minilm_source",
     "minilm_store",
     "piper_store",
+    "smollm2_native_store",
     "smollm2_store",
     "whisper_store",
 ]
@@ -48,6 +49,17 @@ def _pulled(name: str) -> StoredModel:
 def smollm2_store() -> StoredModel:
     """SmolLM2-135M-Instruct (llama architecture, chat), float32."""
     return _pulled("smollm2-135m-instruct")
+
+
+@functools.cache
+def smollm2_native_store() -> StoredModel:
+    """SmolLM2-135M-Instruct with its GGUF's Q4_1 blocks kept as MLX 4-bit (``native``, the CPU's
+    default where the kernels serve), in a store of its own beside the float32 one."""
+    try:
+        root = cached_store().root.parent / "models-native"
+        return pull("smollm2-135m-instruct", ModelStore(root), progress=False, dtype="native")
+    except RegistryUnreachableError as exc:
+        pytest.skip(f"smollm2-135m-instruct is not cached and cannot be pulled: {exc}")
 
 
 def gemma_store() -> StoredModel:

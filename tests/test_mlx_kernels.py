@@ -1,0 +1,108 @@
+"""The real default model (SmolLM2-135M-Instruct) through turbospark's CPU kernels against MLX's
+own ops on the same weights: the float32 import and the GGUF's Q4_1 blocks kept as 4-bit
+(``native``, the CPU's default).
+
+The kernels' side is the MLX backend the model thread steps (``MlxBackend``: batching, the
+one-pass joins, everything as served); MLX's side is mlx-lm's model on the same files with
+``mx.fast``'s own functions and no kernels.  Greedy text must be the same; where a token differs,
+MLX's own top two log-probabilities at that position must be closer than twice the largest
+difference measured between the two up to there (a near-tie that rounding flips), and that
+difference, over each step's 20 likeliest tokens, must stay under 5e-4 (float32 rounding through
+30 layers, summed in another order: measured 2e-5 to 5e-5 for both forms).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from turbospark.kernels import ops as kernels
+from turbospark.model.backend import SamplingParams
+
+from .realmodels import smollm2_native_store, smollm2_store
+
+pytestmark = [pytest.mark.mlx, pytest.mark.skipif(not kernels.available(), reason=kernels.describe())]
+
+PROMPTS = [
+    "Write a short story about a lighthouse keeper.",
+    "Explain how a bicycle stays upright.",
+    "List three uses of copper.",
+]
+NEW = 24
+
+
+@contextmanager
+def mlx_own_ops() -> Iterator[None]:
+    """``mx.fast``'s own functions for the duration (the kernels put theirs in place)."""
+    ours = {name: getattr(mx.fast, name) for name in kernels._MLX_FAST}
+    for name, fn in kernels._MLX_FAST.items():
+        setattr(mx.fast, name, fn)
+    try:
+        yield
+    finally:
+        for name, fn in ours.items():
+            setattr(mx.fast, name, fn)
+
+
+def reference(path, prompts: list[list[int]]) -> list[tuple[list[int], list[np.ndarray]]]:
+    """Greedy tokens and each step's log-probabilities from mlx-lm's model with MLX's own ops."""
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.utils import load_model
+
+    out = []
+    with mlx_own_ops():
+        model, _ = load_model(path)
+        for ids in prompts:
+            cache = make_prompt_cache(model)
+            logits = model(mx.array([ids]), cache=cache)[0, -1]
+            tokens, rows = [], []
+            for _ in range(NEW):
+                logits = logits.astype(mx.float32)
+                rows.append(np.array(logits - mx.logsumexp(logits)))
+                tokens.append(int(np.argmax(rows[-1])))
+                logits = model(mx.array([[tokens[-1]]]), cache=cache)[0, -1]
+            out.append((tokens, rows))
+    return out
+
+
+def served(path, prompts: list[list[int]]) -> list[tuple[list[int], list[dict[int, float]]]]:
+    """The same through the MLX backend (the kernels), all prompts in one batch, with each step's
+    20 likeliest tokens' log-probabilities."""
+    from turbospark.model.mlx_backend import MlxBackend
+
+    backend = MlxBackend(path, model_id="kernels", cache_entries=0)
+    assert backend.kernels.startswith(kernels.describe())
+    for seq, ids in enumerate(prompts):
+        backend.insert(seq, ids, SamplingParams(max_tokens=NEW, temperature=0.0, speculative=False, logprobs=20))
+    tokens: list[list[int]] = [[] for _ in prompts]
+    rows: list[list[dict[int, float]]] = [[] for _ in prompts]
+    while any(len(t) < NEW for t in tokens):
+        step = backend.step()
+        for seq in step.tokens:
+            tokens[seq] += step.emitted(seq)
+            rows[seq].append(dict(step.logprobs[seq][1]))
+    return list(zip(tokens, rows))
+
+
+@pytest.mark.parametrize("store", [smollm2_store, smollm2_native_store], ids=["float32", "native"])
+def test_greedy_text_equals_mlx_own_ops_on_the_same_weights(store) -> None:
+    stored = store()
+    from turbospark.model.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(stored.path)
+    prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
+    want, got = reference(stored.path, prompts), served(stored.path, prompts)
+    for (mine, my_rows), (theirs, their_rows) in zip(got, want):
+        first = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
+        upto = NEW if first is None else first + 1
+        diffs = [max(abs(lp - row[token]) for token, lp in mine_top.items())
+                 for mine_top, row in zip(my_rows[:upto], their_rows[:upto])]
+        assert max(diffs) <= 5e-4, f"log-probabilities differ by {max(diffs):.2e}"
+        if first is not None:
+            top2 = np.sort(their_rows[first])[-2:]
+            assert top2[1] - top2[0] <= 2 * max(diffs), (
+                f"token {first} differs where MLX's top two are {top2[1] - top2[0]:.2e} apart")
