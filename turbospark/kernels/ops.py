@@ -100,7 +100,7 @@ def attention(
     sinks: mx.array | None = None, stream: object = None,
 ) -> mx.array:
     if _on_cpu(stream) and q.dtype in _FLOATS and k.dtype == q.dtype and v.dtype == q.dtype:
-        if mask is None or mask == "causal":
+        if mask is None or isinstance(mask, str) and mask == "causal":
             return native.attention(q, k, v, scale, mask or "", None, sinks)
         if isinstance(mask, mx.array) and (mask.dtype == mx.bool_ or mask.dtype == q.dtype):
             return native.attention(q, k, v, scale, "array", mask, sinks)

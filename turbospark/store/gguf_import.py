@@ -64,7 +64,7 @@ SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 def default_dtype() -> str:
     """The dtype that fits this platform: the GGUF's own quantization where MLX keeps it
     (``native``), with Metal, or on the CPU where turbospark's kernels read it (decision 0027:
-    the same weights as the float32 import, a quarter of the bytes, faster); ``float32`` on a CPU
+    the same weights as the float32 import, a fifth of the bytes, faster); ``float32`` on a CPU
     without them, where only float32 products are fast (BLAS).
     """
     from ..kernels import ops as kernels

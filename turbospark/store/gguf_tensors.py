@@ -176,14 +176,13 @@ def _repack_native(data: np.ndarray, qtype: gguf.GGMLQuantizationType) -> list[n
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
     if qtype == _GQT.Q8_0:  # d, then 32 signed bytes: value = d * q
         q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+        weight = np.ascontiguousarray(q).reshape(data.shape[0], -1).view(np.uint32)
         bias = d * np.float16(-128)
     else:  # d (and m for Q4_1), then 16 bytes: low nibbles are values 0-15, high nibbles 16-31
         start = 4 if qtype == _GQT.Q4_1 else 2
         bias = blocks[..., 2:4].copy().view(np.float16)[..., 0] if qtype == _GQT.Q4_1 else d * np.float16(-8)
         nibbles = blocks[..., start:]
-        values = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)
-        q = values[..., 0::2] | (values[..., 1::2] << 4)
-    weight = np.ascontiguousarray(q).reshape(data.shape[0], -1).view(np.uint32)
+        weight = _pack4(np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1), data.shape[0])
     return [weight, np.ascontiguousarray(d), np.ascontiguousarray(bias)]
 
 
