@@ -5,10 +5,9 @@
 #include <limits>
 #include <stdexcept>
 
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/types/half_types.h"
+#include "enqueue.h"
 #include "pool.h"
 #include "strided.h"
 #include "rows_kernels.h"
@@ -62,13 +61,6 @@ View4 view4(const mx::array& a) {
   return v;
 }
 
-void add_inputs(mx::cpu::CommandEncoder& enc, const std::vector<mx::array>& inputs, std::vector<mx::array>& weak) {
-  for (auto& a : inputs) {
-    enc.set_input_array(a);
-    weak.push_back(mx::array::unsafe_weak_copy(a));
-  }
-}
-
 void check_cpu(const mx::Stream& s, const char* what) {
   if (s.device != mx::Device::cpu) throw std::invalid_argument(std::string(what) + " runs on the CPU only");
 }
@@ -101,12 +93,7 @@ bool RmsNorm::is_equivalent(const mx::Primitive& other) const {
 }
 
 void RmsNorm::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  std::vector<mx::array> in;
-  add_inputs(enc, inputs, in);
-  enc.set_output_array(out);
-  enc.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), eps = eps_, has_weight = has_weight_]() mutable {
+  enqueue(stream(), inputs, out, [eps = eps_, has_weight = has_weight_](std::vector<mx::array>& in, mx::array& out) {
     by_type(out.dtype(), [&](auto zero) {
       using T = decltype(zero);
       const auto& x = in[0];
@@ -175,13 +162,8 @@ bool Rope::is_equivalent(const mx::Primitive& other) const {
 }
 
 void Rope::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  std::vector<mx::array> in;
-  add_inputs(enc, inputs, in);
-  enc.set_output_array(out);
-  enc.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), dims = dims_, traditional = traditional_,
-                base = base_, scale = scale_, has_freqs = has_freqs_]() mutable {
+  enqueue(stream(), inputs, out, [dims = dims_, traditional = traditional_,
+                base = base_, scale = scale_, has_freqs = has_freqs_](std::vector<mx::array>& in, mx::array& out) {
     by_type(out.dtype(), [&](auto zero) {
       using T = decltype(zero);
       const auto& x = in[0];
@@ -351,13 +333,8 @@ constexpr size_t kParallelWork = 1 << 16;
 } // namespace
 
 void Attention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  std::vector<mx::array> in;
-  add_inputs(enc, inputs, in);
-  enc.set_output_array(out);
-  enc.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), scale = scale_, causal = causal_,
-                has_mask = has_mask_, has_sinks = has_sinks_]() mutable {
+  enqueue(stream(), inputs, out, [scale = scale_, causal = causal_,
+                has_mask = has_mask_, has_sinks = has_sinks_](std::vector<mx::array>& in, mx::array& out) {
     by_type(out.dtype(), [&](auto zero) {
       using T = decltype(zero);
       const auto &q = in[0], &k = in[1], &v = in[2];

@@ -11,9 +11,9 @@
 #include <stdexcept>
 
 #include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/types/half_types.h"
+#include "enqueue.h"
 #include "pool.h"
 #include "strided.h"
 #include "rows_kernels.h"
@@ -236,16 +236,8 @@ std::vector<mx::Shape> RowsMatmul::output_shapes(const std::vector<mx::array>& i
 }
 
 void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  std::vector<mx::array> in;
-  for (auto& a : inputs) {
-    encoder.set_input_array(a);
-    in.push_back(mx::array::unsafe_weak_copy(a));
-  }
-  encoder.set_output_array(out);
-  encoder.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), bits = bits_,
-                    group = group_size_, has_bias = has_bias_]() mutable {
+  auto work = [bits = bits_, group = group_size_, has_bias = has_bias_](std::vector<mx::array>& in,
+                                                                        mx::array& out) {
     const auto& x = in[0];
     const int K = x.shape(-1), N = out.shape(-1);
     const int R = K == 0 ? 0 : int(x.size() / K);
@@ -313,7 +305,8 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
       auto* o = out.data<mx::float16_t>();
       for (size_t i = 0; i < yf.size(); ++i) o[i] = mx::float16_t(yf[i]);
     }
-  });
+  };
+  enqueue(stream(), inputs, out, std::move(work));
 }
 
 } // namespace turbospark::kernels
