@@ -118,7 +118,7 @@ def json_children() -> list[int]:
     return found
 
 
-def tiny_llama(vocab: int, layers: int, seed: int, arch: str = "llama") -> Any:
+def tiny_llama(vocab: int, layers: int, seed: int, arch: str = "llama", hidden: int = 32) -> Any:
     """A tiny random model of mlx-lm's llama layer stack (``arch``: its ``llama`` or ``qwen2``
     module) for engine tests, no download; its weights are scaled up from the default init, so
     its distributions are peaked (few near-ties)."""
@@ -130,7 +130,7 @@ def tiny_llama(vocab: int, layers: int, seed: int, arch: str = "llama") -> Any:
     module = importlib.import_module(f"mlx_lm.models.{arch}")
     mx.random.seed(seed)
     args = module.ModelArgs(
-        model_type=arch, hidden_size=32, num_hidden_layers=layers, intermediate_size=64,
+        model_type=arch, hidden_size=hidden, num_hidden_layers=layers, intermediate_size=2 * hidden,
         num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=vocab,
     )
     model = module.Model(args)

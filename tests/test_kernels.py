@@ -7,7 +7,12 @@ differs: MLX calls BLAS, the kernels sum eight lanes and then the lanes); float1
 bfloat16 output 1e-2 (one rounding of the output, 2^-11 and 2^-8 relative, on either side).
 Quantized weights are read as MLX defines them (``scale * q + bias``), in float32, where MLX
 rounds each to the input's type first: for float16 and bfloat16 inputs the quantized tolerance is
-twice the float one.
+twice the float one.  Where the instruction set has integer dot products (AVX2), a few rows of x
+(up to a GEMM's) times affine weights with K a multiple of 64 are computed with x rounded to 8
+bits per 32 values (llama.cpp's Q8_0); each such value is off by at most half its 32's step
+(max |x| / 254), so the products may differ from MLX's by up to ``|s * q| @ half-steps`` more,
+exactly that bound (``TURBOSPARK_KERNELS_EXACT=1`` keeps x in float32: the float tolerance alone,
+tested too).
 
 Then a model: ``install`` routes a tiny llama's products through the kernels and its logits stay
 within float32 rounding of MLX's own; where the kernels are off, nothing changes and the line
@@ -42,11 +47,28 @@ def isa(request: pytest.FixtureRequest):
     kernels.native.use_isa(before)
 
 
-def check_close(got: mx.array, want: mx.array, x: mx.array, w: mx.array, tol: float) -> None:
+@pytest.fixture(params=["int8", "float32"])
+def activations(request: pytest.FixtureRequest):
+    """x rounded to 8 bits in quantized products where the instruction set can, or kept float32."""
+    before = kernels.native.activations_in_8_bits()
+    kernels.native.set_activations_in_8_bits(request.param == "int8")
+    yield request.param
+    kernels.native.set_activations_in_8_bits(before)
+
+
+def rounding_of_x(x: mx.array, sq: mx.array) -> np.ndarray:
+    """The most rounding x to 8 bits per 32 values moves each output: |s * q| @ (max |x| / 254)."""
+    xf = np.array(x.astype(mx.float32))
+    xf = xf.reshape(-1, xf.shape[-1])
+    step = np.abs(xf.reshape(len(xf), -1, 32)).max(-1, keepdims=True) / 254
+    return np.broadcast_to(step, (*step.shape[:2], 32)).reshape(xf.shape) @ np.abs(np.array(sq.astype(mx.float32))).T
+
+
+def check_close(got: mx.array, want: mx.array, x: mx.array, w: mx.array, tol: float, more: np.ndarray | float = 0.0) -> None:
     assert got.shape == want.shape and got.dtype == want.dtype
     size = np.abs(np.array(x.astype(mx.float32))) @ np.abs(np.array(w.astype(mx.float32))).T
     err = np.abs(np.array(got.astype(mx.float32)) - np.array(want.astype(mx.float32)))
-    bound = tol * size.reshape(err.shape) + 1e-6
+    bound = tol * size.reshape(err.shape) + (np.reshape(more, err.shape) if np.ndim(more) else more) * 1.001 + 1e-6
     worst = float((err / bound).max())
     assert worst <= 1, f"off by {worst:.2f}x the tolerance"
 
@@ -81,7 +103,7 @@ def test_float_weights_equal_mlx_matmul(isa, shape, dtype, bias, batch, seed) ->
 @given(shape=shapes, bits=st.sampled_from([4, 8]), group=st.sampled_from([32, 64, 128]),
        dtype=st.sampled_from([mx.float32, mx.bfloat16, mx.float16]), bias=st.booleans(),
        seed=st.integers(0, 2**16))
-def test_quantized_weights_equal_mlx_quantized_matmul(isa, shape, bits, group, dtype, bias, seed) -> None:
+def test_quantized_weights_equal_mlx_quantized_matmul(isa, activations, shape, bits, group, dtype, bias, seed) -> None:
     rows, out_fours, groups = shape[0], shape[1], shape[2] // 8 % 5 + 1
     k, n = group * groups, 4 * out_fours + seed % 4
     mx.random.seed(seed)
@@ -93,7 +115,10 @@ def test_quantized_weights_equal_mlx_quantized_matmul(isa, shape, bits, group, d
         want = want + b
     got = kernels.quantized_linear(x, wq, scales, biases, b, group_size=group, bits=bits)
     w = mx.dequantize(wq, scales, biases, group_size=group, bits=bits)
-    check_close(got, want, x, w, TOLERANCE[dtype] * (1 if dtype == mx.float32 else 2) * (2 if bias else 1))
+    more = 0.0
+    if activations == "int8" and isa == "avx2+fma" and k % 64 == 0 and rows < kernels.native.gemm_rows():
+        more = rounding_of_x(x, mx.dequantize(wq, scales, mx.zeros_like(biases), group_size=group, bits=bits))
+    check_close(got, want, x, w, TOLERANCE[dtype] * (1 if dtype == mx.float32 else 2) * (2 if bias else 1), more)
 
 
 @needs_kernels
@@ -143,14 +168,23 @@ def test_a_model_through_the_kernels_gives_mlx_logits_within_rounding() -> None:
 
 
 @needs_kernels
-def test_a_quantized_model_is_read_by_the_kernels() -> None:
-    model = tiny_llama(vocab=64, layers=2, seed=2)
+def test_a_quantized_model_is_read_by_the_kernels(activations) -> None:
+    """Within float32 rounding of MLX's logits with x kept float32.  With x rounded to 8 bits per
+    32 values (each product within its bound, tested above), the same likeliest token at every
+    position and logits within 10% of their range (measured 5.6%: this tiny model's weights are
+    scaled up, so its activations are large and its rounding is amplified through the layers)."""
+    model = tiny_llama(vocab=64, layers=2, seed=2, hidden=64)
     nn.quantize(model, group_size=32, bits=4)
     tokens = mx.array([[3, 1, 4, 1, 5]])
-    want = model(tokens)
+    want = np.array(model(tokens))
     line = mlx_kernels.install(model)
     assert "14 of 14 linear layers and the tied output head" in line
-    np.testing.assert_allclose(np.array(model(tokens)), np.array(want), rtol=1e-4, atol=1e-4)
+    got = np.array(model(tokens))
+    if activations == "float32":
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    else:
+        assert (got.argmax(-1) == want.argmax(-1)).all()
+        assert np.abs(got - want).max() <= 0.1 * np.ptp(want)
 
 
 def test_without_the_kernels_a_model_keeps_mlx_ops_and_the_line_says_why(monkeypatch) -> None:

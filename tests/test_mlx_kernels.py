@@ -9,6 +9,13 @@ MLX's own top two log-probabilities at that position must be closer than twice t
 difference measured between the two up to there (a near-tie that rounding flips), and that
 difference, over each step's 20 likeliest tokens, must stay under 5e-4 (float32 rounding through
 30 layers, summed in another order: measured 2e-5 to 5e-5 for both forms).
+
+That holds with x kept float32 in the 4-bit products (``TURBOSPARK_KERNELS_EXACT=1``).  By
+default they round x to 8 bits per 32 values, as llama.cpp does: then log-probabilities move by up
+to ~1 (measured 0.86 to 0.95 over these prompts; median 0.4), the text may part where MLX's top two
+are closer than twice that, and what it costs is measured as likelihood: the mean negative
+log-likelihood per token of a text, read one token a step, stays within 0.02 of the float32
+activations' (measured +0.004 of 3.85).
 """
 
 from __future__ import annotations
@@ -88,21 +95,64 @@ def served(path, prompts: list[list[int]]) -> list[tuple[list[int], list[dict[in
     return list(zip(tokens, rows))
 
 
-@pytest.mark.parametrize("store", [smollm2_store, smollm2_native_store], ids=["float32", "native"])
-def test_greedy_text_equals_mlx_own_ops_on_the_same_weights(store) -> None:
+@contextmanager
+def activations_in_8_bits(on: bool) -> Iterator[None]:
+    before = kernels.native.activations_in_8_bits()
+    kernels.native.set_activations_in_8_bits(on)
+    try:
+        yield
+    finally:
+        kernels.native.set_activations_in_8_bits(before)
+
+
+@pytest.mark.parametrize(("store", "int8"), [(smollm2_store, False), (smollm2_native_store, False), (smollm2_native_store, True)],
+                         ids=["float32", "native", "native-8-bit-x"])
+def test_greedy_text_equals_mlx_own_ops_on_the_same_weights(store, int8) -> None:
     stored = store()
     from turbospark.model.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(stored.path)
     prompts = [tok.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
-    want, got = reference(stored.path, prompts), served(stored.path, prompts)
+    want = reference(stored.path, prompts)
+    with activations_in_8_bits(int8):
+        got = served(stored.path, prompts)
     for (mine, my_rows), (theirs, their_rows) in zip(got, want):
         first = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
         upto = NEW if first is None else first + 1
         diffs = [max(abs(lp - row[token]) for token, lp in mine_top.items())
                  for mine_top, row in zip(my_rows[:upto], their_rows[:upto])]
-        assert max(diffs) <= 5e-4, f"log-probabilities differ by {max(diffs):.2e}"
+        assert max(diffs) <= (1.5 if int8 else 5e-4), f"log-probabilities differ by {max(diffs):.2e}"
         if first is not None:
             top2 = np.sort(their_rows[first])[-2:]
             assert top2[1] - top2[0] <= 2 * max(diffs), (
                 f"token {first} differs where MLX's top two are {top2[1] - top2[0]:.2e} apart")
+
+
+def test_8_bit_activations_cost_little_likelihood() -> None:
+    """The native model read one token a step (every product through the 8-bit path), over the
+    opening of the README: mean negative log-likelihood per token with x rounded to 8 bits, against
+    x kept float32."""
+    from pathlib import Path
+
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.utils import load_model
+
+    from turbospark.model.mlx_kernels import install
+    from turbospark.model.tokenizer import Tokenizer
+
+    path = smollm2_native_store().path
+    model, _ = load_model(path)
+    install(model)
+    text = (Path(__file__).parents[1] / "README.md").read_text()[:2000]
+    ids = Tokenizer.from_dir(path).encode(text)[:160]
+
+    def nll(int8: bool) -> float:
+        cache, total = make_prompt_cache(model), 0.0
+        with activations_in_8_bits(int8):
+            for token, following in zip(ids, ids[1:]):
+                logits = model(mx.array([[token]]), cache=cache)[0, -1].astype(mx.float32)
+                total -= float(logits[following] - mx.logsumexp(logits))
+        return total / (len(ids) - 1)
+
+    exact, rounded = nll(False), nll(True)
+    assert abs(rounded - exact) <= 0.02, f"{rounded:.4f} against {exact:.4f}"

@@ -10,7 +10,7 @@ import mlx.core as mx
 
 __all__ = [
     "MAX_FLOAT32_ROWS", "available", "describe", "huge_pages", "linear", "native", "quantized_linear",
-    "serve_fast_ops", "supports_quantized",
+    "serve_fast_ops", "supports_quantized", "x_in_8_bits",
 ]
 
 #: Up to this many rows a float32 product is ours; past it, MLX's BLAS GEMM is as fast or faster.
@@ -42,7 +42,14 @@ def describe() -> str:
     """One line for the startup report: which kernels, or why none."""
     if native is None:
         return f"MLX's own ops (turbospark's CPU kernels: {_why_not})"
-    return f"turbospark's CPU kernels ({native.isa()}, {native.threads()} threads)"
+    x8 = ", x in 8 bits for 4- and 8-bit weights" if x_in_8_bits() else ""
+    return f"turbospark's CPU kernels ({native.isa()}, {native.threads()} threads{x8})"
+
+
+def x_in_8_bits() -> bool:
+    """Whether quantized products round x to 8 bits per 32 values (llama.cpp's Q8_0), as they do
+    where the instruction set has integer dot products (AVX2) unless ``TURBOSPARK_KERNELS_EXACT=1``."""
+    return native is not None and native.activations_in_8_bits() and native.isa() not in ("portable", "neon")
 
 
 def supports_quantized(group_size: int, bits: int, mode: str = "affine") -> bool:

@@ -54,6 +54,11 @@ NB_MODULE(_native, m) {
   m.def("isas", &tk::isas, "The instruction sets this build has and this CPU runs, best first.");
   m.def("isa", &tk::isa, "The instruction set the kernels use.");
   m.def("use_isa", &tk::use_isa, "name"_a, "Use another instruction set (tests); False if not runnable.");
+  m.def("activations_in_8_bits", [] { return tk::activations_in_8_bits().load(); },
+        "Whether 4-bit products round x to 8 bits per 32 values (where the instruction set can).");
+  m.def("set_activations_in_8_bits", [](bool on) { tk::activations_in_8_bits().store(on); }, "on"_a,
+        "Round x to 8 bits in 4-bit products, or keep it float32 (tests, TURBOSPARK_KERNELS_EXACT).");
+  m.def("gemm_rows", &tk::gemm_rows, "From this many rows of x a product is a GEMM of widened weights.");
   m.def("threads", &tk::threads, "Threads a product is split over.");
   m.def("huge_pages", &tk::huge_pages, "arrays"_a,
         "Back the arrays' memory with transparent huge pages where possible; the bytes that are.");

@@ -150,6 +150,16 @@ std::vector<std::string> isas() {
 
 std::string isa() { return current().load()->name; }
 
+int gemm_rows() { return kGemmRows; }
+
+std::atomic<bool>& activations_in_8_bits() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("TURBOSPARK_KERNELS_EXACT");
+    return v == nullptr || *v == '\0' || std::string(v) == "0";
+  }()};
+  return on;
+}
+
 bool use_isa(const std::string& name) {
   for (auto* isa : runnable())
     if (name == isa->name) {
@@ -271,6 +281,20 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
       job.stype = scale_type(in[2].dtype());
     }
     const Isa* isa = current().load();
+    std::vector<int8_t> x8;
+    std::vector<float> d8, xs8;
+    RowsFn rows = isa->rows;
+    if (bits != 0 && R < kGemmRows && K % 64 == 0 && isa->rows_q8 != nullptr &&
+        activations_in_8_bits().load(std::memory_order_relaxed)) {
+      x8.resize(size_t(R) * K);
+      d8.resize(size_t(R) * K / 8);
+      xs8.resize(size_t(R) * K / 32);
+      isa->quantize(xf.data(), R, K, bits == 4, x8.data(), d8.data(), xs8.data());
+      job.x8 = x8.data();
+      job.d8 = d8.data();
+      job.xs8 = xs8.data();
+      rows = isa->rows_q8;
+    }
     auto& team = pool();
     int parts = weight_bytes < kParallelBytes ? 1 : team.size();
     if (R >= kGemmRows && sgemm() != nullptr) {
@@ -281,14 +305,14 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
         sgemm()(kRowMajor, kNoTrans, kTrans, R, nb, K, 1.0f, xf.data(), K, block.data(), K, 0.0f, y + o, N);
       }
     } else if (parts == 1) {
-      isa->rows(job, 0, N);
+      rows(job, 0, N);
     } else {
       // equal shares of output rows, in fours
       int quads = (N + 3) / 4;
       team.run([&](int i) {
         int o0 = std::min(N, 4 * (quads * i / parts));
         int o1 = std::min(N, 4 * (quads * (i + 1) / parts));
-        if (o0 < o1) isa->rows(job, o0, o1);
+        if (o0 < o1) rows(job, o0, o1);
       });
     }
     if (has_bias) {

@@ -2,6 +2,7 @@
 // float16 weights and MLX's affine 4- and 8-bit layout.
 #pragma once
 
+#include <atomic>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,6 +47,12 @@ class RowsMatmul : public mx::UnaryPrimitive {
 std::vector<std::string> isas();
 std::string isa();
 bool use_isa(const std::string& name);
+// Whether affine 4-bit products round x to 8 bits per 32 values where the instruction set has
+// integer dot products (the default; TURBOSPARK_KERNELS_EXACT=1 turns it off): about 3x faster
+// at one row, the same rounding llama.cpp's Q8_0 dot products make.  Off: x stays float32.
+std::atomic<bool>& activations_in_8_bits();
+// From this many rows of x a product is a GEMM of widened weights (float32 throughout).
+int gemm_rows();
 int threads();
 
 // Backs the arrays' memory with transparent huge pages where the kernel allows (Linux

@@ -29,6 +29,10 @@ struct RowsJob {
   ScaleType stype;
   int group;            // 32, 64 or 128 (affine only)
   float* y;
+  // affine weights times 8-bit activations (Isa::rows_q8): x as Isa::quantize wrote it
+  const int8_t* x8 = nullptr;
+  const float* d8 = nullptr;
+  const float* xs8 = nullptr;  // R x K/32: the sum of each 32 values of x
 };
 
 using RowsFn = void (*)(const RowsJob& job, int o0, int o1);
@@ -43,6 +47,13 @@ struct Isa {
   void (*axpys)(const float* p, const float* v, int64_t vst, int n, int d, float* acc);
   // weight rows [o0, o1) as float32, (o1 - o0) x K into out (for a GEMM of many rows of x)
   void (*widen)(const RowsJob& job, int o0, int o1, float* out);
+  // Affine 4- and 8-bit weights times rows of x rounded to 8 bits per 32 values (as llama.cpp's
+  // Q8_0 dot products do), for K a multiple of 64; nullptr where the set has no integer dot
+  // products.  `quantize` writes x8 (R x K; for 4-bit weights (`pairs`), each 64 values as their
+  // 32 even then 32 odd ones), d8 (R x K/8: each 32 values' scale, four times) and xs8 (R x K/32:
+  // each 32 values' sum).
+  RowsFn rows_q8;
+  void (*quantize)(const float* x, int R, int K, bool pairs, int8_t* x8, float* d8, float* xs8);
 };
 
 const Isa& isa_portable();

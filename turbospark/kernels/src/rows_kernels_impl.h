@@ -76,6 +76,10 @@ inline float hsum(v8f v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
+inline float hsum_max(v8f v) {
+  return std::max(std::max(std::max(v[0], v[4]), std::max(v[1], v[5])), std::max(std::max(v[2], v[6]), std::max(v[3], v[7])));
+}
+
 // One float16 as float32.  GCC calls libgcc's soft conversion for a scalar _Float16 on x86 even
 // with F16C (tens of cycles: it was most of a quantized product's time with float16 scales).
 inline float half(const void* p, size_t i) {
@@ -411,5 +415,251 @@ void rows(const RowsJob& job, int o0, int o1) {
     }
   }
 }
+
+#if defined(__AVX2__)
+// --- 4-bit weights times 8-bit activations ------------------------------------------------------
+//
+// Each 32 values of a row of x are rounded to int8 with a scale d = max|x| / 127 (llama.cpp's
+// Q8_0).  MLX packs weight k in nibble k % 8 of word k / 8, so byte j of a row holds weights 2j
+// (low nibble) and 2j + 1 (high nibble): with x's even values beside the low nibbles and its odd
+// ones beside the high nibbles, one _mm256_maddubs_epi16 multiplies 32 weights by their 32 values
+// and adds them in pairs.  With w = s * q + b per group,
+//   y = sum over 32s of d * s * sum(q * x8)  +  sum over groups of b * sum(x)
+// the first term 64 weights at a time (lanes 0-3: the first 32, lanes 4-7: the next), the second
+// a dot product of the row's biases with the groups' exact float sums of x.
+
+void quantize(const float* x, int R, int K, bool pairs, int8_t* x8, float* d8, float* xs) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  // within each 16 bytes: the 8 even bytes, then the 8 odd ones
+  const __m256i evens_odds = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                              0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int r = 0; r < R; ++r) {
+    for (int k = 0; k < K; k += 32) {
+      const size_t at = size_t(r) * K + k;
+      const float* c = x + at;
+      __m256 v[4];
+      __m256 amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+      for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(c + 8 * i);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+        sum = _mm256_add_ps(sum, v[i]);
+      }
+      const float m = hsum_max(amax);
+      const __m256 inv = _mm256_set1_ps(m > 0 ? 127.0f / m : 0.0f);
+      __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv));
+      __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inv));
+      __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v[2], inv));
+      __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v[3], inv));
+      __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+      b = _mm256_permutevar8x32_epi32(b, order);  // the 32 values in order
+      const int half = (k / 32) % 2;              // where these 32 go in their 64
+      for (int i = 0; i < 4; ++i) d8[(at - 32 * half) / 8 + 4 * half + i] = m / 127.0f;
+      xs[at / 32] = hsum(v8f(sum));
+      if (!pairs) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(x8 + at), b);
+        continue;
+      }
+      b = _mm256_shuffle_epi8(b, evens_odds);     // per 16: evens, odds
+      b = _mm256_permute4x64_epi64(b, 0xD8);      // evens of all 32, then odds
+      int8_t* out = x8 + at - 32 * half;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * half), _mm256_castsi256_si128(b));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 32 + 16 * half), _mm256_extracti128_si256(b, 1));
+    }
+  }
+}
+
+// two scales (float32, bfloat16 as uint16_t, or float16) from index `at`, in lanes 0 and 1
+template <class S>
+inline __m128 two_at(const void* p, size_t at) {
+  if constexpr (std::is_same_v<S, float>) {
+    return _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(static_cast<const float*>(p) + at)));
+  } else {
+    uint32_t bits;
+    std::memcpy(&bits, static_cast<const uint16_t*>(p) + at, sizeof bits);
+    const __m128i h = _mm_cvtsi32_si128(int(bits));
+    if constexpr (std::is_same_v<S, uint16_t>) return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16));
+    else return _mm_cvtph_ps(h);
+  }
+}
+
+// eight scales from index `at`
+template <class S>
+inline __m256 eight_at(const void* p, size_t at) {
+  if constexpr (std::is_same_v<S, float>) {
+    return _mm256_loadu_ps(static_cast<const float*>(p) + at);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + at));
+    if constexpr (std::is_same_v<S, uint16_t>) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    else return _mm256_cvtph_ps(h);
+  }
+}
+
+// the scales of the 32 weights at k (lanes 0-3) and of the 32 after them (lanes 4-7)
+template <class S>
+inline __m256 scale_pair(const void* p, size_t row_at, int k, int G) {
+  if (G == 32)
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(two_at<S>(p, row_at + k / 32)), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+  return _mm256_set1_ps(scale_at<S>(p, row_at + k / G));
+}
+
+// sum over groups of bias * sum(x), as eight lanes (added to a row's sum before it is reduced)
+template <class S>
+inline __m256 bias_terms(const void* biases, size_t row_at, const float* xsg, int groups) {
+  __m256 acc = _mm256_setzero_ps();
+  int g = 0;
+  for (; g + 8 <= groups; g += 8) acc = _mm256_fmadd_ps(eight_at<S>(biases, row_at + g), _mm256_loadu_ps(xsg + g), acc);
+  float rest = 0;
+  for (; g < groups; ++g) rest += scale_at<S>(biases, row_at + g) * xsg[g];
+  return _mm256_add_ps(acc, _mm256_setr_ps(rest, 0, 0, 0, 0, 0, 0, 0));
+}
+
+// output rows o .. o + OB - 1 for rows r .. r + RB - 1 of x; OB * RB independent sums, so the
+// multiply-adds of one step do not wait on each other
+template <int OB, int RB, class S>
+inline void q8_block(const RowsJob& job, const float* xsg, int o, int r) {
+  const int K = job.K, G = job.group, groups = K / G;
+  const __m256i m4 = _mm256_set1_epi8(15);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[OB][RB];
+  for (int i = 0; i < OB; ++i)
+    for (int j = 0; j < RB; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int k = 0; k < K; k += 64) {
+    for (int i = 0; i < OB; ++i) {
+      const uint8_t* w = static_cast<const uint8_t*>(job.w) + (size_t(o + i) * K + k) / 2;
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+      const __m256i lo = _mm256_and_si256(packed, m4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), m4);
+      const __m256 s = scale_pair<S>(job.scales, size_t(o + i) * groups, k, G);
+      for (int j = 0; j < RB; ++j) {
+        const size_t at = size_t(r + j) * K + k;
+        const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(job.x8 + at));
+        const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(job.x8 + at + 32));
+        const __m256i sums = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xe), _mm256_maddubs_epi16(hi, xo));
+        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums, ones));
+        acc[i][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(s, _mm256_loadu_ps(job.d8 + at / 8)), acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < OB; ++i)
+    for (int j = 0; j < RB; ++j)
+      acc[i][j] = _mm256_add_ps(acc[i][j], bias_terms<S>(job.biases, size_t(o + i) * groups, xsg + size_t(r + j) * groups, groups));
+  for (int j = 0; j < RB; ++j) {
+    float* y = job.y + size_t(r + j) * job.N + o;
+    if constexpr (OB == 4) {  // the four sums at once
+      const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(acc[0][j], acc[1][j]), _mm256_hadd_ps(acc[2][j], acc[3][j]));
+      _mm_storeu_ps(y, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+    } else {
+      for (int i = 0; i < OB; ++i) y[i] = hsum(v8f(acc[i][j]));
+    }
+  }
+}
+
+// 8-bit weights q in 0..255 times x8: q - 128 fits int8, and _mm256_maddubs_epi16 takes
+// |q - 128| unsigned beside x8 with (q - 128)'s sign (at most 2 * 128 * 127, no saturation), so
+//   y = sum over 32s of d * s * (sum((q - 128) * x8) + 128 * sum(x8))  +  sum over groups of b * sum(x)
+// the 128 * sum(x8) part joining the bias terms as a dot product of the row's scales.  x8 is in
+// its own order here.
+template <int OB, int RB, class S>
+inline void q8_block8(const RowsJob& job, const float* xsg, const float* usg, int o, int r) {
+  const int K = job.K, G = job.group, groups = K / G;
+  const __m256i flip = _mm256_set1_epi8(char(0x80));
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[OB][RB];
+  for (int i = 0; i < OB; ++i)
+    for (int j = 0; j < RB; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int k = 0; k < K; k += 32) {
+    for (int i = 0; i < OB; ++i) {
+      const uint8_t* w = static_cast<const uint8_t*>(job.w) + size_t(o + i) * K + k;
+      const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), flip);
+      const __m256i size = _mm256_abs_epi8(q);  // -128 gives 0x80: 128 read unsigned
+      const __m256 s = _mm256_set1_ps(scale_at<S>(job.scales, size_t(o + i) * groups + k / G));
+      for (int j = 0; j < RB; ++j) {
+        const size_t at = size_t(r + j) * K + k;
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(job.x8 + at));
+        const __m256i prods = _mm256_maddubs_epi16(size, _mm256_sign_epi8(x, q));
+        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(prods, ones));
+        acc[i][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(s, _mm256_broadcast_ss(job.d8 + at / 8)), acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < OB; ++i)
+    for (int j = 0; j < RB; ++j) {
+      const size_t row_at = size_t(o + i) * groups, x_at = size_t(r + j) * groups;
+      acc[i][j] = _mm256_add_ps(acc[i][j], _mm256_add_ps(bias_terms<S>(job.biases, row_at, xsg + x_at, groups),
+                                                         bias_terms<S>(job.scales, row_at, usg + x_at, groups)));
+    }
+  for (int j = 0; j < RB; ++j) {
+    float* y = job.y + size_t(r + j) * job.N + o;
+    if constexpr (OB == 4) {
+      const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(acc[0][j], acc[1][j]), _mm256_hadd_ps(acc[2][j], acc[3][j]));
+      _mm_storeu_ps(y, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+    } else {
+      for (int i = 0; i < OB; ++i) y[i] = hsum(v8f(acc[i][j]));
+    }
+  }
+}
+
+template <int BITS, int OB, int RB, class S>
+inline void q8_any(const RowsJob& job, const float* xsg, const float* usg, int o, int r) {
+  if constexpr (BITS == 4) q8_block<OB, RB, S>(job, xsg, o, r);
+  else q8_block8<OB, RB, S>(job, xsg, usg, o, r);
+}
+
+template <int BITS, class S>
+void rows_q8_typed(const RowsJob& job, int o0, int o1) {
+  // per group of weights: the sums of x (from its sums per 32) and, for 8 bits,
+  // 128 * d * sum(x8)
+  const int groups = job.K / job.group, per = job.group / 32, chunks = job.K / 32;
+  const float* xsg = job.xs8;
+  thread_local std::vector<float> sums, usums;
+  if (per > 1) {
+    sums.assign(size_t(job.R) * groups, 0.0f);
+    for (size_t c = 0; c < size_t(job.R) * chunks; ++c) sums[c / per] += job.xs8[c];
+    xsg = sums.data();
+  }
+  if constexpr (BITS == 8) {
+    usums.assign(size_t(job.R) * groups, 0.0f);
+    for (size_t c = 0; c < size_t(job.R) * chunks; ++c) {
+      int t = 0;
+      for (int e = 0; e < 32; ++e) t += job.x8[c * 32 + e];
+      usums[c / per] += 128.0f * job.d8[c * 4] * float(t);
+    }
+  }
+  const float* usg = usums.data();
+  int o = o0;
+  if (job.R == 1) {
+    for (; o + 4 <= o1; o += 4) q8_any<BITS, 4, 1, S>(job, xsg, usg, o, 0);
+    for (; o < o1; ++o) q8_any<BITS, 1, 1, S>(job, xsg, usg, o, 0);
+    return;
+  }
+  for (; o < o1; ++o) {
+    int r = 0;
+    for (; r + 4 <= job.R; r += 4) q8_any<BITS, 1, 4, S>(job, xsg, usg, o, r);
+    switch (job.R - r) {
+      case 3: q8_any<BITS, 1, 3, S>(job, xsg, usg, o, r); break;
+      case 2: q8_any<BITS, 1, 2, S>(job, xsg, usg, o, r); break;
+      case 1: q8_any<BITS, 1, 1, S>(job, xsg, usg, o, r); break;
+    }
+  }
+}
+
+template <int BITS>
+void rows_q8_bits(const RowsJob& job, int o0, int o1) {
+  switch (job.stype) {
+    case ScaleType::F32:
+      return rows_q8_typed<BITS, float>(job, o0, o1);
+    case ScaleType::BF16:
+      return rows_q8_typed<BITS, uint16_t>(job, o0, o1);
+    default:
+      return rows_q8_typed<BITS, _Float16>(job, o0, o1);
+  }
+}
+
+void rows_q8(const RowsJob& job, int o0, int o1) {
+  if (job.wtype == WeightType::Affine8) return rows_q8_bits<8>(job, o0, o1);
+  return rows_q8_bits<4>(job, o0, o1);
+}
+#endif
 
 } // namespace turbospark::kernels::ROWS_NS
