@@ -21,6 +21,7 @@ says why.
 
 from __future__ import annotations
 
+import os
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -121,16 +122,39 @@ def test_quantized_weights_equal_mlx_quantized_matmul(isa, activations, shape, b
     check_close(got, want, x, w, TOLERANCE[dtype] * (1 if dtype == mx.float32 else 2) * (2 if bias else 1), more)
 
 
+SPLIT = """
+import mlx.core as mx, numpy as np
+from turbospark.kernels import ops as kernels
+assert kernels.native.threads() == 3
+mx.random.seed(3)
+x = mx.random.normal((3, 576))
+w = mx.random.normal((4099, 576))
+wq, s, b = mx.quantize(w, group_size=64, bits=4)
+for isa in kernels.native.isas():
+    for int8 in (True, False):
+        kernels.native.use_isa(isa)
+        kernels.native.set_activations_in_8_bits(int8)
+        split = np.array(kernels.linear(x, w))
+        alone = [np.array(kernels.linear(x, w[i:i + 7])) for i in range(0, 4099, 7)]
+        np.testing.assert_array_equal(split, np.concatenate(alone, axis=1))
+        split = np.array(kernels.quantized_linear(x, wq, s, b, group_size=64, bits=4))
+        alone = [np.array(kernels.quantized_linear(x, wq[i:i + 7], s[i:i + 7], b[i:i + 7], group_size=64, bits=4))
+                 for i in range(0, 4099, 7)]
+        np.testing.assert_array_equal(split, np.concatenate(alone, axis=1))
+"""
+
+
 @needs_kernels
-def test_large_products_split_across_threads_give_the_same_rows(isa) -> None:
-    """Past 64 KiB of weights a product is split over the team; every share is the same as one
-    thread's (each output row is computed whole by one thread)."""
-    mx.random.seed(3)
-    x = mx.random.normal((3, 576))
-    w = mx.random.normal((4099, 576))
-    split = np.array(kernels.linear(x, w))
-    alone = np.concatenate([np.array(kernels.linear(x, w[i:i + 7])) for i in range(0, 4099, 7)], axis=1)
-    np.testing.assert_array_equal(split, alone)
+def test_large_products_split_across_threads_give_the_same_rows() -> None:
+    """Past 64 KiB of weights a product is split over the team (a team of three here, whatever
+    this machine's cores); every share is the same as one thread's (each output row is computed
+    whole by one thread), float and quantized, with x in 8 bits or float32."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TURBOSPARK_KERNEL_THREADS": "3"}
+    done = subprocess.run([sys.executable, "-c", SPLIT], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 @needs_kernels

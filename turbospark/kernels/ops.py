@@ -43,7 +43,8 @@ def describe() -> str:
     if native is None:
         return f"MLX's own ops (turbospark's CPU kernels: {_why_not})"
     x8 = ", x in 8 bits for 4- and 8-bit weights" if x_in_8_bits() else ""
-    return f"turbospark's CPU kernels ({native.isa()}, {native.threads()} threads{x8})"
+    n = native.threads()
+    return f"turbospark's CPU kernels ({native.isa()}, {n} thread{'' if n == 1 else 's'}{x8})"
 
 
 def x_in_8_bits() -> bool:

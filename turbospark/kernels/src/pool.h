@@ -1,5 +1,5 @@
 // A fixed team of threads for the kernels: the calling thread (MLX's stream thread) and one
-// worker per other core given to the process.  Every job is split into exactly size() parts and
+// worker per other core given to the process but one (left to Python).  Every job is split into exactly size() parts and
 // every thread runs one.  Workers spin briefly after a job (the next matrix product of a step
 // comes within microseconds) and then sleep, so an idle server costs nothing.
 #pragma once
@@ -87,8 +87,8 @@ class Pool {
   const std::function<void(int)>* job_ = nullptr;
 };
 
-// The process's team, made on first use with one thread per core of this process's CPU set
-// (TURBOSPARK_KERNEL_THREADS overrides; TURBOSPARK_KERNEL_SPIN_US sets the spin, 200 us).
+// The process's team, made on first use with one thread per core of this process's CPU set but
+// one (TURBOSPARK_KERNEL_THREADS overrides; TURBOSPARK_KERNEL_SPIN_US sets the spin, 200 us).
 Pool& pool();
 
 } // namespace turbospark::kernels
