@@ -43,8 +43,9 @@ def describe() -> str:
     if native is None:
         return f"MLX's own ops (turbospark's CPU kernels: {_why_not})"
     x8 = ", x in 8 bits for 4- and 8-bit weights" if x_in_8_bits() else ""
-    n = native.threads()
-    return f"turbospark's CPU kernels ({native.isa()}, {n} thread{'' if n == 1 else 's'}{x8})"
+    n, step = native.threads(), native.step_threads()
+    threads = f"{n} thread{'' if n == 1 else 's'}" + (f", {step} in decode steps" if step != n else "")
+    return f"turbospark's CPU kernels ({native.isa()}, {threads}{x8})"
 
 
 def x_in_8_bits() -> bool:

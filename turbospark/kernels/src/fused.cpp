@@ -353,13 +353,14 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
       };
       size_t work = size_t(B) * job.Hq * job.Lq * job.Lk * (job.D + job.Dv);
       auto& team = pool();
-      if (work < kParallelWork || team.size() == 1 || units == 1) {
+      // a prompt's rows take the whole team, a decode step's leave one core to Python
+      const int parts = std::min(units, job.Lq >= 16 ? team.size() : step_parts());
+      if (work < kParallelWork || parts == 1) {
         for (int u = 0; u < units; ++u) unit(u);
       } else {
-        const int parts = team.size();
         team.run([&](int p) {
           for (int u = units * p / parts; u < units * (p + 1) / parts; ++u) unit(u);
-        });
+        }, parts);
       }
     });
   });

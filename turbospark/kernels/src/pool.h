@@ -1,5 +1,5 @@
 // A fixed team of threads for the kernels: the calling thread (MLX's stream thread) and one
-// worker per other core given to the process but one (left to Python).  Every job is split into exactly size() parts and
+// worker per other core given to the process.  Every job is split into exactly size() parts and
 // every thread runs one.  Workers spin briefly after a job (the next matrix product of a step
 // comes within microseconds) and then sleep, so an idle server costs nothing.
 #pragma once
@@ -37,15 +37,18 @@ class Pool {
 
   int size() const { return size_; }
 
-  // Runs f(0) .. f(size() - 1), f(0) on this thread.  While another thread's job runs (two
-  // models on two streams), this caller runs every part itself.
-  void run(const std::function<void(int)>& f) {
+  // Runs f(0) .. f(parts - 1) (parts <= size(); all of them by default), f(0) on this thread.
+  // While another thread's job runs (two models on two streams), this caller runs every part
+  // itself.
+  void run(const std::function<void(int)>& f, int parts = 0) {
+    if (parts <= 0 || parts > size_) parts = size_;
     std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
-    if (!busy.owns_lock() || size_ == 1) {
-      for (int i = 0; i < size_; ++i) f(i);
+    if (!busy.owns_lock() || parts == 1) {
+      for (int i = 0; i < parts; ++i) f(i);
       return;
     }
     job_ = &f;
+    parts_ = parts;
     remaining_.store(size_ - 1, std::memory_order_relaxed);
     {
       std::lock_guard<std::mutex> lock(m_);
@@ -71,7 +74,7 @@ class Pool {
         cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
       }
       seen = generation_.load(std::memory_order_acquire);
-      (*job_)(id);
+      if (id < parts_) (*job_)(id);
       remaining_.fetch_sub(1, std::memory_order_acq_rel);
     }
   }
@@ -85,10 +88,16 @@ class Pool {
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> remaining_{0};
   const std::function<void(int)>* job_ = nullptr;
+  int parts_ = 0;
 };
 
-// The process's team, made on first use with one thread per core of this process's CPU set but
-// one (TURBOSPARK_KERNEL_THREADS overrides; TURBOSPARK_KERNEL_SPIN_US sets the spin, 200 us).
+// The process's team, made on first use with one thread per core of this process's CPU set
+// (TURBOSPARK_KERNEL_THREADS overrides; TURBOSPARK_KERNEL_SPIN_US sets the spin, 200 us).
 Pool& pool();
+// How many of the team a decode step's work takes: all but one (at least one), the one left to
+// the Python thread that builds the next step's graph meanwhile (the engine pipelines its
+// steps: on 2 cores a team of two made its decode 1.3x slower than the stream thread alone,
+// decision 0028).  A prompt's work (a GEMM, attention over many query rows) takes them all.
+int step_parts();
 
 } // namespace turbospark::kernels

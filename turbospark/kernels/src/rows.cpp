@@ -137,12 +137,8 @@ mx::array rows_op(const mx::array& x, std::vector<mx::array> weights, const std:
 
 const Isa& active_isa() { return *current().load(); }
 
-// One core is left to the Python thread that builds the next step's graph while this one
-// evaluates (the engine pipelines its steps): on 2 cores a team of two made the engine's decode
-// 1.3x slower than one thread alone (decision 0028).
 Pool& pool() {
-  static Pool* p = new Pool(env_int("TURBOSPARK_KERNEL_THREADS", std::max(1, cores() - 1)),
-                            env_int("TURBOSPARK_KERNEL_SPIN_US", 200));
+  static Pool* p = new Pool(env_int("TURBOSPARK_KERNEL_THREADS", cores()), env_int("TURBOSPARK_KERNEL_SPIN_US", 200));
   return *p;
 }
 
@@ -174,6 +170,8 @@ bool use_isa(const std::string& name) {
 }
 
 int threads() { return pool().size(); }
+
+int step_parts() { return std::max(1, pool().size() - 1); }
 
 size_t huge_pages(const std::vector<mx::array>& arrays) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
@@ -300,7 +298,7 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
       rows = isa->rows_q8;
     }
     auto& team = pool();
-    int parts = weight_bytes < kParallelBytes ? 1 : team.size();
+    int parts = weight_bytes < kParallelBytes ? 1 : step_parts();
     if (R >= kGemmRows && sgemm() != nullptr) {
       std::vector<float> block(size_t(kGemmBlock) * K);
       for (int o = 0; o < N; o += kGemmBlock) {
@@ -317,7 +315,7 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
         int o0 = std::min(N, 4 * (quads * i / parts));
         int o1 = std::min(N, 4 * (quads * (i + 1) / parts));
         if (o0 < o1) rows(job, o0, o1);
-      });
+      }, parts);
     }
     if (has_bias) {
       const auto& b = in.back();
