@@ -94,10 +94,11 @@ class Pool {
 // The process's team, made on first use with one thread per core of this process's CPU set
 // (TURBOSPARK_KERNEL_THREADS overrides; TURBOSPARK_KERNEL_SPIN_US sets the spin, 200 us).
 Pool& pool();
-// How many of the team a decode step's work takes: all but one (at least one), the one left to
-// the Python thread that builds the next step's graph meanwhile (the engine pipelines its
-// steps: on 2 cores a team of two made its decode 1.3x slower than the stream thread alone,
-// decision 0028).  A prompt's work (a GEMM, attention over many query rows) takes them all.
+// How many of the team a decode step's quantized products and attention take: all but one (at
+// least one), the one left to the Python thread that builds the next step's graph meanwhile
+// (the engine pipelines its steps: on 2 cores a team of two made its decode 1.3x slower than the
+// stream thread alone, decision 0028).  A prompt's work (attention over many query rows) and
+// float weights (bound by memory, not arithmetic) take them all.
 int step_parts();
 
 } // namespace turbospark::kernels

@@ -298,7 +298,9 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
       rows = isa->rows_q8;
     }
     auto& team = pool();
-    int parts = weight_bytes < kParallelBytes ? 1 : step_parts();
+    // Quantized weights are bound by arithmetic, which one core less costs little and Python
+    // needs (step_parts); float weights by reading memory, which takes every core.
+    int parts = weight_bytes < kParallelBytes ? 1 : bits != 0 ? step_parts() : team.size();
     if (R >= kGemmRows && sgemm() != nullptr) {
       std::vector<float> block(size_t(kGemmBlock) * K);
       for (int o = 0; o < N; o += kGemmBlock) {
