@@ -7,9 +7,8 @@ differs: MLX calls BLAS, the kernels sum eight lanes and then the lanes); float1
 bfloat16 output 1e-2 (one rounding of the output, 2^-11 and 2^-8 relative, on either side).
 Quantized weights are read as MLX defines them (``scale * q + bias``), in float32, where MLX
 rounds each to the input's type first: for float16 and bfloat16 inputs the quantized tolerance is
-twice the float one.  Where the instruction set has integer dot products (AVX2), a few rows of x
-(up to a GEMM's) times affine weights with K a multiple of 64 are computed with x rounded to 8
-bits per 32 values (llama.cpp's Q8_0); each such value is off by at most half its 32's step
+twice the float one.  Where the instruction set has integer dot products (AVX2), rows of x times
+affine weights with K a multiple of 64 are computed with x rounded to 8 bits per 32 values (llama.cpp's Q8_0); each such value is off by at most half its 32's step
 (max |x| / 254), so the products may differ from MLX's by up to ``|s * q| @ half-steps`` more,
 exactly that bound (``TURBOSPARK_KERNELS_EXACT=1`` keeps x in float32: the float tolerance alone,
 tested too).
@@ -117,7 +116,7 @@ def test_quantized_weights_equal_mlx_quantized_matmul(isa, activations, shape, b
     got = kernels.quantized_linear(x, wq, scales, biases, b, group_size=group, bits=bits)
     w = mx.dequantize(wq, scales, biases, group_size=group, bits=bits)
     more = 0.0
-    if activations == "int8" and isa == "avx2+fma" and k % 64 == 0 and rows < kernels.native.gemm_rows():
+    if activations == "int8" and isa == "avx2+fma" and k % 64 == 0:
         more = rounding_of_x(x, mx.dequantize(wq, scales, mx.zeros_like(biases), group_size=group, bits=bits))
     check_close(got, want, x, w, TOLERANCE[dtype] * (1 if dtype == mx.float32 else 2) * (2 if bias else 1), more)
 
@@ -155,6 +154,24 @@ def test_large_products_split_across_threads_give_the_same_rows() -> None:
     env = {**os.environ, "TURBOSPARK_KERNEL_THREADS": "3"}
     done = subprocess.run([sys.executable, "-c", SPLIT], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+@needs_kernels
+@ours
+@given(rows=st.integers(2, 40), bits=st.sampled_from([4, 8]), group=st.sampled_from([32, 64, 128]),
+       seed=st.integers(0, 2**16))
+def test_with_x_in_8_bits_a_row_is_the_same_bits_whatever_rows_it_comes_with(rows, bits, group, seed) -> None:
+    """A decode row gives the same result alone, in a step's batch or beside a prompt chunk (so
+    greedy text does not depend on what else the engine is running)."""
+    if not kernels.x_in_8_bits():
+        pytest.skip("x stays float32 here")
+    mx.random.seed(seed)
+    x = mx.random.normal((rows, 640))
+    wq, scales, biases = mx.quantize(mx.random.normal((13, 640)) / 24, group_size=group, bits=bits)
+    together = np.array(kernels.quantized_linear(x, wq, scales, biases, group_size=group, bits=bits))
+    for r in range(rows):
+        alone = np.array(kernels.quantized_linear(x[r:r + 1], wq, scales, biases, group_size=group, bits=bits))
+        np.testing.assert_array_equal(together[r:r + 1], alone)
 
 
 @needs_kernels

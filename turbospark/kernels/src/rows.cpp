@@ -58,6 +58,8 @@ constexpr size_t kParallelBytes = 64 << 10;
 // float32 a block of rows at a time, in L2, and multiplied by the BLAS MLX itself uses (OpenBLAS
 // where serve preloads it), which is faster than these kernels at many rows.
 constexpr int kGemmRows = 24;
+// From this many rows of x, a product is a prompt's work, split over the whole team.
+constexpr int kPromptRows = 16;
 constexpr int kGemmBlock = 256;
 
 using Sgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
@@ -286,8 +288,12 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
     std::vector<int8_t> x8;
     std::vector<float> d8, xs8;
     RowsFn rows = isa->rows;
-    if (bits != 0 && R < kGemmRows && K % 64 == 0 && isa->rows_q8 != nullptr &&
-        activations_in_8_bits().load(std::memory_order_relaxed)) {
+    // Quantized weights times x in 8 bits, for any number of rows: each row's result is then the
+    // same bits whatever else is in the product (a step's batch, a prompt chunk it joins), and a
+    // prompt chunk runs as fast as through a GEMM of widened weights.
+    const bool x8_path = bits != 0 && K % 64 == 0 && isa->rows_q8 != nullptr &&
+                         activations_in_8_bits().load(std::memory_order_relaxed);
+    if (x8_path) {
       x8.resize(size_t(R) * K);
       d8.resize(size_t(R) * K / 8);
       xs8.resize(size_t(R) * K / 32);
@@ -298,10 +304,11 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
       rows = isa->rows_q8;
     }
     auto& team = pool();
-    // Quantized weights are bound by arithmetic, which one core less costs little and Python
-    // needs (step_parts); float weights by reading memory, which takes every core.
-    int parts = weight_bytes < kParallelBytes ? 1 : bits != 0 ? step_parts() : team.size();
-    if (R >= kGemmRows && sgemm() != nullptr) {
+    // A decode step's quantized products are bound by arithmetic, which one core less costs
+    // little and Python needs (step_parts); a prompt chunk's, and float weights (bound by
+    // reading memory), take every core.
+    int parts = weight_bytes < kParallelBytes ? 1 : bits != 0 && R < kPromptRows ? step_parts() : team.size();
+    if (R >= kGemmRows && !x8_path && sgemm() != nullptr) {
       std::vector<float> block(size_t(kGemmBlock) * K);
       for (int o = 0; o < N; o += kGemmBlock) {
         int nb = std::min(kGemmBlock, N - o);

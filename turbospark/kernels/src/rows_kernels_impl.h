@@ -76,6 +76,12 @@ inline float hsum(v8f v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
+// the order of _mm256_hadd_ps over four rows (q8_block), so a row's sum is the same bits
+// whether it was reduced alone or with three others
+inline float hsum_pairs(v8f v) {
+  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+}
+
 inline float hsum_max(v8f v) {
   return std::max(std::max(std::max(v[0], v[4]), std::max(v[1], v[5])), std::max(std::max(v[2], v[6]), std::max(v[3], v[7])));
 }
@@ -550,7 +556,7 @@ inline void q8_block(const RowsJob& job, const float* xsg, int o, int r) {
       const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(acc[0][j], acc[1][j]), _mm256_hadd_ps(acc[2][j], acc[3][j]));
       _mm_storeu_ps(y, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
     } else {
-      for (int i = 0; i < OB; ++i) y[i] = hsum(v8f(acc[i][j]));
+      for (int i = 0; i < OB; ++i) y[i] = hsum_pairs(v8f(acc[i][j]));
     }
   }
 }
@@ -595,7 +601,7 @@ inline void q8_block8(const RowsJob& job, const float* xsg, const float* usg, in
       const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(acc[0][j], acc[1][j]), _mm256_hadd_ps(acc[2][j], acc[3][j]));
       _mm_storeu_ps(y, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
     } else {
-      for (int i = 0; i < OB; ++i) y[i] = hsum(v8f(acc[i][j]));
+      for (int i = 0; i < OB; ++i) y[i] = hsum_pairs(v8f(acc[i][j]));
     }
   }
 }
@@ -627,19 +633,23 @@ void rows_q8_typed(const RowsJob& job, int o0, int o1) {
     }
   }
   const float* usg = usums.data();
-  int o = o0;
   if (job.R == 1) {
+    int o = o0;
     for (; o + 4 <= o1; o += 4) q8_any<BITS, 4, 1, S>(job, xsg, usg, o, 0);
     for (; o < o1; ++o) q8_any<BITS, 1, 1, S>(job, xsg, usg, o, 0);
     return;
   }
-  for (; o < o1; ++o) {
-    int r = 0;
-    for (; r + 4 <= job.R; r += 4) q8_any<BITS, 1, 4, S>(job, xsg, usg, o, r);
-    switch (job.R - r) {
-      case 3: q8_any<BITS, 1, 3, S>(job, xsg, usg, o, r); break;
-      case 2: q8_any<BITS, 1, 2, S>(job, xsg, usg, o, r); break;
-      case 1: q8_any<BITS, 1, 1, S>(job, xsg, usg, o, r); break;
+  // 16 rows of x at a time (their 8-bit values and scales stay in L1) against every output row
+  for (int r0 = 0; r0 < job.R; r0 += 16) {
+    const int r1 = std::min(job.R, r0 + 16);
+    for (int o = o0; o < o1; ++o) {
+      int r = r0;
+      for (; r + 4 <= r1; r += 4) q8_any<BITS, 1, 4, S>(job, xsg, usg, o, r);
+      switch (r1 - r) {
+        case 3: q8_any<BITS, 1, 3, S>(job, xsg, usg, o, r); break;
+        case 2: q8_any<BITS, 1, 2, S>(job, xsg, usg, o, r); break;
+        case 1: q8_any<BITS, 1, 1, S>(job, xsg, usg, o, r); break;
+      }
     }
   }
 }
