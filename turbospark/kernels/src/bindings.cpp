@@ -59,7 +59,6 @@ NB_MODULE(_native, m) {
         "Whether 4-bit products round x to 8 bits per 32 values (where the instruction set can).");
   m.def("set_activations_in_8_bits", [](bool on) { tk::activations_in_8_bits().store(on); }, "on"_a,
         "Round x to 8 bits in 4-bit products, or keep it float32 (tests, TURBOSPARK_KERNELS_EXACT).");
-  m.def("gemm_rows", &tk::gemm_rows, "From this many rows of x a product is a GEMM of widened weights.");
   m.def("step_threads", &tk::step_parts, "Threads a decode step's work is split over (one core is left to Python).");
   m.def("threads", &tk::threads, "Threads a product is split over.");
   m.def("huge_pages", &tk::huge_pages, "arrays"_a,

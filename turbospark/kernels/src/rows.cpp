@@ -54,9 +54,10 @@ int cores() {
 // Below this many bytes of weights a product runs on one thread (waking the others costs more).
 constexpr size_t kParallelBytes = 64 << 10;
 
-// From this many rows of x (a prompt chunk) a product is a GEMM: its weights are widened to
-// float32 a block of rows at a time, in L2, and multiplied by the BLAS MLX itself uses (OpenBLAS
-// where serve preloads it), which is faster than these kernels at many rows.
+// From this many rows of x (a prompt chunk) a product of float weights, or of quantized ones
+// with x kept float32, is a GEMM: its weights are widened to float32 a block of rows at a time,
+// in L2, and multiplied by the BLAS MLX itself uses (OpenBLAS where serve preloads it), which is
+// faster than the float kernels at many rows.
 constexpr int kGemmRows = 24;
 // From this many rows of x, a product is a prompt's work, split over the whole team.
 constexpr int kPromptRows = 16;
@@ -151,8 +152,6 @@ std::vector<std::string> isas() {
 }
 
 std::string isa() { return current().load()->name; }
-
-int gemm_rows() { return kGemmRows; }
 
 std::atomic<bool>& activations_in_8_bits() {
   static std::atomic<bool> on{[] {
