@@ -8,9 +8,9 @@ bfloat16 output 1e-2 (one rounding of the output, 2^-11 and 2^-8 relative, on ei
 Quantized weights are read as MLX defines them (``scale * q + bias``), in float32, where MLX
 rounds each to the input's type first: for float16 and bfloat16 inputs the quantized tolerance is
 twice the float one.  Where the instruction set has integer dot products (AVX2), rows of x times
-affine weights with K a multiple of 64 are computed with x rounded to 8 bits per 32 values (llama.cpp's Q8_0); each such value is off by at most half its 32's step
-(max |x| / 254), so the products may differ from MLX's by up to ``|s * q| @ half-steps`` more,
-exactly that bound (``TURBOSPARK_KERNELS_EXACT=1`` keeps x in float32: the float tolerance alone,
+affine weights with K a multiple of 64 are computed with x rounded to 8 bits per 32 values
+(llama.cpp's Q8_0); each such value is off by at most half its 32's step (max |x| / 254), so the
+products may differ from MLX's by up to ``|s * q| @ half-steps`` more, exactly that bound (``TURBOSPARK_KERNELS_EXACT=1`` keeps x in float32: the float tolerance alone,
 tested too).
 
 Then a model: ``install`` routes a tiny llama's products through the kernels and its logits stay
@@ -21,6 +21,7 @@ says why.
 from __future__ import annotations
 
 import os
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
