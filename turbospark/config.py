@@ -32,8 +32,8 @@ class Settings:
     max_queue: int = 512  # Ollama's OLLAMA_MAX_QUEUE: a burst waits, a runaway is refused
     max_resolutions: int = 4
     # Sequences a model runs at once: what benchmarks/bench_batch.py shows is best on CPU (see
-    # the README): 16 streams give 1.6x the aggregate throughput of 8, each keeping over 80 % of
-    # its pace.
+    # docs/performance.md): 16 streams give 1.6x the aggregate throughput of 8, each keeping
+    # over 80 % of its pace.
     max_batch: int = 16
     # Bytes of KV cache a model's running batch may grow to: a quarter of physical memory.
     kv_budget: int = attrs.field(factory=lambda: _physical_memory() // 4)
@@ -41,7 +41,7 @@ class Settings:
     # the default (see attach.py).
     embedding_models: tuple[str, ...] = ()
     # Inputs an encoder runs in one forward pass, from any number of requests: what
-    # benchmarks/bench_embed.py shows is best on CPU (see the README).
+    # benchmarks/bench_embed.py shows is best on CPU (see docs/performance.md).
     embedding_batch: int = 64
     # Audio models to attach (catalogue names, store ids, "scripted", "espeak-ng", "none"): empty
     # means the defaults (see attach.py).
