@@ -51,7 +51,7 @@ def describe() -> str:
 def x_in_8_bits() -> bool:
     """Whether quantized products round x to 8 bits per 32 values (llama.cpp's Q8_0), as they do
     where the instruction set has integer dot products (AVX2) unless ``TURBOSPARK_KERNELS_EXACT=1``."""
-    return native is not None and native.activations_in_8_bits() and native.isa() not in ("portable", "neon")
+    return native is not None and native.x_in_8_bits()
 
 
 def supports_quantized(group_size: int, bits: int, mode: str = "affine") -> bool:

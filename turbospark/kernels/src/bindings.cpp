@@ -57,6 +57,7 @@ NB_MODULE(_native, m) {
   m.def("use_isa", &tk::use_isa, "name"_a, "Use another instruction set (tests); False if not runnable.");
   m.def("activations_in_8_bits", [] { return tk::activations_in_8_bits().load(); },
         "Whether 4-bit products round x to 8 bits per 32 values (where the instruction set can).");
+  m.def("x_in_8_bits", &tk::x_in_8_bits, "Whether quantized products round x to 8 bits now (the setting, where the instruction set can).");
   m.def("set_activations_in_8_bits", [](bool on) { tk::activations_in_8_bits().store(on); }, "on"_a,
         "Round x to 8 bits in 4-bit products, or keep it float32 (tests, TURBOSPARK_KERNELS_EXACT).");
   m.def("step_threads", &tk::step_parts, "Threads a decode step's work is split over (one core is left to Python).");

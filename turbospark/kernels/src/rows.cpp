@@ -161,6 +161,12 @@ std::atomic<bool>& activations_in_8_bits() {
   return on;
 }
 
+bool x_in_8_bits(const Isa& isa) {
+  return isa.rows_q8 != nullptr && activations_in_8_bits().load(std::memory_order_relaxed);
+}
+
+bool x_in_8_bits() { return x_in_8_bits(*current().load()); }
+
 bool use_isa(const std::string& name) {
   for (auto* isa : runnable())
     if (name == isa->name) {
@@ -285,21 +291,22 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
     }
     const Isa* isa = current().load();
     std::vector<int8_t> x8;
-    std::vector<float> d8, xs8;
+    std::vector<float> d8, xsg, usg;
     RowsFn rows = isa->rows;
     // Quantized weights times x in 8 bits, for any number of rows: each row's result is then the
     // same bits whatever else is in the product (a step's batch, a prompt chunk it joins), and a
     // prompt chunk runs as fast as through a GEMM of widened weights.
-    const bool x8_path = bits != 0 && K % 64 == 0 && isa->rows_q8 != nullptr &&
-                         activations_in_8_bits().load(std::memory_order_relaxed);
+    const bool x8_path = bits != 0 && K % 64 == 0 && x_in_8_bits(*isa);
     if (x8_path) {
       x8.resize(size_t(R) * K);
       d8.resize(size_t(R) * K / 8);
-      xs8.resize(size_t(R) * K / 32);
-      isa->quantize(xf.data(), R, K, bits == 4, x8.data(), d8.data(), xs8.data());
+      xsg.resize(size_t(R) * (K / group));
+      usg.resize(bits == 8 ? xsg.size() : 0);
+      isa->quantize(xf.data(), R, K, group, bits == 4, x8.data(), d8.data(), xsg.data(), usg.data());
       job.x8 = x8.data();
       job.d8 = d8.data();
-      job.xs8 = xs8.data();
+      job.xsg = xsg.data();
+      job.usg = usg.data();
       rows = isa->rows_q8;
     }
     auto& team = pool();

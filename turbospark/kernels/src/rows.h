@@ -51,6 +51,8 @@ bool use_isa(const std::string& name);
 // integer dot products (the default; TURBOSPARK_KERNELS_EXACT=1 turns it off): about 3x faster
 // at one row, the same rounding llama.cpp's Q8_0 dot products make.  Off: x stays float32.
 std::atomic<bool>& activations_in_8_bits();
+// Whether they do now: the setting, where the instruction set in use can.
+bool x_in_8_bits();
 int threads();
 
 // Backs the arrays' memory with transparent huge pages where the kernel allows (Linux

@@ -32,7 +32,8 @@ struct RowsJob {
   // affine weights times 8-bit activations (Isa::rows_q8): x as Isa::quantize wrote it
   const int8_t* x8 = nullptr;
   const float* d8 = nullptr;
-  const float* xs8 = nullptr;  // R x K/32: the sum of each 32 values of x
+  const float* xsg = nullptr;  // R x K/group: each group's sum of x
+  const float* usg = nullptr;  // R x K/group, 8-bit weights: each group's 128 * d * sum(x8)
 };
 
 using RowsFn = void (*)(const RowsJob& job, int o0, int o1);
@@ -49,11 +50,11 @@ struct Isa {
   void (*widen)(const RowsJob& job, int o0, int o1, float* out);
   // Affine 4- and 8-bit weights times rows of x rounded to 8 bits per 32 values (as llama.cpp's
   // Q8_0 dot products do), for K a multiple of 64; nullptr where the set has no integer dot
-  // products.  `quantize` writes x8 (R x K; for 4-bit weights (`pairs`), each 64 values as their
-  // 32 even then 32 odd ones), d8 (R x K/8: each 32 values' scale, four times) and xs8 (R x K/32:
-  // each 32 values' sum).
+  // products.  `quantize` writes, once a call, x8 (R x K; for 4-bit weights (`pairs`), each 64
+  // values as their 32 even then 32 odd ones), d8 (R x K/8: each 32 values' scale, four times),
+  // xsg and, for 8-bit weights, usg (R x K/G, RowsJob).
   RowsFn rows_q8;
-  void (*quantize)(const float* x, int R, int K, bool pairs, int8_t* x8, float* d8, float* xs8);
+  void (*quantize)(const float* x, int R, int K, int G, bool pairs, int8_t* x8, float* d8, float* xsg, float* usg);
 };
 
 const Isa& isa_portable();

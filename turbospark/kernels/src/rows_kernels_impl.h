@@ -118,6 +118,19 @@ inline float half(const void* p, size_t i) {
 #endif
 }
 
+// fn(S{}) with S the C++ type of a scale type (bfloat16 as its uint16_t bits)
+template <class Fn>
+inline void by_scale_type(ScaleType t, Fn&& fn) {
+  switch (t) {
+    case ScaleType::F32:
+      return fn(float{});
+    case ScaleType::BF16:
+      return fn(uint16_t{});
+    default:
+      return fn(_Float16{});
+  }
+}
+
 inline float scalar(const void* p, ScaleType t, size_t i) {
   switch (t) {
     case ScaleType::F32:
@@ -288,14 +301,7 @@ void affine_one_row(const RowsJob& job, int o0, int o1) {
 
 template <int BITS>
 void affine_one_row(const RowsJob& job, int o0, int o1) {
-  switch (job.stype) {
-    case ScaleType::F32:
-      return affine_one_row<BITS, float>(job, o0, o1);
-    case ScaleType::BF16:
-      return affine_one_row<BITS, uint16_t>(job, o0, o1);
-    default:
-      return affine_one_row<BITS, _Float16>(job, o0, o1);
-  }
+  by_scale_type(job.stype, [&](auto s) { affine_one_row<BITS, decltype(s)>(job, o0, o1); });
 }
 
 template <class Src>
@@ -434,7 +440,15 @@ void rows(const RowsJob& job, int o0, int o1) {
 // the first term 64 weights at a time (lanes 0-3: the first 32, lanes 4-7: the next), the second
 // a dot product of the row's biases with the groups' exact float sums of x.
 
-void quantize(const float* x, int R, int K, bool pairs, int8_t* x8, float* d8, float* xs) {
+inline int hsum_i32(__m256i v) {
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
+}
+
+void quantize(const float* x, int R, int K, int G, bool pairs, int8_t* x8, float* d8, float* xsg, float* usg) {
+  std::fill(xsg, xsg + size_t(R) * (K / G), 0.0f);
+  if (!pairs) std::fill(usg, usg + size_t(R) * (K / G), 0.0f);
   const __m256 sign = _mm256_set1_ps(-0.0f);
   // within each 16 bytes: the 8 even bytes, then the 8 odd ones
   const __m256i evens_odds = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
@@ -461,9 +475,12 @@ void quantize(const float* x, int R, int K, bool pairs, int8_t* x8, float* d8, f
       b = _mm256_permutevar8x32_epi32(b, order);  // the 32 values in order
       const int half = (k / 32) % 2;              // where these 32 go in their 64
       for (int i = 0; i < 4; ++i) d8[(at - 32 * half) / 8 + 4 * half + i] = m / 127.0f;
-      xs[at / 32] = hsum(v8f(sum));
-      if (!pairs) {
+      const size_t g = size_t(r) * (K / G) + k / G;
+      xsg[g] += hsum(v8f(sum));
+      if (!pairs) {  // 8-bit weights: 128 * d * sum(x8) per group (q8_block8)
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(x8 + at), b);
+        const __m256i s16 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), b), _mm256_set1_epi16(1));
+        usg[g] += 128.0f * (m / 127.0f) * float(hsum_i32(s16));
         continue;
       }
       b = _mm256_shuffle_epi8(b, evens_odds);     // per 16: evens, odds
@@ -614,25 +631,7 @@ inline void q8_any(const RowsJob& job, const float* xsg, const float* usg, int o
 
 template <int BITS, class S>
 void rows_q8_typed(const RowsJob& job, int o0, int o1) {
-  // per group of weights: the sums of x (from its sums per 32) and, for 8 bits,
-  // 128 * d * sum(x8)
-  const int groups = job.K / job.group, per = job.group / 32, chunks = job.K / 32;
-  const float* xsg = job.xs8;
-  thread_local std::vector<float> sums, usums;
-  if (per > 1) {
-    sums.assign(size_t(job.R) * groups, 0.0f);
-    for (size_t c = 0; c < size_t(job.R) * chunks; ++c) sums[c / per] += job.xs8[c];
-    xsg = sums.data();
-  }
-  if constexpr (BITS == 8) {
-    usums.assign(size_t(job.R) * groups, 0.0f);
-    for (size_t c = 0; c < size_t(job.R) * chunks; ++c) {
-      int t = 0;
-      for (int e = 0; e < 32; ++e) t += job.x8[c * 32 + e];
-      usums[c / per] += 128.0f * job.d8[c * 4] * float(t);
-    }
-  }
-  const float* usg = usums.data();
+  const float *xsg = job.xsg, *usg = job.usg;
   if (job.R == 1) {
     int o = o0;
     for (; o + 4 <= o1; o += 4) q8_any<BITS, 4, 1, S>(job, xsg, usg, o, 0);
@@ -654,21 +653,11 @@ void rows_q8_typed(const RowsJob& job, int o0, int o1) {
   }
 }
 
-template <int BITS>
-void rows_q8_bits(const RowsJob& job, int o0, int o1) {
-  switch (job.stype) {
-    case ScaleType::F32:
-      return rows_q8_typed<BITS, float>(job, o0, o1);
-    case ScaleType::BF16:
-      return rows_q8_typed<BITS, uint16_t>(job, o0, o1);
-    default:
-      return rows_q8_typed<BITS, _Float16>(job, o0, o1);
-  }
-}
-
 void rows_q8(const RowsJob& job, int o0, int o1) {
-  if (job.wtype == WeightType::Affine8) return rows_q8_bits<8>(job, o0, o1);
-  return rows_q8_bits<4>(job, o0, o1);
+  by_scale_type(job.stype, [&](auto s) {
+    if (job.wtype == WeightType::Affine8) rows_q8_typed<8, decltype(s)>(job, o0, o1);
+    else rows_q8_typed<4, decltype(s)>(job, o0, o1);
+  });
 }
 #endif
 
