@@ -222,7 +222,7 @@ def test_api_key_from_the_environment(tmp_path: Path) -> None:
 )
 def test_embedding_model_setup_errors_exit_1(args: list[str], needle: str, tmp_path: Path) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "turbospark", "serve", *args],
+        [sys.executable, "-m", "turbospark", "serve", "--port", "0", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -242,3 +242,23 @@ def test_a_blank_key_in_the_environment_is_refused() -> None:
     )
     assert run.returncode == 2
     assert "TURBOSPARK_API_KEY is set but blank" in run.stderr
+
+
+def test_a_port_in_use_is_one_clear_line_before_any_model_loads() -> None:
+    """Another server on the port: exit 1 at once with what to do, not a bind traceback after the
+    models have loaded."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = subprocess.run(
+            [sys.executable, "-m", "turbospark", "serve", "--model", "scripted", "--port", str(port)],
+            capture_output=True, text=True, timeout=60,
+        )
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.strip().splitlines() == [
+        f"turbospark: cannot listen on 127.0.0.1:{port}: address already in use (another server there? "
+        "--port N picks another port, --port 0 a free one)"
+    ]

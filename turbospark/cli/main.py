@@ -86,6 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         return 2
     settings = settings_from(args, parser)
+    if not settings.distributed and (taken := _port_taken(settings.host, settings.port)) is not None:
+        print(taken, file=sys.stderr)  # before minutes of loading models, not after
+        return 1
     from .attach import ModelSetupError, audio_specs, backend_specs, needs_mlx, shelf_for
 
     try:
@@ -112,13 +115,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"turbospark: {exc}", file=sys.stderr)
         return 1
     except BaseExceptionGroup as group:
-        setup, rest = group.split(ModelSetupError)
+        setup, rest = group.split(lambda exc: isinstance(exc, ModelSetupError) or _bind_error(exc))
         if setup is None or rest is not None:
             raise
         for exc in _leaves(setup):
-            print(f"turbospark: {exc}", file=sys.stderr)
+            print(_cannot_listen(settings.host, settings.port, exc) if _bind_error(exc) else f"turbospark: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _bind_error(exc: BaseException) -> bool:
+    import errno
+
+    return isinstance(exc, OSError) and exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
+
+
+def _cannot_listen(host: str, port: int, exc: BaseException) -> str:
+    reason = exc.strerror.lower() if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return (f"turbospark: cannot listen on {host}:{port}: {reason} (another server "
+            "there? --port N picks another port, --port 0 a free one)")
+
+
+def _port_taken(host: str, port: int) -> str | None:
+    """Why ``serve`` could not listen on ``host:port``, found by binding it for a moment (as the
+    server will, with ``SO_REUSEADDR``); None when it can (or with port 0)."""
+    import socket
+
+    if port == 0:
+        return None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError:
+        return None  # the server's own bind reports a name that does not resolve
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if _bind_error(exc):
+                return _cannot_listen(host, port, exc)
+    return None
 
 
 def import_mlx_lm_keeping_the_fd_limit() -> None:
