@@ -8,7 +8,8 @@ widened, then re-quantized by MLX with group 64).  Then, for each form, through 
 model code with turbospark's CPU kernels (``TURBOSPARK_KERNELS=off`` runs MLX's own ops):
 
 - log-likelihood: the mean negative log-likelihood per token of a fixed set of texts (the
-  README's opening paragraphs and three of this file's own sentences), and its difference from
+  README's opening paragraphs as decision 0028 measured them,
+  ``benchmarks/data/likelihood-text.md``, and three of this file's own sentences), and its difference from
   float32's;
 - greedy agreement: for a fixed set of chat prompts, how many of the first ``--tokens`` greedy
   tokens equal float32's (the count up to the first difference, summed over the prompts), and
@@ -47,7 +48,7 @@ PROMPTS = [
 
 
 def texts() -> list[str]:
-    readme = (ROOT / "README.md").read_text().split("\n\n")
+    readme = (ROOT / "benchmarks" / "data" / "likelihood-text.md").read_text().split("\n\n")
     prose = [p for p in readme if p and p[0].isalpha()][:4]
     own = [
         "Each form runs in its own process, in turn, after the imports.",
