@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import trio
 
-__all__ = ["run_claude"]
+__all__ = ["run_claude", "run_claude_stock"]
 
 PACKAGE = "@anthropic-ai/claude-code"
 
@@ -39,6 +39,21 @@ async def run_claude(base_url: str, prompt: str, *, timeout: float = 240, tools:
                      extra: tuple[str, ...] = ()) -> str:
     """``claude --bare -p PROMPT`` against ``base_url``; its standard output.  ``tools``: the
     built-in tools it may use (none by default); ``extra``: more arguments (``--allowedTools``)."""
+    done = await _run(base_url, ["--bare", "-p", prompt, "--system-prompt", "Be brief.", "--tools", tools, *extra],
+                      timeout)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    return done.stdout.decode()
+
+
+async def run_claude_stock(base_url: str, prompt: str, *, timeout: float = 240) -> tuple[int, str, str]:
+    """``claude -p PROMPT`` as a user first types it (its own system prompt and every built-in
+    tool) against ``base_url``; its exit status, standard output and standard error, whatever
+    the status."""
+    done = await _run(base_url, ["-p", prompt], timeout)
+    return done.returncode, done.stdout.decode(), done.stderr.decode()
+
+
+async def _run(base_url: str, args: list[str], timeout: float) -> subprocess.CompletedProcess[bytes]:
     binary = await trio.to_thread.run_sync(_claude)
     env = {
         **os.environ,
@@ -49,9 +64,7 @@ async def run_claude(base_url: str, prompt: str, *, timeout: float = 240, tools:
         "HOME": str(binary.parents[2] / "home"),
     }
     with trio.fail_after(timeout):
-        done = await trio.run_process(
-            [str(binary), "--bare", "-p", prompt, "--system-prompt", "Be brief.", "--tools", tools, *extra],
+        return await trio.run_process(
+            [str(binary), *args],
             env=env, capture_stdout=True, capture_stderr=True, check=False, stdin=subprocess.DEVNULL,
         )
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
-    return done.stdout.decode()

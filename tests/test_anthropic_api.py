@@ -4,6 +4,7 @@ the raw event stream, normalisation, errors, and Claude Code itself."""
 from __future__ import annotations
 
 import json
+import re
 from functools import partial
 
 import anthropic
@@ -209,6 +210,39 @@ async def test_claude_code_answers_end_to_end(start_server) -> None:
     server = await start_server([ScriptedBackend(script="Hi! How can I help?")])
     out = await run_claude(server.url, "Say hi")
     assert out.strip() == "Hi! How can I help?"
+
+
+CLAUDE_CODE = {"user-agent": "claude-cli/2.1.0 (external, cli)", "x-claude-code-session-id": "0f6c6f3e"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_prompt_too_long_names_its_size_and_claude_codes_flags(start_server, client, stream) -> None:
+    server = await start_server([ScriptedBackend(script="ok")])
+    long = body(messages=[{"role": "user", "content": "word " * 12000}], stream=stream)
+    counted = (await client.post(f"{server.url}{PATH}/count_tokens", json=long)).json()["input_tokens"]
+    assert counted > 8192
+    for headers, hinted in ((CLAUDE_CODE, True), ({"user-agent": "python-httpx"}, False)):
+        r = await client.post(f"{server.url}{PATH}", json=long, headers=headers)
+        assert r.status_code == 400, r.text  # refused before the stream's 200
+        err = r.json()
+        assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error" and len(err) == 2
+        message = err["error"]["message"]
+        assert message.startswith(f"The prompt is {counted:,} tokens; this model's context window is 8192 tokens.")
+        assert ("--tools" in message and "--bare" in message and "Claude Code" in message) == hinted, message
+    # either header is enough
+    r = await client.post(f"{server.url}{PATH}", json=long, headers={"x-claude-code-session-id": "s"})
+    assert "--tools" in r.json()["error"]["message"]
+
+
+async def test_claude_code_stock_invocation_is_told_what_to_run(start_server) -> None:
+    from .claude_code import run_claude_stock
+
+    server = await start_server([ScriptedBackend(script="Hi!")])
+    rc, out, err = await run_claude_stock(server.url, "Say hi")  # its own prompt: ~20 K tokens
+    said = out + err
+    assert rc != 0, said
+    assert "context window is 8192 tokens" in said and "--tools" in said, said
+    assert re.search(r"The prompt is [\d,]+ tokens", said), said
 
 
 async def test_repeated_agent_turns_read_the_prompt_from_cache(start_server, client) -> None:

@@ -7,6 +7,7 @@ import json
 from urllib.parse import urlsplit
 
 import httpx
+import pytest
 import trio
 
 from tests._support import chat_body, read_until, sse_events, wait_for
@@ -159,10 +160,14 @@ async def test_a_25_mib_body_is_answered_beside_a_running_stream(start_server, c
         # a prompt far past the context window: refused without encoding it all
         r = await client.post(f"{server.url}{PATH}", content=big, headers=headers)
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
-        assert "more than 8192 tokens" in r.json()["error"]["message"]
+        least = shipped_tokenizer().fewest_tokens(25 * 1024 * 1024 - 1024)  # from the length alone
+        message = r.json()["error"]["message"]
+        assert message.startswith("The prompt is at least ") and int(message.split()[5].replace(",", "")) >= least
+        assert "this model's context window is 8192 tokens" in message
         # the same on count_tokens (exact up to four context windows)
         r = await client.post(f"{server.url}/v1/messages/count_tokens", content=big, headers=headers)
-        assert r.status_code == 400 and "more than 32768 tokens" in r.json()["error"]["message"]
+        assert r.status_code == 400 and "at least" in r.json()["error"]["message"]
+        assert "context window is 8192 tokens" in r.json()["error"]["message"]
         # a 25 MiB image: parsed, dropped with the degradation note, answered
         r = await client.post(f"{server.url}{PATH}", json=image)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
@@ -188,6 +193,82 @@ def test_a_long_text_is_measured_against_a_limit_without_encoding_it_all() -> No
     blob = "A" * 200_000  # no whitespace to cut at
     assert tok.surely_longer(blob, len(tok.encode(blob)) // 2)
     assert not tok.surely_longer(blob, len(tok.encode(blob)))
+    least = tok.tokens_past(text, exact // 2)  # a lower bound past the limit, from a few slices
+    assert least is not None and exact // 2 < least <= exact
+
+
+class _Spy:
+    """A ``tokenizers.Tokenizer`` that tells how many characters it was given to encode."""
+
+    def __init__(self, tok: object) -> None:
+        self.tok, self.chars = tok, 0
+
+    def encode(self, text: str, **kwargs: object) -> object:
+        self.chars += len(text)
+        return self.tok.encode(text, **kwargs)  # type: ignore[attr-defined]
+
+    def encode_batch(self, texts: list[str], **kwargs: object) -> object:
+        self.chars += sum(map(len, texts))
+        return self.tok.encode_batch(texts, **kwargs)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.tok, name)
+
+
+def test_a_refused_prompt_names_its_size_exactly_unless_it_is_huge() -> None:
+    from types import SimpleNamespace
+
+    from turbospark.errors import ContextOverflow
+    from turbospark.messages import ChatPrompt, GenerationJob, TextPrompt
+    from turbospark.model.backend import SamplingParams
+    from turbospark.threads.prompt import EXACT_UP_TO, encode_prompt, render_prompt
+
+    tok = shipped_tokenizer()
+    backend = SimpleNamespace(tokenizer=tok, context_window=8192)
+    line = "line {}: the quick brown fox jumps over the lazy dog\n"
+
+    def refusal(text: str) -> ContextOverflow:
+        params = SamplingParams(max_tokens=16)
+        job = GenerationJob(1, "m", TextPrompt(text), params, None, 0.0)  # type: ignore[arg-type]
+        with pytest.raises(ContextOverflow) as caught:
+            encode_prompt(backend, job)  # type: ignore[arg-type]
+        return caught.value
+
+    # 100 K characters: surely too long, but encoded in full, so the refusal is exact
+    moderate = "".join(line.format(i) for i in range(2000))
+    assert 16384 < len(moderate) <= EXACT_UP_TO and tok.surely_longer(moderate, 8192)
+    exact = len(tok.encode(moderate, add_bos=tok.add_bos_token))
+    error = refusal(moderate)
+    assert error.message == (f"The prompt is {exact:,} tokens; this model's context window is 8192 tokens. "
+                             "Shorten the prompt, or serve a model with a longer context.")
+    assert (error.context_window, error.prompt_tokens, error.exact, error.param) == (8192, exact, True, "messages")
+    assert error.code == "context_length_exceeded" and error.status == 400
+    # a prompt that fills the window leaves no room: the same refusal, not "lower max_tokens"
+    fills = tok.decode(tok.encode(moderate)[:8192])
+    error = refusal(fills)
+    assert error.prompt_tokens == len(tok.encode(fills, add_bos=tok.add_bos_token)) >= 8192
+    assert error.param == "messages" and "max_tokens" not in error.message
+    # past EXACT_UP_TO: a lower bound from a few slices, named as one
+    spy = _Spy(tok._tok)
+    tok._tok = spy  # type: ignore[assignment]
+    long = "".join(line.format(i) for i in range(6000))
+    assert EXACT_UP_TO < len(long) < 4 * tok.longest_token * 8193  # not refused by length alone
+    error = refusal(long)
+    assert spy.chars < 64 * 1024  # a few slices, not 300 K characters
+    assert not error.exact and 8192 < error.prompt_tokens
+    assert error.message.startswith(f"The prompt is at least {error.prompt_tokens:,} tokens; this model's "
+                                    "context window is 8192 tokens.")
+    # far past it: refused by its length, nothing encoded, nor a chat rendered
+    spy.chars = 0
+    huge = "word " * (3 * 1024 * 1024 // 5)
+    for prompt in (TextPrompt(huge), ChatPrompt(({"role": "user", "content": huge},))):
+        with pytest.raises(ContextOverflow) as caught:
+            render_prompt(tok, prompt, 8192)  # as the model thread asks
+        assert caught.value.prompt_tokens == tok.fewest_tokens(len(huge)) > 8192
+        assert not caught.value.exact and "context window is 8192 tokens" in caught.value.message
+    assert spy.chars == 0
+    # the exact count of the moderate one is what count_tokens answers: no refusal
+    assert len(render_prompt(tok, TextPrompt(moderate), 4 * 8192, window=8192)[0]) == exact
 
 
 async def _never_reading(url: str, max_tokens: int) -> trio.SocketStream:

@@ -76,7 +76,32 @@ class RequestInvalid(TurboSparkError):
 
 
 class ContextOverflow(RequestInvalid):
+    """The prompt (or the prompt and the budget asked for) does not fit the model's context
+    window.  ``context_window`` and ``prompt_tokens`` are the numbers the message names, where it
+    names them; ``exact`` is False where ``prompt_tokens`` is a lower bound (a prompt too long
+    to be worth encoding in full)."""
+
     code = "context_length_exceeded"
+
+    def __init__(self, message: str, *, param: str | None = None, context_window: int | None = None,
+                 prompt_tokens: int | None = None, exact: bool = True) -> None:
+        super().__init__(message, param=param)
+        self.context_window, self.prompt_tokens, self.exact = context_window, prompt_tokens, exact
+
+    @classmethod
+    def prompt_too_long(cls, context_window: int, prompt_tokens: int, *, exact: bool) -> ContextOverflow:
+        """A prompt that alone does not fit: its size (exact, or ``at least``) and the window."""
+        size = f"{prompt_tokens:,} tokens" if exact else f"at least {prompt_tokens:,} tokens"
+        return cls(
+            f"The prompt is {size}; this model's context window is {context_window} tokens. "
+            "Shorten the prompt, or serve a model with a longer context.",
+            param="messages", context_window=context_window, prompt_tokens=prompt_tokens, exact=exact,
+        )
+
+    def hinted(self, hint: str) -> ContextOverflow:
+        """The same refusal with ``hint`` (a client's own advice) after its message."""
+        return ContextOverflow(f"{self.message} {hint}", param=self.param, context_window=self.context_window,
+                               prompt_tokens=self.prompt_tokens, exact=self.exact)
 
 
 class Unauthorized(TurboSparkError):

@@ -218,17 +218,28 @@ class Tokenizer:
         characters (4x slack for normalisers that shorten text)."""
         return chars > 4 * self.longest_token * (limit + 1)
 
+    def fewest_tokens(self, chars: int) -> int:
+        """The fewest tokens any text of ``chars`` characters can encode to (the bound
+        ``surely_more_than`` reads)."""
+        return chars // (4 * self.longest_token)
+
     def surely_longer(self, text: str, limit: int) -> bool:
         """Whether ``text`` surely encodes to more than ``limit`` tokens, found without encoding
-        all of a long text.  Encoding holds the model thread and the GIL (a 25 MiB text takes
-        seconds, and every other stream would wait), so a text far too long for any
-        tokenisation is refused by its length, and a long one is encoded a slice at a
-        time, cut before whitespace where it can be, until the count passes the limit by more
-        than the cuts can account for.  False means: encode it and see."""
+        all of a long text (see ``tokens_past``).  False means: encode it and see."""
+        return self.tokens_past(text, limit) is not None
+
+    def tokens_past(self, text: str, limit: int) -> int | None:
+        """A lower bound, above ``limit``, on the tokens of a ``text`` that surely encodes to
+        more than ``limit``, found without encoding all of a long text; ``None`` where it may
+        not (encode it and see).  Encoding holds the model thread and the GIL (a 25 MiB text
+        takes seconds, and every other stream would wait), so a text far too long for any
+        tokenisation is refused by its length (its bound: ``fewest_tokens``), and a long one is
+        encoded a slice at a time, cut before whitespace where it can be, until the count passes
+        the limit by more than the cuts can account for (its bound: the count less that)."""
         if len(text) <= _SLICE:
-            return False
+            return None
         if self.surely_more_than(len(text), limit):
-            return True
+            return self.fewest_tokens(len(text))
         count, start, cuts = 0, 0, 0
         while start < len(text):
             end = min(start + _SLICE, len(text))
@@ -237,9 +248,9 @@ class Tokenizer:
                 end, cuts = (cut if cut > start else end), cuts + 1
             count += len(_ids(self._tok, text[start:end]))
             if count > limit + _CUT_SLACK * cuts:
-                return True
+                return count - _CUT_SLACK * cuts
             start = end
-        return False
+        return None
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)

@@ -6,18 +6,21 @@ response whole or as its events (``anthropic_events``), both framed from the sam
 of the turn driver (``_turn``): with tools offered, text streams as the model writes it and a
 ``tool_use`` block's input as ``input_json_delta`` pieces, pings while anything is held back.
 ``count_tokens`` renders the same prompt with the model's tokenizer, off the model thread: no
-queue, no generation.
+queue, no generation.  A prompt too long for the model, from Claude Code, is answered with the
+flags that leave Claude Code's own system prompt and tools out (``CLAUDE_CODE_HINT``).
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 
 import trio
-from quart import Blueprint, Response, g
+from quart import Blueprint, Response, g, request
 
-from ..errors import RequestInvalid
+from ..errors import ContextOverflow, RequestInvalid, TurboSparkError
 from ..messages import RequestRouted, Started
 from ..threads.prompt import render_prompt
 from ..web.app import exception_body, json_response, system
@@ -31,6 +34,34 @@ from .anthropic_request import default_max_tokens, normalise, plan, sampling_par
 
 blueprint = Blueprint("anthropic", __name__)
 
+#: Added to a context overflow's message for Claude Code, whose own prompt is the long part.
+CLAUDE_CODE_HINT = (
+    "Claude Code sends its own system prompt and tool definitions, longer than a small model's "
+    "context: to leave them out, run `claude --bare -p \"...\" --system-prompt \"Be brief.\" --tools \"\"`."
+)
+
+
+def _from_claude_code() -> bool:
+    """Claude Code says so in its User-Agent (``claude-cli/<version> (...)``) and its
+    ``X-Claude-Code-Session-Id`` header; either is enough."""
+    headers = request.headers
+    return headers.get("user-agent", "").startswith("claude-cli/") or "x-claude-code-session-id" in headers
+
+
+def _for_client(exc: TurboSparkError, claude_code: bool) -> TurboSparkError:
+    return exc.hinted(CLAUDE_CODE_HINT) if claude_code and isinstance(exc, ContextOverflow) else exc
+
+
+@contextmanager
+def _hinting(claude_code: bool) -> Iterator[None]:
+    """A context overflow raised inside, with Claude Code's hint when the client is Claude Code."""
+    try:
+        yield
+    except ContextOverflow as exc:
+        if not claude_code:
+            raise
+        raise exc.hinted(CLAUDE_CODE_HINT) from None
+
 
 @blueprint.post("/v1/messages/count_tokens")
 async def count_tokens() -> Response:
@@ -42,11 +73,13 @@ async def count_tokens() -> Response:
     p = plan(body, sys_.settings.system_prompt)
     if entry.tokenizer is None:
         raise RequestInvalid("this model cannot count tokens")
-    # exact up to 4 context windows; a prompt surely longer is refused before it is all encoded
-    ids, _ = await trio.to_thread.run_sync(
-        partial(render_prompt, entry.tokenizer, p.prompt, 4 * entry.context_window,
-                special_tokens_in_content=sys_.settings.special_tokens_in_content)
-    )
+    # exact up to 4 context windows, or EXACT_UP_TO characters; a prompt surely longer than
+    # both is refused before it is all encoded
+    with _hinting(_from_claude_code()):
+        ids, _ = await trio.to_thread.run_sync(
+            partial(render_prompt, entry.tokenizer, p.prompt, 4 * entry.context_window,
+                    window=entry.context_window, special_tokens_in_content=sys_.settings.special_tokens_in_content)
+        )
     response = json_response({"input_tokens": len(ids)})
     if header := degradation([], p.images):
         response.headers[DEGRADATION_HEADER] = header
@@ -65,8 +98,10 @@ async def messages() -> Response:
     params = sampling_params(body, p, defaults=entry.sampling_defaults, max_tokens=asked)
     began: list[Started] = []
     turn_plan = TurnPlan(entry.id, p.prompt, params, call_required=p.call_required, parallel=p.parallel, clamp=True)
-    turn = await open_turn(turn_plan, request_id=g.record.id, guardrails=sys_.settings.guardrails,
-                           on_started=began.append)
+    claude_code = _from_claude_code()
+    with _hinting(claude_code):  # a refused prompt is a 400, streamed or not: nothing was sent
+        turn = await open_turn(turn_plan, request_id=g.record.id, guardrails=sys_.settings.guardrails,
+                               on_started=began.append)
     if began and asked > entry.context_window - began[0].prompt_tokens:
         p.labels.append("max_tokens_clamped")  # cut to what the context window leaves
     message = MessageStream("msg_" + secrets.token_hex(12), body.model or entry.id, p.cache_marked,
@@ -74,10 +109,11 @@ async def messages() -> Response:
     if body.stream:
         response = stream_response(framed(
             turn, message, keepalive=sys_.settings.keepalive_interval,
-            error=lambda exc: message.error(exception_body(exc, "anthropic")),
+            error=lambda exc: message.error(exception_body(_for_client(exc, claude_code), "anthropic")),
         ))
     else:
-        response = json_response(message.whole(await turn.collect()))
+        with _hinting(claude_code):  # a corrective retry's longer prompt may be refused too
+            response = json_response(message.whole(await turn.collect()))
         if turn.retries:
             response.headers[RETRIES_HEADER] = str(turn.retries)
     if header := degradation(p.labels, p.images):

@@ -42,9 +42,10 @@ def _chat(body: ChatCompletionRequest, default_system: str | None) -> ChatPrompt
     return ChatPrompt(tuple(apply_default_system(messages, default_system)), tools, _template_kwargs(body))
 
 
-def _render(tok: Tokenizer, prompt: ChatPrompt, generation_prompt: bool, limit: int, special: bool) -> list[int]:
-    if generation_prompt:  # exactly what the model thread reads
-        return render_prompt(tok, prompt, limit, special_tokens_in_content=special)[0]
+def _render(tok: Tokenizer, prompt: ChatPrompt, generation_prompt: bool, window: int, special: bool) -> list[int]:
+    if generation_prompt:  # exactly what the model thread reads; as count_tokens, a prompt of
+        # surely more than 4 windows is refused unless it is short enough to count in full
+        return render_prompt(tok, prompt, 4 * window, window=window, special_tokens_in_content=special)[0]
     text = tok.render_chat(prompt.messages, tools=prompt.tools or None, add_generation_prompt=False,
                            template_kwargs=prompt.template_kwargs)
     return tok.encode(text) if special else tok.encode_rendered(text, [
@@ -90,13 +91,13 @@ async def tokenize() -> Response:
         return json_response({"tokens": []})  # llama.cpp's answer to no content
     if body.content is not None:
         return json_response({"tokens": await trio.to_thread.run_sync(_llama_tokens, tok, body)})
-    limit = 4 * entry.context_window  # as count_tokens: exact up to 4 windows, refused beyond
     if body.messages is not None:
         chat = structure({"messages": body.messages, "tools": body.tools,
                           "chat_template_kwargs": body.chat_template_kwargs}, ChatCompletionRequest)
         prompt = _chat(chat, sys_.settings.system_prompt)
         ids = await trio.to_thread.run_sync(partial(
-            _render, tok, prompt, body.add_generation_prompt, limit, sys_.settings.special_tokens_in_content))
+            _render, tok, prompt, body.add_generation_prompt, entry.context_window,
+            sys_.settings.special_tokens_in_content))
         if body.add_special_tokens and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
             ids = [tok.bos_id, *ids]
     else:

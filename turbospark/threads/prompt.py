@@ -2,14 +2,13 @@
 
 ``render_prompt`` renders a chat with the model's template (or takes raw text) and encodes it;
 the model thread and ``count_tokens`` both count with it, so they agree exactly.
-``encode_prompt`` adds the context-window check, ``prepare`` every other check a job must pass
-before it waits for room (a grammar llguidance cannot enforce, ``logit_bias`` ids, ``n``
-against the batch and the KV budget).  Whatever they raise is that job's answer.
+``encode_prompt`` adds the context-window check (a refusal names the prompt's size in tokens,
+exact up to ``EXACT_UP_TO`` characters, a lower bound past that), ``prepare`` every other check
+a job must pass before it waits for room (a grammar llguidance cannot enforce, ``logit_bias``
+ids, ``n`` against the batch and the KV budget).  Whatever they raise is that job's answer.
 """
 
 from __future__ import annotations
-
-from typing import NoReturn
 
 import attrs
 
@@ -19,7 +18,13 @@ from ._admission import Admission
 from ..model.backend import Backend
 from ..model.tokenizer import Tokenizer
 
-__all__ = ["Prepared", "encode_prompt", "prepare", "render_prompt"]
+__all__ = ["EXACT_UP_TO", "Prepared", "encode_prompt", "prepare", "render_prompt"]
+
+#: Characters of prompt text encoded in full even when it is surely too long, so that its
+#: refusal gives its exact size.  256 KiB (about 100,000 tokens) held the model thread 0.36 s
+#: on a slow 2-core x86 machine (80 KB, Claude Code's own prompt, 0.1 s); a longer text is
+#: refused from its length or a few slices (``Tokenizer.tokens_past``), with a lower bound.
+EXACT_UP_TO = 1 << 18
 
 
 def render_prompt(
@@ -27,44 +32,47 @@ def render_prompt(
     prompt: ChatPrompt | TextPrompt,
     limit: int | None = None,
     *,
+    window: int | None = None,
     special_tokens_in_content: bool = False,
 ) -> tuple[list[int], bool]:
     """A prompt's token ids, and whether it leaves the model inside a reasoning span.  The
     model thread and ``count_tokens`` both count with this, so they agree exactly.  Special-token
     text in a message's content stays plain text unless ``special_tokens_in_content``.
 
-    With ``limit``, a prompt of surely more tokens is refused (``ContextOverflow``) without
-    being encoded in full (see ``Tokenizer.surely_longer``): a 25 MiB prompt would otherwise
-    hold the model thread, and every stream it runs, for seconds."""
+    With ``limit``, a prompt of more than ``EXACT_UP_TO`` characters and surely more tokens is
+    refused (``ContextOverflow``, naming a lower bound on its tokens and the model's context
+    ``window``, which is ``limit`` unless given) without being encoded in full (see
+    ``Tokenizer.tokens_past``): a 25 MiB prompt would otherwise hold the model thread, and every
+    stream it runs, for seconds.  A shorter one is encoded, and the caller sees its exact size."""
     if isinstance(prompt, ChatPrompt):
         # the users' own words alone can be too long to render at all (the template copies them)
         said = sum(len(m["content"]) for m in prompt.messages
                    if m.get("role") == "user" and isinstance(m.get("content"), str))
-        if limit is not None and tok.surely_more_than(said, limit):
-            _refuse(limit)
+        if limit is not None and said > EXACT_UP_TO and tok.surely_more_than(said, limit):
+            raise _too_long(window or limit, tok.fewest_tokens(said))
         text = tok.render_chat(
             prompt.messages, tools=prompt.tools or None, template_kwargs=prompt.template_kwargs
         )
-        _within(tok, text, limit)
+        _within(tok, text, limit, window)
         if special_tokens_in_content:
             return tok.encode(text), tok.opens_reasoning(text)
         contents = [m["content"] for m in prompt.messages if isinstance(m.get("content"), str)]
         return tok.encode_rendered(text, contents), tok.opens_reasoning(text)
     assert isinstance(prompt, TextPrompt)
-    _within(tok, prompt.text, limit)
+    _within(tok, prompt.text, limit, window)
     return tok.encode(prompt.text, add_bos=tok.add_bos_token), False
 
 
-def _within(tok: Tokenizer, text: str, limit: int | None) -> None:
-    if limit is not None and tok.surely_longer(text, limit):
-        _refuse(limit)
+def _within(tok: Tokenizer, text: str, limit: int | None, window: int | None) -> None:
+    """Refuse a text too long to be worth encoding that surely has more than ``limit`` tokens."""
+    if limit is None or len(text) <= EXACT_UP_TO:
+        return
+    if (least := tok.tokens_past(text, limit)) is not None:
+        raise _too_long(window or limit, least)
 
 
-def _refuse(limit: int) -> NoReturn:
-    raise ContextOverflow(
-        f"The prompt has more than {limit} tokens, more than this model can read. Shorten the prompt.",
-        param="messages",
-    )
+def _too_long(window: int, least: int) -> ContextOverflow:
+    return ContextOverflow.prompt_too_long(window, least, exact=False)
 
 
 def encode_prompt(
@@ -77,15 +85,18 @@ def encode_prompt(
     )
     if not ids:
         raise RequestInvalid("the prompt is empty", param="messages")
+    window = backend.context_window
+    if len(ids) >= window:  # no room for a single token: only a shorter prompt can run
+        raise ContextOverflow.prompt_too_long(window, len(ids), exact=True)
     budget = job.params.max_tokens
-    if job.clamp and len(ids) < backend.context_window:
-        budget = min(budget, backend.context_window - len(ids))
-    if len(ids) + budget > backend.context_window:
+    if job.clamp:
+        budget = min(budget, window - len(ids))
+    if len(ids) + budget > window:
         raise ContextOverflow(
-            f"This model's context window is {backend.context_window} tokens; the prompt has "
+            f"This model's context window is {window} tokens; the prompt has "
             f"{len(ids)} tokens and max_tokens asks for {budget} more. Shorten the prompt or "
             "lower max_tokens.",
-            param="max_tokens",
+            param="max_tokens", context_window=window, prompt_tokens=len(ids),
         )
     return ids, in_reasoning
 
