@@ -224,7 +224,7 @@ class _Metrics:
         )
         for reason in ("expired", "evicted", "requested"):
             self.unloads.labels(reason)
-        # per model, for a balancer or an autoscaler (docs/operations.md, "Metrics")
+        # per model, for a balancer or an autoscaler (docs/deployment.md, "Metrics")
         self.model_queue = Gauge(
             "turbospark_model_queue_depth", "Generations waiting for a model", ["model"], registry=reg
         )

@@ -136,8 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="LIST",
         help="comma-separated web origins allowed to call the server ('*' wildcards; '*' alone: "
-        "any; default: loopback names on any port and desktop-app schemes, as Ollama's "
-        "OLLAMA_ORIGINS; $TURBOSPARK_ORIGINS)",
+        "any; default, as Ollama's OLLAMA_ORIGINS: http(s) on localhost, 127.0.0.1, [::1] and "
+        "0.0.0.0 on any port, and the app://, file://, tauri://, vscode-webview:// and "
+        "vscode-file:// schemes; $TURBOSPARK_ORIGINS). Other Origins get a 403; requests without "
+        "one (SDKs, curl) pass. Bound to loopback, a Host that is not a loopback name is refused "
+        "too (DNS rebinding)",
     )
     s.add_argument(
         "--special-tokens-in-content",
@@ -238,8 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="DIR",
-        help="keep the prompt (prefix) cache across restarts: entries are written here when they "
-        "leave the cache and at shutdown, per model, and read back when the model loads",
+        help="keep the prompt (prefix) cache across restarts: entries are written here (a folder "
+        "per model fingerprint: weights, engine versions, tokenizer) when they leave the cache and "
+        "when the model unloads or the server stops, and read back when the model loads; a file "
+        "that cannot be read or belongs to another model is skipped with a log line. Also where "
+        "/slots saves and restores",
     )
     s.add_argument(
         "--prompt-cache-size",
