@@ -83,10 +83,13 @@ async def open_turn(
     guardrails: Guardrails,
     admit: Callable[[Started], None] | None = None,
     on_started: Callable[[Started], None] | None = None,
+    context: Context | None = None,
 ) -> Turn:
     """Start the turn's first generation and wait until the model has started on it (errors
-    are raised here, before any response byte); the guardrails apply when tools are offered."""
-    context = Context.here()
+    are raised here, before any response byte); the guardrails apply when tools are offered.
+    ``context``: the scope its reply channels live in, where it is not the HTTP request's (a
+    realtime session's response)."""
+    context = context or Context.here()
     replies = await start(
         request_id=request_id, model=plan.model, prompt=plan.prompt, params=plan.params, n=plan.n,
         clamp=plan.clamp, admit=admit, on_started=on_started, context=context,

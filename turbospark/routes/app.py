@@ -10,7 +10,7 @@ from ..web.app import create_app as _create_app
 from . import (
     anthropic, audio, audio_realtime, health, metrics, models, ollama, ollama_create, ollama_embed, ollama_models,
     ollama_pull, openai_chat, openai_completions, openai_embeddings, openai_responses, openapi_doc,
-    page, slots, status_feed, tokenize,
+    page, realtime, slots, status_feed, tokenize,
 )
 from . import rerank
 
@@ -27,5 +27,5 @@ def create_app(sys_: System) -> QuartTrio:
     ]
     blueprints.append(rerank.blueprint)
     if sys_.audio is not None:  # the audio routes exist only with an audio model attached
-        blueprints += [audio.blueprint, audio_realtime.blueprint]
+        blueprints += [audio.blueprint, audio_realtime.blueprint, realtime.blueprint]
     return _create_app(sys_, blueprints)

@@ -59,10 +59,13 @@ def asset(name: str) -> tuple[bytes, str] | None:
 
 def subprotocol_key(offered: str | None) -> str:
     """A browser's WebSocket cannot send headers: the page offers its API key as the subprotocol
-    ``turbospark-key.<base64url of the key>`` (beside ``turbospark``, the one accepted); ``""``
+    ``turbospark-key.<base64url of the key>`` (beside ``turbospark``, the one accepted), as
+    OpenAI's Realtime clients offer ``openai-insecure-api-key.<key>`` (beside ``realtime``); ``""``
     when none is offered."""
     for protocol in (offered or "").split(","):
         name, _, value = protocol.strip().partition(".")
+        if name == "openai-insecure-api-key" and value:  # OpenAI's Realtime API in a browser
+            return value
         if name == "turbospark-key" and value:
             try:
                 return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).decode()

@@ -1,0 +1,398 @@
+"""OpenAI's Realtime API at ``/v1/realtime``: the sans-io pieces directly, then sessions against a
+real server with the scripted chat model, speech-to-text and voice.  Every server event is read
+back through the openai SDK's own GA event types (``RealtimeServerEvent``), strictly."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+import warnings
+import wave
+from typing import Any
+
+import httpx
+import numpy as np
+import pydantic
+import pytest
+import trio
+from openai.types.realtime import RealtimeServerEvent
+from trio_websocket import open_websocket_url
+
+from turbospark.audio.engines import ScriptedSpeechToText, ScriptedTextToSpeech
+from turbospark.audio.realtime_api import (
+    Conversation,
+    SessionConfig,
+    Sentences,
+    SpeechStarted,
+    SpeechStopped,
+    Spoken,
+    TurnDetector,
+    _alaw_decode,
+    _alaw_encode,
+    _ulaw_decode,
+    _ulaw_encode,
+    decode_audio,
+    encode_audio,
+)
+from turbospark.errors import RequestInvalid
+from turbospark.model.scripted import ScriptedBackend
+
+_EVENT = pydantic.TypeAdapter(RealtimeServerEvent)
+
+with warnings.catch_warnings():  # the reference codec: in the standard library up to Python 3.12
+    warnings.simplefilter("ignore", DeprecationWarning)
+    audioop = pytest.importorskip("audioop")
+
+# --- sans-io ------------------------------------------------------------------------------------
+
+
+def test_g711_equals_the_standard_codec_on_every_sample() -> None:
+    every = np.arange(-32768, 32768).astype("<i2")
+    x = every / 32768.0
+    assert _ulaw_encode(x).tobytes() == audioop.lin2ulaw(every.tobytes(), 2)
+    assert _alaw_encode(x).tobytes() == audioop.lin2alaw(every.tobytes(), 2)
+    codes = bytes(range(256))
+    assert np.array_equal(_ulaw_decode(np.frombuffer(codes, np.uint8)) * 32768,
+                          np.frombuffer(audioop.ulaw2lin(codes, 2), "<i2"))
+    assert np.array_equal(_alaw_decode(np.frombuffer(codes, np.uint8)) * 32768,
+                          np.frombuffer(audioop.alaw2lin(codes, 2), "<i2"))
+
+
+def test_audio_formats_in_and_out() -> None:
+    second = (np.sin(np.arange(24000) / 10) * 8000).astype("<i2").tobytes()
+    pcm = decode_audio(base64.b64encode(second).decode(), "audio/pcm")
+    assert pcm.dtype == np.float32 and pcm.size == 16000  # 24 kHz in, 16 kHz for the model
+    assert len(encode_audio(second, 24000, "audio/pcm")) == 48000
+    assert len(encode_audio(second, 24000, "audio/pcmu")) == 8000  # G.711: 8 kHz, a byte a sample
+    assert decode_audio(base64.b64encode(b"\xff" * 800).decode(), "audio/pcmu").size == 1600
+    with pytest.raises(RequestInvalid, match="odd number"):
+        decode_audio(base64.b64encode(b"\0\0\0").decode(), "audio/pcm")
+    with pytest.raises(RequestInvalid, match="base64"):
+        decode_audio("not base64!", "audio/pcm")
+
+
+def test_session_update_checks_and_merges() -> None:
+    config = SessionConfig.new("realtime", model="m", voice="v", stt_model="s", session_id="sess_1")
+    assert config.turn_detection is not None and config.data["output_modalities"] == ["audio"]
+    config.update({"type": "realtime", "instructions": "Be brief.", "tracing": "auto",
+                   "audio": {"input": {"turn_detection": None}, "output": {"voice": "alloy"}}})
+    assert config.turn_detection is None and config.voice == "alloy" and config.data["instructions"] == "Be brief."
+    assert config.data["audio"]["output"]["format"] == {"type": "audio/pcm", "rate": 24000}  # kept
+    for bad, match in [({"modalities": ["text"]}, "unknown field"), ({"temperature": "hot"}, "number"),
+                       ({"type": "transcription"}, "cannot change"), ({"max_output_tokens": 0}, "max_output_tokens"),
+                       ({"tool_choice": "sometimes"}, "tool_choice"),
+                       ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}, "24000")]:
+        with pytest.raises(RequestInvalid, match=match):
+            config.update(bad)
+    assert config.data["instructions"] == "Be brief."  # a refused update changes nothing
+
+
+def test_conversation_items_become_chat_messages() -> None:
+    c = Conversation()
+    user, prev = c.create({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]})
+    assert prev is None and user["object"] == "realtime.item" and user["status"] == "completed"
+    c.create({"type": "function_call", "name": "f", "call_id": "c1", "arguments": '{"a": 1}'})
+    c.create({"type": "function_call", "name": "g", "call_id": "c2", "arguments": "{}"})
+    c.create({"type": "function_call_output", "call_id": "c1", "output": "one"})
+    _, prev = c.create({"type": "message", "role": "system", "content": [{"type": "input_text", "text": "S"}]}, "root")
+    assert prev is None and c.items[0]["role"] == "system"
+    messages = c.messages()
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
+    assert [call["id"] for call in messages[2]["tool_calls"]] == ["c1", "c2"]  # parallel calls: one turn
+    assert messages[2]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
+    c.delete(user["id"])
+    with pytest.raises(RequestInvalid, match="not found"):
+        c.get(user["id"])
+    for bad, match in [({"type": "message", "role": "robot", "content": []}, "role"),
+                       ({"type": "message", "role": "user", "content": [{"type": "output_text", "text": "x"}]}, "type"),
+                       ({"type": "function_call", "name": "f"}, "call_id"), ({"type": "picture"}, "item.type")]:
+        with pytest.raises(RequestInvalid, match=match):
+            c.create(bad)
+
+
+def test_sentences_are_cut_where_speech_can_start() -> None:
+    s = Sentences()
+    pieces = "Hello there. How are you? I am 3.5 years old! Fine"
+    out = [sentence for piece in re.findall(r".{1,3}", pieces, re.S) for sentence in s.feed(piece)]
+    assert out == ["Hello there.", " How are you?", " I am 3.5 years old!"]
+    assert s.flush() == [" Fine"] and s.flush() == []
+
+
+def test_spoken_keeps_the_text_whose_audio_went_out() -> None:
+    spoken = Spoken()
+    spoken.begin("One two three four. ")
+    spoken.sent(1000)
+    spoken.end()
+    spoken.begin("Five six seven eight. ")
+    spoken.sent(500)  # some of it went out, then the answer was cancelled
+    assert spoken.heard() == "One two three four. Five six seven eight."
+    assert spoken.heard(1250) == "One two three four. Five six"  # the client played only this far
+    assert spoken.heard(500) == "One two"
+    assert spoken.heard(1000) == "One two three four."
+    assert spoken.heard(0) == ""
+
+
+def test_turn_detection_finds_speech_and_its_end() -> None:
+    loud = lambda frame: np.abs(np.frombuffer(frame, "<i2")).mean() > 100  # noqa: E731
+    detector = TurnDetector(loud, silence_duration_ms=300, prefix_padding_ms=100)
+    silence, speech = np.zeros(16000, np.float32), np.full(16000, 0.1, np.float32)
+    assert detector.feed(silence) == []
+    assert detector.feed(speech[:8000]) == [SpeechStarted(890)]  # the first voiced frame (990 ms) less 100 ms
+    assert detector.feed(speech[:8000]) == []
+    assert detector.feed(silence) == [SpeechStopped(2010)]  # after 300 ms of silence
+
+
+# --- sessions against a server ------------------------------------------------------------------
+
+
+class Client:
+    """A Realtime client over trio-websocket: every event received is checked against the SDK's
+    GA types and kept in ``seen``."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.seen: list[dict[str, Any]] = []
+
+    async def send(self, kind: str, **fields: Any) -> None:
+        await self.ws.send_message(json.dumps({"type": kind, **fields}))
+
+    async def recv(self) -> dict[str, Any]:
+        with trio.fail_after(20):
+            raw = await self.ws.get_message()
+        _EVENT.validate_json(raw, strict=False)
+        message = json.loads(raw)
+        self.seen.append(message)
+        return message
+
+    async def until(self, kind: str) -> list[dict[str, Any]]:
+        got = []
+        while True:
+            message = await self.recv()
+            got.append(message)
+            if message["type"] == kind:
+                return got
+
+
+def _url(server: Any, query: str = "model=gpt-realtime") -> str:
+    return server.url.replace("http://", "ws://") + "/v1/realtime?" + query
+
+
+async def _session(ws: Any, **session: Any) -> Client:
+    c = Client(ws)
+    created = await c.recv()
+    assert created["type"] == "session.created"
+    if session:
+        await c.send("session.update", session={"type": created["session"]["type"], **session})
+        assert (await c.recv())["type"] == "session.updated"
+    return c
+
+
+def _speech(seconds: float) -> str:
+    """``audio/pcm`` (24 kHz, 16-bit) of a loud noise: speech to the VAD."""
+    noise = np.random.default_rng(0).normal(0, 6000, int(seconds * 24000))
+    return base64.b64encode(np.clip(noise, -32768, 32767).astype("<i2").tobytes()).decode()
+
+
+def _silence(seconds: float) -> str:
+    return base64.b64encode(np.zeros(int(seconds * 24000), "<i2").tobytes()).decode()
+
+
+SCRIPT = "Hello there. This is a scripted answer. It has three sentences."
+
+
+async def _audio_server(start_server: Any, **backend: Any) -> Any:
+    return await start_server(backends=[ScriptedBackend(script=backend.pop("script", SCRIPT), **backend)],
+                              audio=[ScriptedSpeechToText(), ScriptedTextToSpeech()])
+
+
+async def test_a_text_item_gets_a_spoken_answer(start_server) -> None:
+    server = await _audio_server(start_server)
+    async with open_websocket_url(_url(server), subprotocols=["realtime"]) as ws:
+        c = await _session(ws, instructions="Be brief.", audio={"input": {"turn_detection": None}})
+        await c.send("conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]})
+        assert [e["type"] for e in await c.until("conversation.item.done")] == [
+            "conversation.item.added", "conversation.item.done"]
+        await c.send("response.create")
+        events = await c.until("response.done")
+    kinds = [e["type"] for e in events]
+    assert kinds[:6] == ["response.created", "rate_limits.updated", "response.output_item.added",
+                         "conversation.item.added", "response.content_part.added",
+                         "response.output_audio_transcript.delta"]
+    assert kinds[-6:] == ["response.output_audio.done", "response.output_audio_transcript.done",
+                          "response.content_part.done", "response.output_item.done", "conversation.item.done",
+                          "response.done"]
+    transcript = "".join(e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta")
+    assert transcript == SCRIPT
+    audio = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
+    # the scripted voice speaks 50 ms a character, each sentence alone; 24 kHz, 16-bit
+    sentences = ["Hello there.", "This is a scripted answer.", "It has three sentences."]
+    assert len(audio) == sum(round(len(s) * 0.05 * 24000) * 2 for s in sentences)
+    done = events[-1]["response"]
+    assert done["status"] == "completed" and done["output"][0]["content"] == [
+        {"type": "output_audio", "transcript": SCRIPT}]
+    assert done["usage"]["output_tokens"] > 0 and done["usage"]["input_tokens"] > 0
+
+
+async def test_text_only_answers_and_a_forced_tool_call_round_trip(start_server) -> None:
+    server = await _audio_server(start_server)
+    tools = [{"type": "function", "name": "get_weather", "description": "The weather in a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+    async with open_websocket_url(_url(server)) as ws:
+        c = await _session(ws, output_modalities=["text"], tools=tools, tool_choice="required")
+        await c.send("conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather in Oslo?"}]})
+        await c.until("conversation.item.done")
+        await c.send("response.create")
+        events = await c.until("response.done")
+        kinds = [e["type"] for e in events]
+        assert "response.function_call_arguments.delta" in kinds and "response.output_audio.delta" not in kinds
+        [args_done] = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+        assert args_done["name"] == "get_weather" and set(json.loads(args_done["arguments"])) == {"city"}
+        call = events[-1]["response"]["output"][0]
+        assert call["type"] == "function_call" and call["status"] == "completed"
+        await c.send("conversation.item.create", item={
+            "type": "function_call_output", "call_id": call["call_id"], "output": '{"sky": "clear"}'})
+        await c.until("conversation.item.done")
+        await c.send("response.create", response={"tool_choice": "none"})
+        events = await c.until("response.done")
+    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert text == SCRIPT and events[-1]["response"]["output"][0]["content"] == [
+        {"type": "output_text", "text": SCRIPT}]
+
+
+async def test_push_to_talk_transcribes_then_answers(start_server) -> None:
+    server = await _audio_server(start_server)
+    async with open_websocket_url(_url(server)) as ws:
+        c = await _session(ws, audio={"input": {"turn_detection": None}})
+        await c.send("input_audio_buffer.commit")
+        error = (await c.recv())["error"]
+        assert error["code"] == "input_audio_buffer_commit_empty"
+        for _ in range(3):
+            await c.send("input_audio_buffer.append", audio=_silence(0.5))
+        await c.send("input_audio_buffer.commit")
+        events = await c.until("conversation.item.done")
+        assert [e["type"] for e in events] == [
+            "input_audio_buffer.committed", "conversation.item.added",
+            "conversation.item.input_audio_transcription.delta",
+            "conversation.item.input_audio_transcription.completed", "conversation.item.done"]
+        assert events[3]["transcript"] == "Scripted transcript of 1.50 s of audio."
+        assert events[-1]["item"]["content"] == [
+            {"type": "input_audio", "transcript": "Scripted transcript of 1.50 s of audio."}]
+        await c.send("response.create", response={"output_modalities": ["text"]})
+        assert (await c.until("response.done"))[-1]["response"]["status"] == "completed"
+
+
+async def test_speech_starts_a_turn_and_speech_over_the_answer_cancels_it(start_server) -> None:
+    server = await _audio_server(start_server, script=None, token_delay=0.02)  # endless text, paced
+    async with open_websocket_url(_url(server)) as ws:
+        c = await _session(ws, audio={"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}})
+        await c.send("input_audio_buffer.append", audio=_speech(0.6))
+        await c.send("input_audio_buffer.append", audio=_silence(0.5))
+        events = await c.until("response.output_audio.delta")  # the turn ended, the answer is spoken
+        kinds = [e["type"] for e in events]
+        assert kinds[:3] == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                             "input_audio_buffer.committed"]
+        assert "response.created" in kinds
+        await c.send("input_audio_buffer.append", audio=_speech(0.6))  # barge-in
+        events = await c.until("response.done")
+    assert "input_audio_buffer.speech_started" in [e["type"] for e in events]
+    response = events[-1]["response"]
+    assert response["status"] == "cancelled" and response["status_details"] == {
+        "type": "cancelled", "reason": "turn_detected"}
+    said = "".join(e["delta"] for e in c.seen if e["type"] == "response.output_audio_transcript.delta")
+    heard = response["output"][0]["content"][0]["transcript"]
+    assert heard and said.startswith(heard) and len(heard) < len(said)  # only what was spoken
+    assert response["output"][0]["status"] == "incomplete"
+
+
+async def test_response_cancel_stops_the_decode_within_a_step(start_server, client: httpx.AsyncClient) -> None:
+    backend = ScriptedBackend(token_delay=0.05)
+    server = await start_server(backends=[backend], audio=[ScriptedSpeechToText(), ScriptedTextToSpeech()])
+    async with open_websocket_url(_url(server)) as ws:
+        c = await _session(ws, output_modalities=["text"])
+        await c.send("conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Talk."}]})
+        await c.until("conversation.item.done")
+        await c.send("response.create")
+        await c.until("response.output_text.delta")
+        await c.send("response.cancel")
+        events = await c.until("response.done")
+        assert events[-1]["response"]["status_details"]["reason"] == "client_cancelled"
+        steps = backend.counters.decode_steps
+        await trio.sleep(0.3)
+        assert backend.counters.decode_steps - steps <= 1  # nothing decodes for the cancelled answer
+        await c.send("response.cancel")
+        assert (await c.recv())["error"]["code"] == "response_cancel_not_active"
+    metrics = (await client.get(server.url + "/metrics")).text
+    assert re.search(r'turbospark_cancellations_total\{phase="decode"\} 1', metrics)
+
+
+async def test_bad_events_are_error_events_and_the_session_goes_on(start_server) -> None:
+    server = await _audio_server(start_server)
+    async with open_websocket_url(_url(server)) as ws:
+        c = await _session(ws)
+        await c.send("session.update", session={"type": "realtime", "modalities": ["text"]})
+        assert "unknown field" in (await c.recv())["error"]["message"]
+        await c.send("no.such.event", event_id="evt_1")
+        error = (await c.recv())["error"]
+        assert error["code"] == "invalid_value" and error["event_id"] == "evt_1"
+        await ws.send_message("{not json")
+        assert (await c.recv())["type"] == "error"
+        await c.send("conversation.item.retrieve", item_id="item_missing")
+        assert (await c.recv())["error"]["code"] == "item_not_found"
+        await c.send("conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]})
+        item = (await c.until("conversation.item.done"))[-1]["item"]
+        await c.send("conversation.item.retrieve", item_id=item["id"])
+        assert (await c.recv())["item"] == item
+
+
+async def test_a_transcription_session_gives_what_the_transcription_route_gives(start_server, client) -> None:
+    server = await _audio_server(start_server)
+    async with open_websocket_url(_url(server, "intent=transcription")) as ws:
+        c = Client(ws)
+        created = await c.recv()
+        assert created["session"]["type"] == "transcription"
+        await c.send("session.update", session={"type": "transcription", "audio": {"input": {"turn_detection": None}}})
+        await c.recv()
+        await c.send("input_audio_buffer.append", audio=_silence(1.25))
+        await c.send("input_audio_buffer.commit")
+        completed = (await c.until("conversation.item.input_audio_transcription.completed"))[-1]
+        await c.send("response.create")
+        assert (await c.recv())["error"]["code"] == "invalid_value"  # no responses here
+    pcm16k = np.zeros(20000, "<i2").tobytes()  # the same 1.25 s, through the HTTP route
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000), w.writeframes(pcm16k)
+    wav = await client.post(server.url + "/v1/audio/transcriptions", files={"file": ("a.wav", buf.getvalue())},
+                            data={"model": "whisper-1"})
+    assert completed["transcript"] == wav.json()["text"]
+
+
+async def test_the_openai_sdk_talks_to_it(start_server) -> None:
+    """``client.realtime.connect()`` as a user writes it (the SDK's own sync client, in a thread)."""
+    import openai
+
+    server = await _audio_server(start_server)
+
+    def talk() -> tuple[str, str, int]:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+        with client.realtime.connect(model="gpt-realtime") as conn:
+            conn.session.update(session={"type": "realtime", "output_modalities": ["audio"],
+                                         "audio": {"input": {"turn_detection": None}}})
+            conn.conversation.item.create(item={"type": "message", "role": "user",
+                                                "content": [{"type": "input_text", "text": "Hi"}]})
+            conn.response.create()
+            audio = 0
+            for ev in conn:
+                if ev.type == "response.output_audio.delta":
+                    audio += len(base64.b64decode(ev.delta))
+                if ev.type == "response.done":
+                    return ev.response.status, ev.response.output[0].content[0].transcript, audio
+        raise AssertionError("no response.done")
+
+    status, transcript, audio = await trio.to_thread.run_sync(talk)
+    assert (status, transcript) == ("completed", SCRIPT) and audio > 0
