@@ -363,6 +363,52 @@ async def test_the_microphone_is_transcribed_and_an_answer_spoken(start_server, 
     assert stored == key
 
 
+def _turns_wav(path: Path, rate: int = 16000) -> Path:
+    """1.5 s of a loud tone (speech, to server VAD), then 3 s of silence; Chromium's fake
+    microphone plays it in a loop, so a turn ends, and the next begins over the answer."""
+    t = np.arange(int(1.5 * rate)) / rate
+    tone = 0.4 * np.sin(2 * np.pi * 220 * t)
+    samples = np.concatenate([tone, np.zeros(3 * rate)])
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((samples * 32767).astype("<i2").tobytes())
+    return path
+
+
+async def test_a_conversation_is_heard_answered_aloud_and_interrupted(start_server, tmp_path: Path) -> None:
+    """The Microphone view's conversation: the page talks to /v1/realtime as OpenAI's clients do."""
+    backend = ScriptedBackend(token_delay=0.03)  # an endless answer, paced
+    server = await start_server(backends=[backend], audio=[ScriptedSpeechToText(), ScriptedTextToSpeech()])
+    wav = _turns_wav(tmp_path / "turns.wav")
+    args = ["--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream", f"--use-file-for-fake-audio-capture={wav}"]
+
+    def drive(page):  # type: ignore[no-untyped-def]
+        page.goto(f"{server.url}/#mic")
+        page.click("#talk")
+        page.wait_for_selector("#talk[aria-pressed=true]")
+        page.wait_for_selector('#talk-log li[data-role=user]', timeout=20_000)
+        # the microphone loops its file from wherever it is: wait for an answer that was spoken
+        # before the next turn's speech interrupted it
+        page.wait_for_function("""() => [...document.querySelectorAll('#talk-log li[data-status=cancelled]')]
+            .some(li => li.querySelector('span').textContent.trim() !== '(interrupted)')""", timeout=45_000)
+        shot(page, "conversation")
+        lines = page.eval_on_selector_all("#talk-log li", "items => items.map(li => [li.dataset.role, li.textContent])")
+        seconds = float(page.eval_on_selector("#talk-log", "ol => ol.dataset.audioSeconds || '0'"))
+        page.click("#talk")
+        page.wait_for_selector("#talk[aria-pressed=false]")
+        return lines, seconds
+
+    lines, seconds = await browse(server.url, drive, args=args, permissions=["microphone"])
+    user = [text for role, text in lines if role == "user"]
+    answers = [text for role, text in lines if role == "assistant"]
+    assert user and user[0].startswith("You: Scripted transcript of ")
+    heard = [a for a in answers if a.endswith("(interrupted)") and a != "Answer:  (interrupted)"]
+    assert heard and heard[0].startswith("Answer: The quick brown fox")
+    assert seconds > 0  # the answer was heard before it was interrupted
+
+
 @pytest.mark.mlx  # Whisper tiny.en on MLX hears Piper's voice through Chromium's fake microphone
 async def test_the_real_whisper_model_transcribes_speech_from_the_microphone(nursery: trio.Nursery, tmp_path: Path) -> None:
     pytest.importorskip("mlx_whisper")

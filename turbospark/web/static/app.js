@@ -4,6 +4,7 @@ import { startPlayground } from "./playground.js";
 import { startStatus } from "./status.js";
 import { startModels } from "./models.js";
 import { startMic } from "./mic.js";
+import { startTalk } from "./talk.js";
 
 const tabs = [...document.querySelectorAll('[role="tab"]')];
 
@@ -36,4 +37,5 @@ startPlayground();
 startStatus();
 startModels();
 startMic();
+startTalk();
 followStatus(document.getElementById("feed-state"));
