@@ -396,3 +396,83 @@ async def test_the_openai_sdk_talks_to_it(start_server) -> None:
 
     status, transcript, audio = await trio.to_thread.run_sync(talk)
     assert (status, transcript) == ("completed", SCRIPT) and audio > 0
+
+
+async def test_the_agents_sdk_realtime_runner_calls_a_tool(start_server) -> None:
+    """The OpenAI Agents SDK's ``RealtimeRunner`` (its own session.update, tools, the function
+    output sent back), pointed at the server by its ``url``."""
+    import asyncio
+
+    from agents import function_tool
+    from agents.realtime import RealtimeAgent, RealtimeRunner
+
+    server = await _audio_server(start_server)
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return f"It is sunny in {city}."
+
+    async def run() -> tuple[list[str], str | None]:
+        agent = RealtimeAgent(name="Assistant", instructions="Use the tool.", tools=[get_weather])
+        settings = {"model_name": "gpt-realtime", "output_modalities": ["text"], "turn_detection": None,
+                    "tool_choice": "required"}
+        runner = RealtimeRunner(starting_agent=agent, config={"model_settings": settings})
+        url = server.url.replace("http://", "ws://") + "/v1/realtime?model=gpt-realtime"
+        session = await runner.run(model_config={"url": url, "api_key": "unused"})
+        kinds: list[str] = []
+        async with session:
+            await session.send_message("What is the weather in Oslo?")
+            async for ev in session:
+                kinds.append(ev.type)
+                if ev.type == "error":
+                    return kinds, str(ev.error)
+                if ev.type == "tool_end":
+                    return kinds, ev.output
+        return kinds, None
+
+    kinds, output = await trio.to_thread.run_sync(lambda: asyncio.run(asyncio.wait_for(run(), 60)))
+    assert "error" not in kinds and "tool_start" in kinds
+    assert output is not None and output.startswith("It is sunny in ")
+
+
+async def test_truncate_keeps_the_words_the_client_played(start_server) -> None:
+    server = await _audio_server(start_server)
+    async with open_websocket_url(_url(server)) as ws:
+        c = await _session(ws, audio={"input": {"turn_detection": None}})
+        await c.send("conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]})
+        await c.until("conversation.item.done")
+        await c.send("response.create")
+        item = (await c.until("response.done"))[-1]["response"]["output"][0]
+        # "Hello there." is 12 characters at 50 ms: 600 ms; the client played 900 ms of the answer
+        await c.send("conversation.item.truncate", item_id=item["id"], content_index=0, audio_end_ms=900)
+        assert (await c.recv())["type"] == "conversation.item.truncated"
+        await c.send("conversation.item.retrieve", item_id=item["id"])
+        kept = (await c.recv())["item"]["content"][0]["transcript"]
+        assert kept == "Hello there. This"  # and 300 ms of the next sentence's 1.3 s: one of its 5 words
+        await c.send("conversation.item.truncate", item_id=item["id"], content_index=0, audio_end_ms=99_000)
+        assert "past the item's audio" in (await c.recv())["error"]["message"]
+
+
+async def test_a_client_that_stops_reading_is_closed_and_its_answer_stopped(start_server, client) -> None:
+    backend = ScriptedBackend(token_delay=0.005)  # an endless answer: far more audio than any buffer
+    server = await start_server(backends=[backend], audio=[ScriptedSpeechToText(), ScriptedTextToSpeech()],
+                                write_timeout=1.0)
+    async with open_websocket_url(_url(server), max_message_size=1 << 26) as ws:
+        c = await _session(ws)
+        await c.send("conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Talk."}]})
+        await c.until("conversation.item.done")
+        await c.send("response.create")
+
+        async def cancelled() -> bool:
+            metrics = (await client.get(server.url + "/metrics")).text
+            return bool(re.search(r'turbospark_cancellations_total\{phase="decode"\} 1', metrics))
+
+        with trio.fail_after(30):  # the client reads nothing more
+            while not await cancelled():
+                await trio.sleep(0.2)
+    steps = backend.counters.decode_steps
+    await trio.sleep(0.3)
+    assert backend.counters.decode_steps - steps <= 1

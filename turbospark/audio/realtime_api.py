@@ -497,10 +497,11 @@ class Spoken:
                 out.append(said.text)
                 continue
             if at > said.start_ms and end > said.start_ms:
-                words = said.text.split(" ")
+                words = said.text.split()
                 keep = int(len(words) * (at - said.start_ms) / max(end - said.start_ms, 1e-9))
                 if keep:
-                    out.append(" ".join(words[:keep]))
+                    lead = said.text[: len(said.text) - len(said.text.lstrip())]
+                    out.append(lead + " ".join(words[:keep]))
             break
         return "".join(out).strip()
 
