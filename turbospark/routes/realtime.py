@@ -337,7 +337,10 @@ class _Session:
             await self.emit(event("conversation.item.done", previous_item_id=None, item=item))
             detection = self.config.turn_detection or {}
             if auto and detection.get("create_response", True) and self.response is None:
-                await self.start_response({})
+                try:
+                    await self.start_response({})
+                except TurboSparkError as exc:
+                    await self.emit(_error(exc))
 
     # --- items --------------------------------------------------------------------------------
 
@@ -417,6 +420,9 @@ class _Session:
                 await run.turn(params, items, max_tokens)
             except TurboSparkError as exc:
                 run.failed = exc
+            except Exception:  # a bug: this response fails with an id the log shows; the session goes on
+                run.failed = GenerationFailed.new("the response failed")
+                log.exception("realtime session %s: %s", cfg["id"], run.failed.message)
         if response.scope.cancelled_caught:
             run.cancelled = True
         await run.finish()
