@@ -114,3 +114,41 @@ async def test_a_spoken_question_gets_a_spoken_answer_and_speech_over_it_ends_it
     kept = done["output"][0]["content"][0]["transcript"]
     assert kept and said.startswith(kept) and len(kept) < len(said), (kept, said)
     assert json.dumps(done["usage"])  # the tokens it did decode are counted
+
+
+async def test_the_openai_sdk_as_a_new_user_writes_it(voice_server) -> None:
+    """``client.realtime.connect()``: a spoken question is transcribed and answered in text and
+    audio; the question spoken over a long answer ends it as cancelled."""
+    import openai
+
+    question = await _spoken(voice_server, QUESTION)
+
+    def talk() -> tuple[str, str, int, str, str]:
+        client = openai.OpenAI(base_url=voice_server.url + "/v1", api_key="unused")
+        with client.realtime.connect(model="gpt-realtime") as conn:
+            for audio in (_silence(0.3), question, _silence(1.0)):
+                conn.input_audio_buffer.append(audio=audio)
+            heard, audio_bytes = "", 0
+            for event in conn:
+                if event.type == "conversation.item.input_audio_transcription.completed":
+                    heard = event.transcript
+                elif event.type == "response.output_audio.delta":
+                    audio_bytes += len(base64.b64decode(event.delta))
+                elif event.type == "response.done":
+                    answer = event.response.output[0].content[0].transcript
+                    break
+            conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "Tell me a long story about a dragon and a knight."}]})
+            conn.response.create()
+            for event in conn:
+                if event.type == "response.output_audio.delta":
+                    conn.input_audio_buffer.append(audio=question)  # speaking over the answer
+                    break
+            for event in conn:
+                if event.type == "response.done":
+                    return heard, answer, audio_bytes, event.response.status, event.response.status_details.reason
+        raise AssertionError("the connection ended")
+
+    heard, answer, audio_bytes, status, reason = await trio.to_thread.run_sync(talk)
+    assert words(heard) == words(QUESTION) and "paris" in words(answer) and audio_bytes > 48_000
+    assert (status, reason) == ("cancelled", "turn_detected")

@@ -476,3 +476,17 @@ async def test_a_client_that_stops_reading_is_closed_and_its_answer_stopped(star
     steps = backend.counters.decode_steps
     await trio.sleep(0.3)
     assert backend.counters.decode_steps - steps <= 1
+
+
+async def test_the_api_key_comes_as_a_header_or_as_openais_browser_subprotocol(start_server) -> None:
+    from trio_websocket import ConnectionRejected
+
+    server = await start_server(audio=[ScriptedSpeechToText(), ScriptedTextToSpeech()], api_key="k3y")
+    with pytest.raises(ConnectionRejected) as refused:
+        async with open_websocket_url(_url(server)):
+            pass
+    assert refused.value.status_code == 401
+    async with open_websocket_url(_url(server), subprotocols=["realtime", "openai-insecure-api-key.k3y"]) as ws:
+        assert ws.subprotocol == "realtime" and (await Client(ws).recv())["type"] == "session.created"
+    async with open_websocket_url(_url(server), extra_headers=[("Authorization", "Bearer k3y")]) as ws:
+        assert (await Client(ws).recv())["type"] == "session.created"
