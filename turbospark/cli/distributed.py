@@ -82,9 +82,14 @@ def follow_rank(settings: Settings, group: Any) -> int:
     # this one to end; this one ends then, not before (it would leave rank 0 mid-step).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     port = _barrier(group)  # rank 0 has imported the model, and listens for our heartbeats
-    beat(rank_zero_host(), port)
     stored = stored_model(settings.models[0], whole=True)
-    _check(stored.path, group)
+    _check(stored.path, group)  # refused here as on rank 0, before rank 0 has gone away
+    host = rank_zero_host()
+    try:
+        beat(host, port)
+    except OSError as exc:
+        raise ModelSetupError(f"rank {group.rank()}: rank 0 ({host}:{port}) cannot be reached: "
+                              f"{exc.strerror or exc}; it has stopped or refused the model") from None
     backend = _load(stored.path, stored.name, group)
     print(f"turbospark: rank {group.rank()} of {group.size()} holds its shard of {stored.name} "
           f"(pid {os.getpid()})", file=sys.stderr, flush=True)
