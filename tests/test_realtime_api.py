@@ -22,8 +22,6 @@ from trio_websocket import open_websocket_url
 
 from turbospark.audio.engines import ScriptedSpeechToText, ScriptedTextToSpeech
 from turbospark.audio.realtime_api import (
-    Conversation,
-    SessionConfig,
     Sentences,
     SpeechStarted,
     SpeechStopped,
@@ -36,6 +34,7 @@ from turbospark.audio.realtime_api import (
     decode_audio,
     encode_audio,
 )
+from turbospark.audio.realtime_state import Conversation, SessionConfig
 from turbospark.errors import RequestInvalid
 from turbospark.model.scripted import ScriptedBackend
 

@@ -5,8 +5,8 @@
 the shared batch (instructions, function tools with the chat guardrails, ``tool_choice``,
 ``temperature``, ``max_output_tokens``), spoken sentence by sentence by the voice as the text
 arrives (``audio/pcm`` at 24 kHz, or G.711), or text only where ``output_modalities`` says so.
-``?intent=transcription`` opens a transcription session.  The session's state that needs no I/O
-is ``audio/realtime_api.py``; this handler carries it out:
+``?intent=transcription`` opens a transcription session.  What needs no I/O is in
+``audio/realtime_api.py`` and ``audio/realtime_state.py``; this handler carries it out:
 
     handler (Quart-Trio cancels it when the client hangs up)
     ├── writer         server events out, in order; a client that takes none of them for
@@ -15,57 +15,36 @@ is ``audio/realtime_api.py``; this handler carries it out:
     ├── transcriber    committed audio, in order: transcribe, then answer if VAD committed it
     └── response × ≤1  the chat turn, and the voice speaking its sentences (a task beside it)
 
-Barge-in: speech that starts while a response runs (``interrupt_response``), or
-``response.cancel``, cancels the response's scope.  Its reply channels and the voice's work are
-entered in that scope, so the decode stops within a step and synthesis at its next chunk; the
-assistant item keeps only the text whose audio went out, and ``response.done`` says
-``cancelled``.  A session holds leases on its models until the socket closes.
+Barge-in (speech while a response runs, with ``interrupt_response``) and ``response.cancel``
+cancel the response's scope (``realtime_response.py``).  A session holds leases on its models
+until the socket closes.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import time
 from contextlib import ExitStack
 from typing import Any
 
-import attrs
 import numpy as np
 import trio
 from quart import Blueprint, current_app, websocket
 
 from ..audio.engines import check_voice
-from ..audio.messages import AudioRequest, Chunk, Synthesize, Transcribe, WorkDone, WorkFailed
+from ..audio.messages import AudioRequest, Transcribe, WorkDone, WorkFailed
 from ..audio.realtime_api import (
-    Conversation,
-    Invalid,
-    SessionConfig,
-    Sentences,
-    SpeechStarted,
-    Spoken,
-    TurnDetector,
-    bytes_per_second,
-    check_items,
-    check_response,
-    decode_audio,
-    encode_audio,
-    event,
-    new_id,
+    Invalid, SpeechStarted, Spoken, TurnDetector, decode_audio, error_event, event, new_id,
 )
+from ..audio.realtime_state import Conversation, SessionConfig, check_items, check_response
 from ..audio.wav import SAMPLE_RATE
 from ..errors import GenerationFailed, RequestInvalid, TurboSparkError
-from ..messages import ChatPrompt, Started
-from ..turns.sampling import sampling
-from ..turns.structured import function_tools, grammar_for, select_tools
-from ..turns.turn_events import ArgumentsDelta, CallEnd, CallStart, Error, Finish, Text, Usage
 from ..web.app import system
 from ..wire.codec import parse_json
 from ._audio import receive, resolve_audio, submit
-from ._generation import Context
-from ._turn import TurnPlan, open_turn
 from .audio_realtime import TooManySessions, _vad_detector
+from .realtime_response import Response, Run
 
 blueprint = Blueprint("realtime", __name__)
 log = logging.getLogger("turbospark")
@@ -132,20 +111,6 @@ async def _optional(resolving: Any) -> Any:
         return None
 
 
-def _error(exc: TurboSparkError, event_id: str | None = None) -> dict[str, Any]:
-    body = {"type": exc.type, "code": getattr(exc, "code", None), "message": exc.message,
-            "param": getattr(exc, "param", None), "event_id": event_id}
-    return event("error", error=body)
-
-
-@attrs.define
-class _Response:
-    id: str
-    scope: trio.CancelScope
-    audio: bool
-    reason: str = "client_cancelled"
-
-
 class _Session:
     def __init__(self, config: SessionConfig, chat: Any, stt: Any, voice: Any) -> None:
         self.config, self.chat, self.stt, self.voice = config, chat, stt, voice
@@ -158,7 +123,7 @@ class _Session:
         self.audio_ms = 0  # audio received since the session began
         self.detector = self._detector()
         self.next_item = new_id("item")  # the user item the audio being spoken will become
-        self.response: _Response | None = None
+        self.response: Response | None = None
         self.spoken: dict[str, Spoken] = {}  # assistant audio items, for truncate
         self.nursery: trio.Nursery | None = None
 
@@ -179,11 +144,8 @@ class _Session:
                 return
 
     def _detector(self) -> TurnDetector | None:
-        detection = self.config.turn_detection
-        if detection is None:
-            return None
-        is_speech = _vad_detector()
-        if is_speech is None:
+        detection, is_speech = self.config.turn_detection, _vad_detector()
+        if detection is None or is_speech is None:
             return None
         return TurnDetector(is_speech, silence_duration_ms=int(detection.get("silence_duration_ms") or 500),
                             prefix_padding_ms=int(detection.get("prefix_padding_ms") or 300))
@@ -200,12 +162,12 @@ class _Session:
                     with trio.move_on_after(limits.realtime_idle_seconds) as idle:
                         data = await websocket.receive()
                     if idle.cancelled_caught:
-                        await self.emit(_error(RequestInvalid("idle timeout: no client event for "
+                        await self.emit(error_event(RequestInvalid("idle timeout: no client event for "
                                                               f"{limits.realtime_idle_seconds:g} s")))
                         break
                     await self.dispatch(data)
             if deadline.cancelled_caught:
-                await self.emit(_error(RequestInvalid(f"session time limit of {limits.realtime_max_seconds:g} s reached")))
+                await self.emit(error_event(RequestInvalid(f"session time limit of {limits.realtime_max_seconds:g} s reached")))
             if self.response is not None:
                 self.response.scope.cancel()
             self.commits_send.close()
@@ -224,16 +186,16 @@ class _Session:
             if not isinstance(message, dict) or not isinstance(message.get("type"), str):
                 raise RequestInvalid("a client event is a JSON object with a type", param="type")
             event_id = message.get("event_id") if isinstance(message.get("event_id"), str) else None
-            handler = _HANDLERS.get(message["type"])
-            if handler is None or (self.config.kind == "transcription" and message["type"] not in _TRANSCRIPTION):
-                raise Invalid(f"Invalid value: '{message['type']}'", param="type", code="invalid_value")
-            await handler(self, message)
+            kind = message["type"]
+            if kind not in _EVENTS or (self.config.kind == "transcription" and kind not in _TRANSCRIPTION):
+                raise Invalid(f"Invalid value: '{kind}'", param="type", code="invalid_value")
+            await getattr(self, kind.replace(".", "_"))(message)
         except TurboSparkError as exc:
-            await self.emit(_error(exc, event_id))
+            await self.emit(error_event(exc, event_id))
         except Exception:  # a bug: logged with an id the client sees; the session goes on
             failure = GenerationFailed.new("the event could not be handled")
             log.exception("realtime session %s: %s", self.config.data["id"], failure.message)
-            await self.emit(_error(failure, event_id))
+            await self.emit(error_event(failure, event_id))
 
     # --- session ------------------------------------------------------------------------------
 
@@ -241,10 +203,9 @@ class _Session:
         session = message.get("session")
         if not isinstance(session, dict):
             raise RequestInvalid("session must be an object", param="session")
-        voice = ((session.get("audio") or {}).get("output") or {}).get("voice") if isinstance(
-            session.get("audio"), dict) and isinstance(session["audio"].get("output"), dict) else None
-        if voice is not None and self.voice is not None:
-            check_voice(self.voice.voices, voice if isinstance(voice, str) else "")
+        output = (session.get("audio") or {}).get("output") if isinstance(session.get("audio"), dict) else None
+        if isinstance(output, dict) and isinstance(output.get("voice"), str) and self.voice is not None:
+            check_voice(self.voice.voices, output["voice"])
         if session.get("output_modalities") == ["audio"] and self.voice is None:
             raise RequestInvalid("no text-to-speech model is attached: output_modalities must be ['text']",
                                  param="session.output_modalities")
@@ -254,7 +215,7 @@ class _Session:
 
     # --- input audio --------------------------------------------------------------------------
 
-    async def append(self, message: dict[str, Any]) -> None:
+    async def input_audio_buffer_append(self, message: dict[str, Any]) -> None:
         audio = decode_audio(message.get("audio"), self.config.input_format)
         if (self.buffered + audio.size) / SAMPLE_RATE > MAX_BUFFERED_SECONDS:
             raise RequestInvalid(f"more than {MAX_BUFFERED_SECONDS:g} s of audio buffered; commit more often",
@@ -277,7 +238,7 @@ class _Session:
                                       item_id=self.next_item))
                 await self.commit_buffer(auto=True)
 
-    async def commit(self, message: dict[str, Any]) -> None:
+    async def input_audio_buffer_commit(self, message: dict[str, Any]) -> None:
         await self.commit_buffer(auto=False)
 
     async def commit_buffer(self, *, auto: bool) -> None:
@@ -300,7 +261,7 @@ class _Session:
             await self.emit(event("conversation.item.added", previous_item_id=previous, item=item))
         await self.commits_send.send((item_id, audio, auto))
 
-    async def clear(self, message: dict[str, Any]) -> None:
+    async def input_audio_buffer_clear(self, message: dict[str, Any]) -> None:
         self.buffer, self.buffered = [], 0
         if self.detector is not None:
             self.detector.reset()
@@ -340,23 +301,23 @@ class _Session:
                 try:
                     await self.start_response({})
                 except TurboSparkError as exc:
-                    await self.emit(_error(exc))
+                    await self.emit(error_event(exc))
 
     # --- items --------------------------------------------------------------------------------
 
-    async def item_create(self, message: dict[str, Any]) -> None:
+    async def conversation_item_create(self, message: dict[str, Any]) -> None:
         item, previous = self.conversation.create(message.get("item"), message.get("previous_item_id"))
         await self.emit(event("conversation.item.added", previous_item_id=previous, item=item))
         await self.emit(event("conversation.item.done", previous_item_id=previous, item=item))
 
-    async def item_delete(self, message: dict[str, Any]) -> None:
+    async def conversation_item_delete(self, message: dict[str, Any]) -> None:
         self.conversation.delete(message.get("item_id"))
         await self.emit(event("conversation.item.deleted", item_id=message["item_id"]))
 
-    async def item_retrieve(self, message: dict[str, Any]) -> None:
+    async def conversation_item_retrieve(self, message: dict[str, Any]) -> None:
         await self.emit(event("conversation.item.retrieved", item=self.conversation.get(message.get("item_id"))))
 
-    async def item_truncate(self, message: dict[str, Any]) -> None:
+    async def conversation_item_truncate(self, message: dict[str, Any]) -> None:
         item = self.conversation.get(message.get("item_id"))
         end, index = message.get("audio_end_ms"), message.get("content_index", 0)
         if not isinstance(end, int) or isinstance(end, bool) or end < 0:
@@ -397,12 +358,12 @@ class _Session:
             items = []
             for item in check_items(params.input):
                 items.append(self.conversation.get(item.get("id")) if item.get("type") == "item_reference" else item)
-        response = _Response(new_id("resp"), trio.CancelScope(), "audio" in modalities)
+        response = Response(new_id("resp"), trio.CancelScope(), "audio" in modalities)
         self.response = response
         assert self.nursery is not None
         self.nursery.start_soon(self.respond, response, params, items, modalities)
 
-    async def respond(self, response: _Response, params: Any, items: Any, modalities: list[str]) -> None:
+    async def respond(self, response: Response, params: Any, items: Any, modalities: list[str]) -> None:
         cfg = self.config.data
         into_conversation = params.conversation != "none"
         max_tokens = params.max_output_tokens if params.max_output_tokens is not None else cfg.get("max_output_tokens")
@@ -414,7 +375,7 @@ class _Session:
                                       "voice": self.config.voice}},
                  "metadata": params.metadata, "output": [], "usage": None, "status_details": None}
         await self.emit(event("response.created", response={**shape, "status": "in_progress"}))
-        run = _Run(self, response, shape, into_conversation)
+        run = Run(self, response, shape, into_conversation)
         with response.scope:
             try:
                 await run.turn(params, items, max_tokens)
@@ -430,204 +391,9 @@ class _Session:
             self.response = None
 
 
-_HANDLERS = {
-    "session.update": _Session.session_update,
-    "input_audio_buffer.append": _Session.append,
-    "input_audio_buffer.commit": _Session.commit,
-    "input_audio_buffer.clear": _Session.clear,
-    "conversation.item.create": _Session.item_create,
-    "conversation.item.delete": _Session.item_delete,
-    "conversation.item.retrieve": _Session.item_retrieve,
-    "conversation.item.truncate": _Session.item_truncate,
-    "response.create": _Session.response_create,
-    "response.cancel": _Session.response_cancel,
-}
+#: Client events, each handled by the method of its name (dots as underscores).
+_EVENTS = frozenset({"session.update", "input_audio_buffer.append", "input_audio_buffer.commit",
+                     "input_audio_buffer.clear", "conversation.item.create", "conversation.item.delete",
+                     "conversation.item.retrieve", "conversation.item.truncate", "response.create",
+                     "response.cancel"})
 _TRANSCRIPTION = {"session.update", "input_audio_buffer.append", "input_audio_buffer.commit", "input_audio_buffer.clear"}
-
-
-class _Run:
-    """One response: the chat turn's events as Realtime events, the voice beside it."""
-
-    def __init__(self, session: _Session, response: _Response, shape: dict[str, Any], keep: bool) -> None:
-        self.s, self.response, self.shape, self.keep = session, response, shape, keep
-        self.output: list[dict[str, Any]] = []
-        self.message: dict[str, Any] | None = None  # the assistant message item, once text came
-        self.text = ""
-        self.spoken = Spoken()
-        self.calls: dict[int, dict[str, Any]] = {}
-        self.usage: Usage | None = None
-        self.failed: TurboSparkError | None = None
-        self.cancelled = False
-        self.finished_reason: str | None = None
-
-    def _where(self, item: dict[str, Any]) -> dict[str, Any]:
-        return {"response_id": self.response.id, "item_id": item["id"], "output_index": self.output.index(item)}
-
-    async def _add(self, item: dict[str, Any]) -> None:
-        self.output.append(item)
-        await self.s.emit(event("response.output_item.added", response_id=self.response.id,
-                                output_index=len(self.output) - 1, item=item))
-        if self.keep:
-            previous = self.s.conversation.add(item)
-            await self.s.emit(event("conversation.item.added", previous_item_id=previous, item=item))
-
-    async def turn(self, params: Any, items: Any, max_tokens: Any) -> None:
-        s, cfg = self.s, self.s.config.data
-        instructions = params.instructions if params.instructions is not None else cfg.get("instructions")
-        messages = s.conversation.messages(items)
-        if instructions:
-            messages = [{"role": "system", "content": instructions}, *messages]
-        elif s.settings.system_prompt and not any(m["role"] == "system" for m in messages):
-            messages = [{"role": "system", "content": s.settings.system_prompt}, *messages]
-        if not messages:
-            raise RequestInvalid("the conversation is empty: add an item or speak first", param="response")
-        flat = params.tools if params.tools is not None else cfg.get("tools") or []
-        nested = []
-        for i, tool in enumerate(flat):
-            if not isinstance(tool, dict) or tool.get("type", "function") != "function":
-                raise RequestInvalid(f"tools[{i}]: only function tools are supported", param="tools")
-            nested.append({"type": "function", "function": {k: v for k, v in tool.items()
-                                                            if k in ("name", "description", "parameters")}})
-        choice = params.tool_choice if params.tool_choice is not None else cfg.get("tool_choice")
-        if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
-            choice = {"type": "function", "function": {"name": choice["name"]}}
-        tools, required = select_tools(function_tools(nested), choice)
-        parallel = cfg.get("parallel_tool_calls") is not False
-        grammar = grammar_for(tools=tools, call_required=required, parallel=parallel)
-        budget = max_tokens if isinstance(max_tokens, int) else s.chat.context_window
-        temperature = params.temperature if params.temperature is not None else cfg.get("temperature")
-        sampling_params = sampling(s.chat.sampling_defaults, {"temperature": temperature},
-                                   max_tokens=budget, grammar=grammar)
-        plan = TurnPlan(s.chat.id, ChatPrompt(tuple(messages), tools, {}), sampling_params,
-                        call_required=required, parallel=parallel, clamp=True)
-        started: list[Started] = []
-        with ExitStack() as scope:  # the turn's reply channels: closing them stops the decode
-            turn = await open_turn(plan, request_id=-1, guardrails=s.settings.guardrails,
-                                   on_started=started.append, context=Context(system(), scope))
-            if started:
-                left = s.chat.context_window - started[0].prompt_tokens
-                await s.emit(event("rate_limits.updated", rate_limits=[
-                    {"name": "tokens", "limit": s.chat.context_window, "remaining": max(left, 0), "reset_seconds": 0}]))
-            async with trio.open_nursery() as voice:
-                sentences_send, sentences_recv = trio.open_memory_channel[str](1024)
-                if self.response.audio:
-                    voice.start_soon(self.speak, sentences_recv)
-                with sentences_send:
-                    splitter = Sentences()
-                    async for ev in turn.events():
-                        if isinstance(ev, Error):
-                            raise ev.error
-                        if isinstance(ev, Text):
-                            await self.say(ev.text)
-                            for sentence in splitter.feed(ev.text):
-                                await sentences_send.send(sentence)
-                        elif isinstance(ev, CallStart):
-                            item = {"id": new_id("item"), "object": "realtime.item", "type": "function_call",
-                                    "status": "in_progress", "name": ev.name, "call_id": ev.id, "arguments": ""}
-                            self.calls[ev.index] = item
-                            await self._add(item)
-                        elif isinstance(ev, ArgumentsDelta):
-                            item = self.calls[ev.index]
-                            item["arguments"] += ev.text
-                            await s.emit(event("response.function_call_arguments.delta", **self._where(item),
-                                               call_id=item["call_id"], delta=ev.text))
-                        elif isinstance(ev, CallEnd):
-                            item = self.calls[ev.call.index]
-                            item["arguments"], item["status"] = ev.call.arguments, "completed"
-                            await s.emit(event("response.function_call_arguments.done", **self._where(item),
-                                               call_id=item["call_id"], name=item["name"], arguments=item["arguments"]))
-                            await s.emit(event("response.output_item.done", response_id=self.response.id,
-                                               output_index=self.output.index(item), item=item))
-                            if self.keep:
-                                await s.emit(event("conversation.item.done", previous_item_id=None, item=item))
-                        elif isinstance(ev, Finish):
-                            self.finished_reason = ev.reason
-                        elif isinstance(ev, Usage):
-                            self.usage = ev
-                    for sentence in splitter.flush():
-                        await sentences_send.send(sentence)
-
-    async def say(self, piece: str) -> None:
-        """A piece of the answer's text: the message item opens with the first one."""
-        if self.message is None:
-            self.message = {"id": new_id("item"), "object": "realtime.item", "type": "message",
-                            "status": "in_progress", "role": "assistant", "content": []}
-            await self._add(self.message)
-            part = {"type": "audio", "transcript": ""} if self.response.audio else {"type": "text", "text": ""}
-            await self.s.emit(event("response.content_part.added", **self._where(self.message),
-                                    content_index=0, part=part))
-        self.text += piece
-        kind = "response.output_audio_transcript.delta" if self.response.audio else "response.output_text.delta"
-        await self.s.emit(event(kind, **self._where(self.message), content_index=0, delta=piece))
-
-    async def speak(self, sentences: trio.MemoryReceiveChannel[str]) -> None:
-        """Each sentence through the voice, its audio out as ``response.output_audio.delta``."""
-        s, fmt = self.s, self.s.config.output_format
-        async for sentence in sentences:
-            self.spoken.begin(sentence)
-            with ExitStack() as scope:  # the voice's work: closed with the response's scope
-                recv = await submit(scope, request_id=-1, model=s.voice.id, endpoint="realtime",
-                                    args=Synthesize(sentence.strip(), check_voice(s.voice.voices, s.config.voice),
-                                                    s.config.speed))
-                while True:
-                    reply = await receive(recv)
-                    if isinstance(reply, Chunk):
-                        audio = encode_audio(reply.pcm, s.voice.sample_rate, fmt)
-                        assert self.message is not None
-                        await s.emit(event("response.output_audio.delta", **self._where(self.message),
-                                           content_index=0, delta=base64.b64encode(audio).decode()))
-                        self.spoken.sent(len(audio) * 1000 / bytes_per_second(fmt))
-                    elif isinstance(reply, WorkFailed):
-                        raise reply.error
-                    else:
-                        break
-            self.spoken.end()
-
-    async def finish(self) -> None:
-        """The response's closing events: its items done (a cancelled answer keeps the text of
-        the audio that went out), then ``response.done``."""
-        s = self.s
-        status = "cancelled" if self.cancelled else "failed" if self.failed else (
-            "incomplete" if self.finished_reason == "length" else "completed")
-        if self.message is not None:
-            m = self.message
-            where = self._where(m)
-            if self.response.audio:
-                heard = self.spoken.heard() if self.cancelled else self.text
-                part = {"type": "audio", "transcript": heard}
-                if not self.cancelled:
-                    await s.emit(event("response.output_audio.done", **where, content_index=0))
-                await s.emit(event("response.output_audio_transcript.done", **where, content_index=0, transcript=heard))
-                m["content"] = [{"type": "output_audio", "transcript": heard}]
-                s.spoken[m["id"]] = self.spoken
-            else:
-                part = {"type": "text", "text": self.text}
-                await s.emit(event("response.output_text.done", **where, content_index=0, text=self.text))
-                m["content"] = [{"type": "output_text", "text": self.text}]
-            await s.emit(event("response.content_part.done", **where, content_index=0, part=part))
-            m["status"] = "incomplete" if status != "completed" else "completed"
-            await s.emit(event("response.output_item.done", response_id=self.response.id,
-                               output_index=where["output_index"], item=m))
-            if self.keep:
-                await s.emit(event("conversation.item.done", previous_item_id=None, item=m))
-        for item in self.calls.values():
-            if item["status"] != "completed":
-                item["status"] = "incomplete"
-        details = None
-        if status == "cancelled":
-            details = {"type": "cancelled", "reason": self.response.reason}
-        elif status == "failed" and self.failed is not None:
-            details = {"type": "failed", "error": {"type": self.failed.type, "code": getattr(self.failed, "code", None),
-                                                   "message": self.failed.message}}
-        elif status == "incomplete":
-            details = {"type": "incomplete", "reason": "max_output_tokens"}
-        u = self.usage
-        usage = None if u is None else {
-            "total_tokens": u.prompt_tokens + u.completion_tokens, "input_tokens": u.prompt_tokens,
-            "output_tokens": u.completion_tokens,
-            "input_token_details": {"cached_tokens": u.cached_tokens, "text_tokens": u.prompt_tokens,
-                                    "audio_tokens": 0, "image_tokens": 0},
-            "output_token_details": {"text_tokens": u.completion_tokens, "audio_tokens": 0},
-        }
-        await s.emit(event("response.done", response={**self.shape, "status": status, "status_details": details,
-                                                       "output": self.output, "usage": usage}))
