@@ -489,3 +489,60 @@ async def test_the_api_key_comes_as_a_header_or_as_openais_browser_subprotocol(s
         assert ws.subprotocol == "realtime" and (await Client(ws).recv())["type"] == "session.created"
     async with open_websocket_url(_url(server), extra_headers=[("Authorization", "Bearer k3y")]) as ws:
         assert (await Client(ws).recv())["type"] == "session.created"
+
+
+async def test_push_to_talk_then_respond_at_once_reads_the_words(start_server) -> None:
+    """commit and response.create back to back (the SDKs' push-to-talk): the answer waits for the
+    transcript instead of answering an empty conversation."""
+    stt = ScriptedSpeechToText(step_delay=0.05)  # a transcription that takes a while
+    server = await start_server(backends=[ScriptedBackend(script=SCRIPT)], audio=[stt, ScriptedTextToSpeech()])
+    async with open_websocket_url(_url(server)) as ws:
+        c = await _session(ws, output_modalities=["text"], audio={"input": {"turn_detection": None}})
+        await c.send("input_audio_buffer.append", audio=_silence(1.0))
+        await c.send("input_audio_buffer.commit")
+        await c.send("response.create")
+        events = await c.until("response.done")
+    kinds = [e["type"] for e in events]
+    assert kinds.index("conversation.item.input_audio_transcription.completed") < kinds.index("response.output_text.delta")
+    assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_session_updates_are_whole_or_refused_and_keep_a_turn_going(start_server) -> None:
+    server = await _audio_server(start_server)
+    async with open_websocket_url(_url(server)) as ws:
+        c = await _session(ws)
+        for bad in ({"audio": None}, {"audio": {"input": None}}, {"audio": {"output": {"speed": 0.01}}},
+                    {"instructions": "x", "audio": {"output": {"voice": 7}}}):
+            await c.send("session.update", session={"type": "realtime", **bad})
+            assert (await c.recv())["type"] == "error"
+        await c.send("session.update", session={"type": "realtime", "id": "sess_echoed", "object": "realtime.session",
+                                                "audio": {"output": {"voice": "marin"}}})
+        updated = (await c.recv())["session"]
+        assert updated["instructions"] == "" and updated["audio"]["output"]["voice"] == "marin"
+        await c.send("input_audio_buffer.append", audio=_silence(2.0))
+        await c.send("session.update", session={"type": "realtime", "instructions": "Be brief."})
+        await c.recv()
+        await c.send("input_audio_buffer.append", audio=_speech(0.6))
+        started = await c.until("input_audio_buffer.speech_started")
+        assert started[-1]["audio_start_ms"] >= 1600  # 2 s in, less the padding: the session's clock
+        await c.send("input_audio_buffer.append", audio=_silence(1.0))
+        assert (await c.until("response.done"))[-1]["response"]["status"] == "completed"
+
+
+async def test_truncate_while_the_answer_speaks_then_cancel(start_server) -> None:
+    """As the Agents SDK interrupts: truncate to what was played, then response.cancel."""
+    server = await _audio_server(start_server, script=None, token_delay=0.02)
+    async with open_websocket_url(_url(server)) as ws:
+        c = await _session(ws, audio={"input": {"turn_detection": None}})
+        await c.send("conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Talk."}]})
+        await c.until("conversation.item.done")
+        await c.send("response.create")
+        delta = (await c.until("response.output_audio.delta"))[-1]
+        await c.send("conversation.item.truncate", item_id=delta["item_id"], content_index=0, audio_end_ms=500)
+        await c.until("conversation.item.truncated")
+        await c.send("response.cancel")
+        done = (await c.until("response.done"))[-1]["response"]
+    assert done["status"] == "cancelled"
+    # "The quick brown fox jumps over the lazy dog." (44 characters, 2.2 s): 500 ms is 2 of its 9 words
+    assert done["output"][0]["content"][0]["transcript"] == "The quick"

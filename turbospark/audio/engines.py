@@ -47,7 +47,8 @@ Task = Literal["speech_to_text", "text_to_speech", "music_generation"]
 SCRIPTED_STT_ID = "scripted-stt"
 SCRIPTED_TTS_ID = "scripted-tts"
 #: OpenAI's voice names: every voice answers to them (an SDK needs one), as its own default.
-OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse")
+OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
+                 "marin", "cedar")
 
 Check = Callable[[], None]
 

@@ -173,14 +173,14 @@ class TurnDetector:
     of the session's audio).  ``is_speech`` classifies one 30 ms frame of 16-bit PCM."""
 
     def __init__(self, is_speech: Callable[[bytes], bool], *, silence_duration_ms: int = 500,
-                 prefix_padding_ms: int = 300, min_speech_ms: int = 90) -> None:
+                 prefix_padding_ms: int = 300, min_speech_ms: int = 90, start_ms: int = 0) -> None:
         self.is_speech = is_speech
         self.silence_ms = silence_duration_ms
         self.prefix_ms = prefix_padding_ms
         self.min_speech_ms = min_speech_ms
         self.speaking = False
         self._pending = np.zeros(0, np.float32)
-        self._at = 0  # ms of audio classified
+        self._at = start_ms  # ms of the session's audio classified
         self._voiced = 0
         self._silent = 0
 
@@ -261,6 +261,7 @@ class Spoken:
     def __init__(self) -> None:
         self._said: list[_Said] = []
         self.ms = 0.0  # audio sent so far
+        self.cut: float | None = None  # where conversation.item.truncate said the client stopped
 
     def begin(self, text: str) -> None:
         self._said.append(_Said(text, self.ms))

@@ -21,109 +21,36 @@ import attrs
 from ..errors import RequestInvalid
 from ..turns.chat import tool_call
 from ..wire.codec import structure
+from ..wire.realtime import AudioOutput, RealtimeSession, ResponseParams
 from .realtime_api import OUTPUT_RATE, Invalid, new_id
 
-__all__ = ["Conversation", "ResponseParams", "SessionConfig", "check_items", "check_response"]
+__all__ = ["Conversation", "ResponseParams", "SessionConfig", "check_items", "check_response", "voice_name"]
 
 # --- the session's configuration ------------------------------------------------------------
 # The GA shapes a client may send in session.update (and response.create), checked by the one
 # converter: every key the API defines is accepted; the ones not honoured are kept and shown.
 
 
-@attrs.frozen
-class _Format:
-    type: Literal["audio/pcm", "audio/pcmu", "audio/pcma"] = "audio/pcm"
-    rate: int | None = None
+#: What the server shows in a session but a client may not set (echoed back, they are dropped).
+_READ_ONLY = ("id", "object", "expires_at", "client_secret")
+#: Objects of the session that may not be null (their fields may).
+_OBJECTS = (("audio",), ("audio", "input"), ("audio", "output"))
 
 
-@attrs.frozen
-class _TurnDetection:
-    type: Literal["server_vad", "semantic_vad"] = "server_vad"
-    threshold: float | None = None
-    prefix_padding_ms: int | None = None
-    silence_duration_ms: int | None = None
-    create_response: bool | None = None
-    interrupt_response: bool | None = None
-    idle_timeout_ms: int | None = None
-    eagerness: Literal["low", "medium", "high", "auto"] | None = None
+def _output_checks(output: AudioOutput | None, where: str) -> None:
+    if output is None:
+        return
+    voice = output.voice
+    if voice is not None and not isinstance(voice, str) and not (
+            isinstance(voice, dict) and isinstance(voice.get("id"), str)):
+        raise RequestInvalid(f"{where}.voice must be a voice's name or {{\"id\": ...}}", param=f"{where}.voice")
+    if output.speed is not None and not 0.25 <= output.speed <= 4.0:
+        raise RequestInvalid(f"{where}.speed must be between 0.25 and 4", param=f"{where}.speed")
 
 
-@attrs.frozen
-class _Transcription:
-    model: str | None = None
-    language: str | None = None
-    prompt: str | None = None
-
-
-@attrs.frozen
-class _NoiseReduction:
-    type: Literal["near_field", "far_field"] | None = None
-
-
-@attrs.frozen
-class _Input:
-    format: _Format | None = None
-    transcription: _Transcription | None = None
-    noise_reduction: _NoiseReduction | None = None
-    turn_detection: _TurnDetection | None = None
-
-
-@attrs.frozen
-class _Output:
-    format: _Format | None = None
-    voice: str | None = None
-    speed: float | None = None
-
-
-@attrs.frozen
-class _Audio:
-    input: _Input | None = None
-    output: _Output | None = None
-
-
-@attrs.frozen
-class _Session:
-    type: Literal["realtime", "transcription"] | None = None
-    model: str | None = None
-    instructions: str | None = None
-    output_modalities: list[Literal["text", "audio"]] | None = None
-    audio: _Audio | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None  # "auto" | "none" | "required" | {"type": "function", "name": ...}
-    parallel_tool_calls: bool | None = None
-    max_output_tokens: Any = None  # a whole number, or "inf"
-    temperature: float | None = None
-    include: list[str] | None = None
-    tracing: Any = None
-    truncation: Any = None
-    prompt: Any = None
-    reasoning: Any = None
-
-
-@attrs.frozen
-class _ResponseAudio:
-    output: _Output | None = None
-
-
-@attrs.frozen
-class ResponseParams:
-    """``response.create``'s ``response``: what this one response does differently."""
-
-    instructions: str | None = None
-    output_modalities: list[Literal["text", "audio"]] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
-    max_output_tokens: Any = None
-    temperature: float | None = None
-    conversation: Literal["auto", "none"] | None = None
-    input: list[dict[str, Any]] | None = None
-    metadata: dict[str, str] | None = None
-    audio: _ResponseAudio | None = None
-    prompt: Any = None
-
-
-#: Keys accepted and kept, but that change nothing here.
-UNHONOURED = ("include", "tracing", "truncation", "prompt", "reasoning", "noise_reduction")
+def voice_name(voice: Any) -> str | None:
+    """A session's or response's voice as a name (a custom voice's id: the model's default)."""
+    return voice if isinstance(voice, str) else None
 
 
 def _merge(into: dict[str, Any], given: Mapping[str, Any]) -> None:
@@ -165,9 +92,19 @@ class SessionConfig:
         return cls(kind, data)
 
     def update(self, given: Any) -> None:
-        """Check and merge a ``session.update``'s ``session`` (the keys listed in ``UNHONOURED``
-        are kept and shown, and change nothing here)."""
-        checked = structure(given, _Session)
+        """Check and merge a ``session.update``'s ``session``: all of it, or (refused) none of it.
+        Keys the API defines that change nothing here are kept and shown (decision 0029)."""
+        if not isinstance(given, dict):
+            raise RequestInvalid("session must be an object", param="session")
+        given = {k: v for k, v in given.items() if k not in _READ_ONLY}
+        for path in _OBJECTS:
+            node: Any = given
+            for key in path[:-1]:
+                node = node.get(key) if isinstance(node, dict) else None
+            if isinstance(node, dict) and path[-1] in node and node[path[-1]] is None:
+                raise RequestInvalid(f"session.{'.'.join(path)} must be an object, not null",
+                                     param=f"session.{'.'.join(path)}")
+        checked = structure(given, RealtimeSession)
         if checked.type is not None and checked.type != self.kind:
             raise RequestInvalid(f"session.type cannot change from '{self.kind}' to '{checked.type}'",
                                  param="session.type")
@@ -179,8 +116,10 @@ class SessionConfig:
         if fmt is not None and fmt.type == "audio/pcm" and fmt.rate not in (None, OUTPUT_RATE):
             raise RequestInvalid("audio/pcm is 24000 Hz", param="session.audio.input.format.rate")
         _check_common(checked, "session")
-        given = {k: v for k, v in given.items() if k not in ("type", "id", "object")}
-        _merge(self.data, given)
+        _output_checks(checked.audio and checked.audio.output, "session.audio.output")
+        merged = copy.deepcopy(self.data)
+        _merge(merged, {k: v for k, v in given.items() if k != "type"})
+        self.data = merged
 
     # --- what the session asks for -------------------------------------------------------------
 
@@ -210,7 +149,7 @@ class SessionConfig:
 
     @property
     def voice(self) -> str | None:
-        return (self.data["audio"].get("output") or {}).get("voice")
+        return voice_name((self.data["audio"].get("output") or {}).get("voice"))
 
     @property
     def speed(self) -> float:
@@ -235,6 +174,7 @@ def _check_common(checked: Any, where: str) -> None:
 def check_response(given: Any) -> ResponseParams:
     checked = structure(given if given is not None else {}, ResponseParams)
     _check_common(checked, "response")
+    _output_checks(checked.audio and checked.audio.output, "response.audio.output")
     return checked
 
 
@@ -302,10 +242,17 @@ def _check_item(item: Any) -> dict[str, Any]:
     return out
 
 
+def _chars(item: Mapping[str, Any]) -> int:
+    return sum(len(part.get("text") or part.get("transcript") or "") for part in item.get("content", ())) + len(
+        item.get("arguments", "")) + len(item.get("output", ""))
+
+
 class Conversation:
-    """The session's items in order; ``MAX_ITEMS`` at most (the oldest go first)."""
+    """The session's items in order; ``MAX_ITEMS`` and ``MAX_CHARS`` of text at most (the oldest
+    go first)."""
 
     MAX_ITEMS = 1024
+    MAX_CHARS = 1 << 20
 
     def __init__(self) -> None:
         self.items: list[dict[str, Any]] = []
@@ -331,10 +278,36 @@ class Conversation:
         else:
             at = self._index(previous_item_id) + 1
         self.items.insert(at, item)
-        if len(self.items) > self.MAX_ITEMS:
+        while len(self.items) > 1 and (len(self.items) > self.MAX_ITEMS
+                                       or sum(map(_chars, self.items)) > self.MAX_CHARS):
             del self.items[0]
             at -= 1
         return self.items[at - 1]["id"] if at > 0 else None
+
+    def add_input_audio(self, item_id: str) -> tuple[dict[str, Any], str | None]:
+        """The user item committed audio becomes (its transcript to come), last; under another id
+        where the client took the one ``speech_started`` announced."""
+        if any(existing["id"] == item_id for existing in self.items):
+            item_id = new_id("item")
+        item = {"id": item_id, "object": "realtime.item", "type": "message", "status": "completed",
+                "role": "user", "content": [{"type": "input_audio", "transcript": None}]}
+        return item, self.add(item)
+
+    def truncate(self, message: Mapping[str, Any], spoken: Mapping[str, Any]) -> tuple[dict[str, Any], int]:
+        """``conversation.item.truncate``: an assistant item with audio (``spoken``: what each one
+        said, ``Spoken``) keeps the words of its first ``audio_end_ms``; the item, and that."""
+        item = self.get(message.get("item_id"))
+        end, index = message.get("audio_end_ms"), message.get("content_index", 0)
+        if not isinstance(end, int) or isinstance(end, bool) or end < 0:
+            raise RequestInvalid("audio_end_ms must be a whole number of milliseconds", param="audio_end_ms")
+        said = spoken.get(item["id"])
+        if item.get("role") != "assistant" or said is None or index != 0:
+            raise RequestInvalid("only an assistant message with audio can be truncated", param="item_id")
+        if end > said.ms:
+            raise RequestInvalid(f"audio_end_ms {end} is past the item's audio ({said.ms:.0f} ms)", param="audio_end_ms")
+        said.cut = end
+        item["content"] = [{"type": "output_audio", "transcript": said.heard(end)}]  # (it may still be speaking)
+        return item, end
 
     def create(self, given: Any, previous_item_id: Any = None) -> tuple[dict[str, Any], str | None]:
         if previous_item_id is not None and not isinstance(previous_item_id, str):

@@ -44,7 +44,7 @@ from ..web.app import system
 from ..wire.codec import parse_json
 from ._audio import receive, resolve_audio, submit
 from .audio_realtime import TooManySessions, _vad_detector
-from .realtime_response import Response, Run
+from .realtime_response import Response, respond
 
 blueprint = Blueprint("realtime", __name__)
 log = logging.getLogger("turbospark")
@@ -52,7 +52,8 @@ log = logging.getLogger("turbospark")
 _KEYS = {"model", "intent"}
 EVENTS_WAITING = 256  # server events queued for a slow reader before the producers wait
 COMMITS_WAITING = 64
-MAX_BUFFERED_SECONDS = 300.0
+MAX_BUFFERED_SECONDS = 300.0  # audio buffered, and audio committed and waiting for its transcript
+IDLE_FACTOR = 10  # a conversation may sit idle 10x the transcription socket's limit (10 min by default)
 _OPENAI_STT, _OPENAI_TTS = "whisper-1", "tts-1"  # reach the only (or loaded) model of the task
 
 
@@ -125,6 +126,9 @@ class _Session:
         self.next_item = new_id("item")  # the user item the audio being spoken will become
         self.response: Response | None = None
         self.spoken: dict[str, Spoken] = {}  # assistant audio items, for truncate
+        self.pending: dict[str, trio.Event] = {}  # committed audio not yet transcribed, by item
+        self.queued = 0  # samples committed and waiting for their transcription
+        self.answer_next = False  # a turn ended while a response ran: answer it after
         self.nursery: trio.Nursery | None = None
 
     # --- plumbing ------------------------------------------------------------------------------
@@ -148,7 +152,8 @@ class _Session:
         if detection is None or is_speech is None:
             return None
         return TurnDetector(is_speech, silence_duration_ms=int(detection.get("silence_duration_ms") or 500),
-                            prefix_padding_ms=int(detection.get("prefix_padding_ms") or 300))
+                            prefix_padding_ms=int(detection.get("prefix_padding_ms") or 300),
+                            start_ms=self.audio_ms)
 
     async def run(self) -> None:
         limits = self.settings
@@ -157,13 +162,15 @@ class _Session:
             nursery.start_soon(self.writer)
             nursery.start_soon(self.transcriber)
             await self.emit(event("session.created", session=self.config.data))
+            idle_s = IDLE_FACTOR * limits.realtime_idle_seconds
             with trio.move_on_after(limits.realtime_max_seconds) as deadline:
                 while True:
-                    with trio.move_on_after(limits.realtime_idle_seconds) as idle:
+                    with trio.move_on_after(idle_s) as idle:
                         data = await websocket.receive()
+                    if idle.cancelled_caught and (self.response is not None or self.pending):
+                        continue  # the server is still answering: that is not the client idling
                     if idle.cancelled_caught:
-                        await self.emit(error_event(RequestInvalid("idle timeout: no client event for "
-                                                              f"{limits.realtime_idle_seconds:g} s")))
+                        await self.emit(error_event(RequestInvalid(f"idle timeout: no client event for {idle_s:g} s")))
                         break
                     await self.dispatch(data)
             if deadline.cancelled_caught:
@@ -209,8 +216,10 @@ class _Session:
         if session.get("output_modalities") == ["audio"] and self.voice is None:
             raise RequestInvalid("no text-to-speech model is attached: output_modalities must be ['text']",
                                  param="session.output_modalities")
+        detection = self.config.turn_detection
         self.config.update(session)
-        self.detector = self._detector()
+        if self.config.turn_detection != detection:  # a turn in progress survives other updates
+            self.detector = self._detector()
         await self.emit(event("session.updated", session=self.config.data))
 
     # --- input audio --------------------------------------------------------------------------
@@ -249,15 +258,21 @@ class _Session:
                 code="input_audio_buffer_commit_empty")
         if self.stt is None:
             raise RequestInvalid("no speech-to-text model is attached: send text items instead", param="type")
-        audio = np.concatenate(self.buffer)
-        self.buffer, self.buffered = [], 0
+        if (self.queued + self.buffered) / SAMPLE_RATE > MAX_BUFFERED_SECONDS:
+            raise RequestInvalid(f"more than {MAX_BUFFERED_SECONDS:g} s of committed audio wait for their "
+                                 "transcription; wait for them", param="type")
         item_id, self.next_item = self.next_item, new_id("item")
         previous = self.conversation.last_id()
+        item: dict[str, Any] = {}
+        if self.config.kind == "realtime":
+            item, previous = self.conversation.add_input_audio(item_id)
+            item_id = item["id"]
+        audio = np.concatenate(self.buffer)
+        self.buffer, self.buffered = [], 0
+        self.queued += audio.size
+        self.pending[item_id] = trio.Event()
         await self.emit(event("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id))
         if self.config.kind == "realtime":
-            item = {"id": item_id, "object": "realtime.item", "type": "message", "status": "completed",
-                    "role": "user", "content": [{"type": "input_audio", "transcript": None}]}
-            self.conversation.add(item)
             await self.emit(event("conversation.item.added", previous_item_id=previous, item=item))
         await self.commits_send.send((item_id, audio, auto))
 
@@ -269,39 +284,57 @@ class _Session:
 
     async def transcriber(self) -> None:
         async for item_id, audio, auto in self.commits_recv:
-            with ExitStack() as scope:
-                try:
-                    recv = await submit(scope, request_id=-1, model=self.stt.id, endpoint="realtime",
-                                        args=Transcribe(audio, self.config.language))
-                    reply = await receive(recv)
-                except TurboSparkError as exc:
-                    reply = WorkFailed(exc)
-            if isinstance(reply, WorkFailed) or not isinstance(reply, WorkDone) or reply.transcript is None:
-                error = reply.error if isinstance(reply, WorkFailed) else GenerationFailed.new("transcription failed")
-                await self.emit(event("conversation.item.input_audio_transcription.failed", item_id=item_id,
-                                      content_index=0, error={"type": "transcription_error", "code": None,
-                                                              "message": error.message, "param": None}))
-                continue
-            text = reply.transcript.text.strip()
+            try:
+                await self.transcribe(item_id, audio, auto)
+            except TurboSparkError as exc:
+                await self.emit(error_event(exc))
+            except Exception:  # a bug: this item's transcription fails, logged; the session goes on
+                failure = GenerationFailed.new("the transcription failed")
+                log.exception("realtime session %s: %s", self.config.data["id"], failure.message)
+                await self.emit(error_event(failure))
+            finally:
+                self.queued -= audio.size
+                if (done := self.pending.pop(item_id, None)) is not None:
+                    done.set()
+
+    async def transcribe(self, item_id: str, audio: np.ndarray, auto: bool) -> None:
+        """One committed item: its transcript, its events, and the answer VAD asks for."""
+        with ExitStack() as scope:
+            try:
+                recv = await submit(scope, request_id=-1, model=self.stt.id, endpoint="realtime",
+                                    args=Transcribe(audio, self.config.language))
+                reply = await receive(recv)
+            except TurboSparkError as exc:
+                reply = WorkFailed(exc)
+        if isinstance(reply, WorkFailed) or not isinstance(reply, WorkDone) or reply.transcript is None:
+            error = reply.error if isinstance(reply, WorkFailed) else GenerationFailed.new("transcription failed")
+            await self.emit(event("conversation.item.input_audio_transcription.failed", item_id=item_id,
+                                  content_index=0, error={"type": "transcription_error", "code": None,
+                                                          "message": error.message, "param": None}))
+            return
+        text = reply.transcript.text.strip()
+        if self.config.transcribes:  # the model reads the transcript either way
             await self.emit(event("conversation.item.input_audio_transcription.delta", item_id=item_id,
                                   content_index=0, delta=text))
             await self.emit(event("conversation.item.input_audio_transcription.completed", item_id=item_id,
                                   content_index=0, transcript=text,
                                   usage={"type": "duration", "seconds": round(audio.size / SAMPLE_RATE, 3)}))
-            if self.config.kind != "realtime":
-                continue
-            try:
-                item = self.conversation.get(item_id)
-            except RequestInvalid:
-                continue  # deleted meanwhile
-            item["content"][0]["transcript"] = text
-            await self.emit(event("conversation.item.done", previous_item_id=None, item=item))
-            detection = self.config.turn_detection or {}
-            if auto and detection.get("create_response", True) and self.response is None:
-                try:
-                    await self.start_response({})
-                except TurboSparkError as exc:
-                    await self.emit(error_event(exc))
+        if self.config.kind != "realtime":
+            return
+        try:
+            item = self.conversation.get(item_id)
+        except RequestInvalid:
+            return  # deleted meanwhile
+        if item.get("role") != "user" or [p.get("type") for p in item.get("content", ())] != ["input_audio"]:
+            return  # deleted and replaced by another item of the same id
+        item["content"][0]["transcript"] = text
+        await self.emit(event("conversation.item.done", previous_item_id=None, item=item))
+        detection = self.config.turn_detection or {}
+        if auto and detection.get("create_response", True):
+            if self.response is None:
+                await self.start_response({})
+            else:
+                self.answer_next = True  # once the response running now (not interrupted) ends
 
     # --- items --------------------------------------------------------------------------------
 
@@ -312,23 +345,14 @@ class _Session:
 
     async def conversation_item_delete(self, message: dict[str, Any]) -> None:
         self.conversation.delete(message.get("item_id"))
+        self.spoken.pop(message["item_id"], None)
         await self.emit(event("conversation.item.deleted", item_id=message["item_id"]))
 
     async def conversation_item_retrieve(self, message: dict[str, Any]) -> None:
         await self.emit(event("conversation.item.retrieved", item=self.conversation.get(message.get("item_id"))))
 
     async def conversation_item_truncate(self, message: dict[str, Any]) -> None:
-        item = self.conversation.get(message.get("item_id"))
-        end, index = message.get("audio_end_ms"), message.get("content_index", 0)
-        if not isinstance(end, int) or isinstance(end, bool) or end < 0:
-            raise RequestInvalid("audio_end_ms must be a whole number of milliseconds", param="audio_end_ms")
-        spoken = self.spoken.get(item["id"])
-        if item.get("role") != "assistant" or spoken is None or index != 0:
-            raise RequestInvalid("only an assistant message with audio can be truncated", param="item_id")
-        if end > spoken.ms:
-            raise RequestInvalid(f"audio_end_ms {end} is past the item's audio ({spoken.ms:.0f} ms)",
-                                 param="audio_end_ms")
-        item["content"][0]["transcript"] = spoken.heard(end)
+        item, end = self.conversation.truncate(message, self.spoken)
         await self.emit(event("conversation.item.truncated", item_id=item["id"], content_index=0, audio_end_ms=end))
 
     # --- responses ----------------------------------------------------------------------------
@@ -361,34 +385,7 @@ class _Session:
         response = Response(new_id("resp"), trio.CancelScope(), "audio" in modalities)
         self.response = response
         assert self.nursery is not None
-        self.nursery.start_soon(self.respond, response, params, items, modalities)
-
-    async def respond(self, response: Response, params: Any, items: Any, modalities: list[str]) -> None:
-        cfg = self.config.data
-        into_conversation = params.conversation != "none"
-        max_tokens = params.max_output_tokens if params.max_output_tokens is not None else cfg.get("max_output_tokens")
-        out_fmt = self.config.output_format
-        shape = {"id": response.id, "object": "realtime.response", "conversation_id":
-                 cfg["id"].replace("sess", "conv") if into_conversation else None,
-                 "output_modalities": modalities, "max_output_tokens": max_tokens or "inf",
-                 "audio": {"output": {"format": {"type": out_fmt, **({"rate": 24000} if out_fmt == "audio/pcm" else {})},
-                                      "voice": self.config.voice}},
-                 "metadata": params.metadata, "output": [], "usage": None, "status_details": None}
-        await self.emit(event("response.created", response={**shape, "status": "in_progress"}))
-        run = Run(self, response, shape, into_conversation)
-        with response.scope:
-            try:
-                await run.turn(params, items, max_tokens)
-            except TurboSparkError as exc:
-                run.failed = exc
-            except Exception:  # a bug: this response fails with an id the log shows; the session goes on
-                run.failed = GenerationFailed.new("the response failed")
-                log.exception("realtime session %s: %s", cfg["id"], run.failed.message)
-        if response.scope.cancelled_caught:
-            run.cancelled = True
-        await run.finish()
-        if self.response is response:
-            self.response = None
+        self.nursery.start_soon(respond, self, response, params, items, modalities)
 
 
 #: Client events, each handled by the method of its name (dots as underscores).

@@ -11,7 +11,8 @@ chunk.
 from __future__ import annotations
 
 import base64
-from contextlib import ExitStack
+import logging
+from contextlib import ExitStack, aclosing
 from typing import Any
 
 import attrs
@@ -19,8 +20,9 @@ import trio
 
 from ..audio.engines import check_voice
 from ..audio.messages import Chunk, Synthesize, WorkFailed
-from ..audio.realtime_api import Sentences, Spoken, bytes_per_second, encode_audio, event, new_id
-from ..errors import RequestInvalid, TurboSparkError
+from ..audio.realtime_api import Sentences, Spoken, bytes_per_second, encode_audio, error_event, event, new_id
+from ..audio.realtime_state import voice_name
+from ..errors import GenerationFailed, RequestInvalid, TurboSparkError
 from ..messages import ChatPrompt, Started
 from ..turns.sampling import sampling
 from ..turns.structured import function_tools, grammar_for, select_tools
@@ -30,7 +32,9 @@ from ._audio import receive, submit
 from ._generation import Context
 from ._turn import TurnPlan, open_turn
 
-__all__ = ["Response", "Run"]
+__all__ = ["Response", "Run", "respond"]
+
+log = logging.getLogger("turbospark")
 
 
 @attrs.define
@@ -41,6 +45,8 @@ class Response:
     scope: trio.CancelScope
     audio: bool
     reason: str = "client_cancelled"
+    voice: str | None = None  # this response's voice and output format (response.audio.output)
+    fmt: str = "audio/pcm"
 
 
 
@@ -73,6 +79,8 @@ class Run:
     async def turn(self, params: Any, items: Any, max_tokens: Any) -> None:
         s, cfg = self.s, self.s.config.data
         instructions = params.instructions if params.instructions is not None else cfg.get("instructions")
+        for transcribed in list(s.pending.values()):  # the user's last words, heard in full
+            await transcribed.wait()
         messages = s.conversation.messages(items)
         if instructions:
             messages = [{"role": "system", "content": instructions}, *messages]
@@ -107,15 +115,16 @@ class Run:
                 left = s.chat.context_window - started[0].prompt_tokens
                 await s.emit(event("rate_limits.updated", rate_limits=[
                     {"name": "tokens", "limit": s.chat.context_window, "remaining": max(left, 0), "reset_seconds": 0}]))
-            async with trio.open_nursery() as voice:
+            async with trio.open_nursery() as voice, aclosing(turn.events()) as events:
                 sentences_send, sentences_recv = trio.open_memory_channel[str](1024)
                 if self.response.audio:
-                    voice.start_soon(self.speak, sentences_recv)
+                    voice.start_soon(self.speak, sentences_recv, voice.cancel_scope)
                 with sentences_send:
                     splitter = Sentences()
-                    async for ev in turn.events():
-                        if isinstance(ev, Error):
-                            raise ev.error
+                    async for ev in events:
+                        if isinstance(ev, Error):  # kept, and raised outside the nursery
+                            self.failed = ev.error
+                            break
                         if isinstance(ev, Text):
                             await self.say(ev.text)
                             for sentence in splitter.feed(ev.text):
@@ -143,8 +152,10 @@ class Run:
                             self.finished_reason = ev.reason
                         elif isinstance(ev, Usage):
                             self.usage = ev
-                    for sentence in splitter.flush():
+                    for sentence in [] if self.failed else splitter.flush():
                         await sentences_send.send(sentence)
+        if self.failed is not None:
+            raise self.failed
 
     async def say(self, piece: str) -> None:
         """A piece of the answer's text: the message item opens with the first one."""
@@ -152,6 +163,8 @@ class Run:
             self.message = {"id": new_id("item"), "object": "realtime.item", "type": "message",
                             "status": "in_progress", "role": "assistant", "content": []}
             await self._add(self.message)
+            if self.response.audio:
+                self.s.spoken[self.message["id"]] = self.spoken  # truncate may come while it speaks
             part = {"type": "audio", "transcript": ""} if self.response.audio else {"type": "text", "text": ""}
             await self.s.emit(event("response.content_part.added", **self._where(self.message),
                                     content_index=0, part=part))
@@ -159,15 +172,23 @@ class Run:
         kind = "response.output_audio_transcript.delta" if self.response.audio else "response.output_text.delta"
         await self.s.emit(event(kind, **self._where(self.message), content_index=0, delta=piece))
 
-    async def speak(self, sentences: trio.MemoryReceiveChannel[str]) -> None:
-        """Each sentence through the voice, its audio out as ``response.output_audio.delta``."""
-        s, fmt = self.s, self.s.config.output_format
+    async def speak(self, sentences: trio.MemoryReceiveChannel[str], voice: trio.CancelScope) -> None:
+        """Each sentence through the voice, its audio out as ``response.output_audio.delta``; a
+        failure is kept as the response's and ends the turn (``voice``: the scope of both)."""
+        try:
+            await self._speak(sentences)
+        except TurboSparkError as exc:
+            self.failed = exc
+            voice.cancel()
+
+    async def _speak(self, sentences: trio.MemoryReceiveChannel[str]) -> None:
+        s, fmt = self.s, self.response.fmt
         async for sentence in sentences:
             self.spoken.begin(sentence)
             with ExitStack() as scope:  # the voice's work: closed with the response's scope
                 recv = await submit(scope, request_id=-1, model=s.voice.id, endpoint="realtime",
-                                    args=Synthesize(sentence.strip(), check_voice(s.voice.voices, s.config.voice),
-                                                    s.config.speed))
+                                    args=Synthesize(sentence.strip(), check_voice(s.voice.voices, self.response.voice),
+                                                    min(2.0, max(0.5, s.config.speed))))
                 while True:
                     reply = await receive(recv)
                     if isinstance(reply, Chunk):
@@ -192,13 +213,13 @@ class Run:
             m = self.message
             where = self._where(m)
             if self.response.audio:
-                heard = self.spoken.heard() if self.cancelled else self.text
+                heard = (self.spoken.heard(self.spoken.cut) if self.spoken.cut is not None
+                         else self.spoken.heard() if self.cancelled else self.text)
                 part = {"type": "audio", "transcript": heard}
                 if not self.cancelled:
                     await s.emit(event("response.output_audio.done", **where, content_index=0))
                 await s.emit(event("response.output_audio_transcript.done", **where, content_index=0, transcript=heard))
                 m["content"] = [{"type": "output_audio", "transcript": heard}]
-                s.spoken[m["id"]] = self.spoken
             else:
                 part = {"type": "text", "text": self.text}
                 await s.emit(event("response.output_text.done", **where, content_index=0, text=self.text))
@@ -209,9 +230,13 @@ class Run:
                                output_index=where["output_index"], item=m))
             if self.keep:
                 await s.emit(event("conversation.item.done", previous_item_id=None, item=m))
-        for item in self.calls.values():
+        for item in self.calls.values():  # a call cut short is closed too
             if item["status"] != "completed":
                 item["status"] = "incomplete"
+                await s.emit(event("response.output_item.done", response_id=self.response.id,
+                                   output_index=self.output.index(item), item=item))
+                if self.keep:
+                    await s.emit(event("conversation.item.done", previous_item_id=None, item=item))
         details = None
         if status == "cancelled":
             details = {"type": "cancelled", "reason": self.response.reason}
@@ -230,3 +255,44 @@ class Run:
         }
         await s.emit(event("response.done", response={**self.shape, "status": status, "status_details": details,
                                                        "output": self.output, "usage": usage}))
+
+
+async def respond(self: Any, response: Response, params: Any, items: Any, modalities: list[str]) -> None:
+    """The session's response: ``response.created``, the run in the response's scope, its closing
+    events whatever ended it, then the answer a turn that ended meanwhile asked for."""
+    cfg = self.config.data
+    into_conversation = params.conversation != "none"
+    max_tokens = params.max_output_tokens if params.max_output_tokens is not None else cfg.get("max_output_tokens")
+    out = params.audio.output if params.audio is not None else None
+    out_fmt = out.format.type if out is not None and out.format is not None else self.config.output_format
+    response.fmt = out_fmt
+    response.voice = voice_name(out.voice) if out is not None and out.voice is not None else self.config.voice
+    if response.voice is not None and self.voice is not None:
+        response.voice = check_voice(self.voice.voices, response.voice)
+    shape = {"id": response.id, "object": "realtime.response", "conversation_id":
+             cfg["id"].replace("sess", "conv") if into_conversation else None,
+             "output_modalities": modalities, "max_output_tokens": max_tokens or "inf",
+             "audio": {"output": {"format": {"type": out_fmt, **({"rate": 24000} if out_fmt == "audio/pcm" else {})},
+                                  "voice": response.voice}},
+             "metadata": params.metadata, "output": [], "usage": None, "status_details": None}
+    await self.emit(event("response.created", response={**shape, "status": "in_progress"}))
+    run = Run(self, response, shape, into_conversation)
+    with response.scope:
+        try:
+            await run.turn(params, items, max_tokens)
+        except TurboSparkError as exc:
+            run.failed = exc
+        except Exception:  # a bug: this response fails with an id the log shows; the session goes on
+            run.failed = GenerationFailed.new("the response failed")
+            log.exception("realtime session %s: %s", cfg["id"], run.failed.message)
+    if response.scope.cancelled_caught:
+        run.cancelled = True
+    await run.finish()
+    if self.response is response:
+        self.response = None
+    if self.answer_next and self.response is None:
+        self.answer_next = False
+        try:
+            await self.start_response({})
+        except TurboSparkError as exc:
+            await self.emit(error_event(exc))
