@@ -546,3 +546,22 @@ async def test_truncate_while_the_answer_speaks_then_cancel(start_server) -> Non
     assert done["status"] == "cancelled"
     # "The quick brown fox jumps over the lazy dog." (44 characters, 2.2 s): 500 ms is 2 of its 9 words
     assert done["output"][0]["content"][0]["transcript"] == "The quick"
+
+
+async def test_sessions_answer_in_the_same_batch_as_http_requests(start_server, client) -> None:
+    backend = ScriptedBackend(token_delay=0.05)
+    server = await start_server(backends=[backend], audio=[ScriptedSpeechToText(), ScriptedTextToSpeech()])
+    body = {"model": "scripted", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 60, "stream": True}
+    async with (open_websocket_url(_url(server)) as one, open_websocket_url(_url(server)) as two,
+                client.stream("POST", server.url + "/v1/chat/completions", json=body) as http):
+        sessions = [await _session(ws, output_modalities=["text"]) for ws in (one, two)]
+        for c in sessions:
+            await c.send("conversation.item.create", item={
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Talk."}]})
+            await c.until("conversation.item.done")
+            await c.send("response.create", response={"max_output_tokens": 60})
+        for c in sessions:
+            await c.until("response.output_text.delta")
+        metrics = (await client.get(server.url + "/metrics")).text
+        assert re.search(r'turbospark_batch_size\{model="scripted"\} 3', metrics), metrics[:2000]
+        await http.aclose()
