@@ -110,6 +110,7 @@ def _routes() -> tuple[Route, ...]:
         Route("post", "/v1/audio/models", "Attach an audio model", raw_body="application/json"),
         Route("delete", "/v1/audio/models/{model_id}", "Detach an audio model"),
         Route("get", "/v1/audio/transcriptions/realtime", "Realtime transcription (WebSocket upgrade)"),
+        Route("get", "/v1/realtime", "OpenAI's Realtime API: voice conversations and transcription (WebSocket upgrade)"),
     ]
     ndjson = ("application/x-ndjson",)
     out += [
