@@ -165,6 +165,12 @@ class Client:
         self.seen.append(message)
         return message
 
+    async def say(self, text: str) -> list[dict[str, Any]]:
+        """A user text item, created: its added and done events."""
+        await self.send("conversation.item.create", item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+        return await self.until("conversation.item.done")
+
     async def until(self, kind: str) -> list[dict[str, Any]]:
         got = []
         while True:
@@ -210,10 +216,7 @@ async def test_a_text_item_gets_a_spoken_answer(start_server) -> None:
     server = await _audio_server(start_server)
     async with open_websocket_url(_url(server), subprotocols=["realtime"]) as ws:
         c = await _session(ws, instructions="Be brief.", audio={"input": {"turn_detection": None}})
-        await c.send("conversation.item.create", item={
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]})
-        assert [e["type"] for e in await c.until("conversation.item.done")] == [
-            "conversation.item.added", "conversation.item.done"]
+        assert [e["type"] for e in await c.say("Hi")] == ["conversation.item.added", "conversation.item.done"]
         await c.send("response.create")
         events = await c.until("response.done")
     kinds = [e["type"] for e in events]
@@ -312,9 +315,7 @@ async def test_response_cancel_stops_the_decode_within_a_step(start_server, clie
     server = await start_server(backends=[backend], audio=[ScriptedSpeechToText(), ScriptedTextToSpeech()])
     async with open_websocket_url(_url(server)) as ws:
         c = await _session(ws, output_modalities=["text"])
-        await c.send("conversation.item.create", item={
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Talk."}]})
-        await c.until("conversation.item.done")
+        await c.say("Talk.")
         await c.send("response.create")
         await c.until("response.output_text.delta")
         await c.send("response.cancel")
@@ -439,9 +440,7 @@ async def test_truncate_keeps_the_words_the_client_played(start_server) -> None:
     server = await _audio_server(start_server)
     async with open_websocket_url(_url(server)) as ws:
         c = await _session(ws, audio={"input": {"turn_detection": None}})
-        await c.send("conversation.item.create", item={
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]})
-        await c.until("conversation.item.done")
+        await c.say("Hi")
         await c.send("response.create")
         item = (await c.until("response.done"))[-1]["response"]["output"][0]
         # "Hello there." is 12 characters at 50 ms: 600 ms; the client played 900 ms of the answer
@@ -460,9 +459,7 @@ async def test_a_client_that_stops_reading_is_closed_and_its_answer_stopped(star
                                 write_timeout=1.0)
     async with open_websocket_url(_url(server), max_message_size=1 << 26) as ws:
         c = await _session(ws)
-        await c.send("conversation.item.create", item={
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Talk."}]})
-        await c.until("conversation.item.done")
+        await c.say("Talk.")
         await c.send("response.create")
 
         async def cancelled() -> bool:
@@ -534,9 +531,7 @@ async def test_truncate_while_the_answer_speaks_then_cancel(start_server) -> Non
     server = await _audio_server(start_server, script=None, token_delay=0.02)
     async with open_websocket_url(_url(server)) as ws:
         c = await _session(ws, audio={"input": {"turn_detection": None}})
-        await c.send("conversation.item.create", item={
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Talk."}]})
-        await c.until("conversation.item.done")
+        await c.say("Talk.")
         await c.send("response.create")
         delta = (await c.until("response.output_audio.delta"))[-1]
         await c.send("conversation.item.truncate", item_id=delta["item_id"], content_index=0, audio_end_ms=500)
@@ -556,9 +551,7 @@ async def test_sessions_answer_in_the_same_batch_as_http_requests(start_server, 
                 client.stream("POST", server.url + "/v1/chat/completions", json=body) as http):
         sessions = [await _session(ws, output_modalities=["text"]) for ws in (one, two)]
         for c in sessions:
-            await c.send("conversation.item.create", item={
-                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Talk."}]})
-            await c.until("conversation.item.done")
+            await c.say("Talk.")
             await c.send("response.create", response={"max_output_tokens": 60})
         for c in sessions:
             await c.until("response.output_text.delta")

@@ -144,10 +144,6 @@ def encode_audio(pcm16: bytes, rate: int, fmt: str) -> bytes:
     return (_ulaw_encode(out) if fmt == "audio/pcmu" else _alaw_encode(out)).tobytes()
 
 
-def output_rate(fmt: str) -> int:
-    return OUTPUT_RATE if fmt == "audio/pcm" else _G711_RATE
-
-
 def bytes_per_second(fmt: str) -> int:
     return OUTPUT_RATE * 2 if fmt == "audio/pcm" else _G711_RATE
 

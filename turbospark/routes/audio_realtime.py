@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import ExitStack
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import trio
@@ -65,17 +66,37 @@ def _limits() -> RealtimeLimits:
     )
 
 
-@blueprint.websocket("/v1/audio/transcriptions/realtime")
-async def realtime() -> None:
+async def observed(open_socket: Callable[[], Awaitable[None]]) -> None:
+    """A realtime socket's life, told to the observer as one audio request: 101, or the status
+    of what refused it (this socket's and ``/v1/realtime``'s alike)."""
     began = time.monotonic()
     status = 101
     try:
-        await _realtime()
+        await open_socket()
     except TurboSparkError as exc:
         status = exc.status
         raise
     finally:
         system().emit(AudioRequest("realtime", status, time.monotonic() - began))
+
+
+@contextmanager
+def session_slot(limits: RealtimeLimits) -> Iterator[None]:
+    """One of the realtime sessions the server holds at once (``max_sessions``, shared by this
+    socket and ``/v1/realtime``); a retryable 429 beyond."""
+    app: Any = current_app
+    if app.realtime_sessions >= limits.max_sessions:
+        raise TooManySessions(f"{limits.max_sessions} realtime sessions are open; retry shortly")
+    app.realtime_sessions += 1
+    try:
+        yield
+    finally:
+        app.realtime_sessions -= 1
+
+
+@blueprint.websocket("/v1/audio/transcriptions/realtime")
+async def realtime() -> None:
+    await observed(_realtime)
 
 
 async def _realtime() -> None:
@@ -97,19 +118,12 @@ async def _realtime() -> None:
     if vad_text in ("true", "1") and detector is None:
         raise RequestInvalid("voice activity detection is not available on this server", param="vad")
     limits = _limits()
-    app: Any = current_app
-    if app.realtime_sessions >= limits.max_sessions:
-        raise TooManySessions(f"{limits.max_sessions} realtime sessions are open; retry shortly")
-    app.realtime_sessions += 1
-    try:
-        with ExitStack() as held:  # the session's lease on its model, until the socket closes
-            info = await resolve_audio(model, "speech_to_text", scope=held)
-            # the web page offers "turbospark" (and its key as another subprotocol, web/app.py)
-            await websocket.accept(subprotocol="turbospark" if "turbospark" in websocket.requested_subprotocols else None)
-            session = Session(encoding, vad=vad_text in ("true", "1"), is_speech=detector, limits=limits)
-            await _serve(session, info.id, language, limits)
-    finally:
-        app.realtime_sessions -= 1
+    with session_slot(limits), ExitStack() as held:  # the session's lease on its model, until it closes
+        info = await resolve_audio(model, "speech_to_text", scope=held)
+        # the web page offers "turbospark" (and its key as another subprotocol, web/app.py)
+        await websocket.accept(subprotocol="turbospark" if "turbospark" in websocket.requested_subprotocols else None)
+        session = Session(encoding, vad=vad_text in ("true", "1"), is_speech=detector, limits=limits)
+        await _serve(session, info.id, language, limits)
 
 
 async def _serve(session: Session, model: str, language: str | None, limits: RealtimeLimits) -> None:

@@ -24,16 +24,15 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
 import trio
-from quart import Blueprint, current_app, websocket
+from quart import Blueprint, websocket
 
 from ..audio.engines import check_voice
-from ..audio.messages import AudioRequest, Transcribe, WorkDone, WorkFailed
+from ..audio.messages import Transcribe, WorkDone, WorkFailed
 from ..audio.realtime_api import (
     Invalid, SpeechStarted, Spoken, TurnDetector, decode_audio, error_event, event, new_id,
 )
@@ -43,7 +42,7 @@ from ..errors import GenerationFailed, RequestInvalid, TurboSparkError
 from ..web.app import system
 from ..wire.codec import parse_json
 from ._audio import receive, resolve_audio, submit
-from .audio_realtime import TooManySessions, _vad_detector
+from .audio_realtime import _limits, _vad_detector, observed, session_slot
 from .realtime_response import Response, respond
 
 blueprint = Blueprint("realtime", __name__)
@@ -59,15 +58,7 @@ _OPENAI_STT, _OPENAI_TTS = "whisper-1", "tts-1"  # reach the only (or loaded) mo
 
 @blueprint.websocket("/v1/realtime")
 async def realtime() -> None:
-    began = time.monotonic()
-    status = 101
-    try:
-        await _open()
-    except TurboSparkError as exc:
-        status = exc.status
-        raise
-    finally:
-        system().emit(AudioRequest("realtime", status, time.monotonic() - began))
+    await observed(_open)
 
 
 async def _open() -> None:
@@ -79,30 +70,23 @@ async def _open() -> None:
     if intent not in ("conversation", "transcription"):
         raise RequestInvalid(f'intent must be transcription, not "{intent}"', param="intent")
     sys_ = system()
-    app: Any = current_app
-    if app.realtime_sessions >= 8:
-        raise TooManySessions("8 realtime sessions are open; retry shortly")
-    app.realtime_sessions += 1
-    try:
-        with ExitStack() as held:  # the session's leases on its models, until the socket closes
-            stt = await _optional(resolve_audio(_OPENAI_STT, "speech_to_text", scope=held))
-            if intent == "transcription":
-                if stt is None:
-                    raise RequestInvalid("no speech-to-text model is attached", param="intent")
-                chat, voice = None, None
-            else:
-                chat = (await sys_.lease(args.get("model") or None, "chat", scope=held)).entry
-                voice = await _optional(resolve_audio(_OPENAI_TTS, "text_to_speech", scope=held))
-            protocol = "realtime" if "realtime" in websocket.requested_subprotocols else None
-            await websocket.accept(subprotocol=protocol)
-            kind = "transcription" if intent == "transcription" else "realtime"
-            config = SessionConfig.new(
-                kind, model=chat.id if chat else "", voice=voice.voices[0] if voice else None,
-                stt_model=stt.id if stt else None, session_id=new_id("sess"),
-            )
-            await _Session(config, chat, stt, voice).run()
-    finally:
-        app.realtime_sessions -= 1
+    with session_slot(_limits()), ExitStack() as held:  # the session's leases on its models, until it closes
+        stt = await _optional(resolve_audio(_OPENAI_STT, "speech_to_text", scope=held))
+        if intent == "transcription":
+            if stt is None:
+                raise RequestInvalid("no speech-to-text model is attached", param="intent")
+            chat, voice = None, None
+        else:
+            chat = (await sys_.lease(args.get("model") or None, "chat", scope=held)).entry
+            voice = await _optional(resolve_audio(_OPENAI_TTS, "text_to_speech", scope=held))
+        protocol = "realtime" if "realtime" in websocket.requested_subprotocols else None
+        await websocket.accept(subprotocol=protocol)
+        kind = "transcription" if intent == "transcription" else "realtime"
+        config = SessionConfig.new(
+            kind, model=chat.id if chat else "", voice=voice.voices[0] if voice else None,
+            stt_model=stt.id if stt else None, session_id=new_id("sess"),
+        )
+        await _Session(config, chat, stt, voice).run()
 
 
 async def _optional(resolving: Any) -> Any:

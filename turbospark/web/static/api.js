@@ -5,6 +5,22 @@ let asking = null;
 
 export function apiKey() { return sessionStorage.getItem(KEY) || ""; }
 
+function base64url(text) {
+  return btoa(String.fromCharCode(...new TextEncoder().encode(text))).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
+}
+
+// A WebSocket to this server offering `protocol`; a browser cannot send headers, so the key goes
+// as the subprotocol turbospark-key.<base64url of the key>. Resolves once open.
+export function openSocket(path, protocol, refused) {
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  const key = apiKey();
+  const ws = new WebSocket(`${scheme}://${location.host}${path}`, key ? [protocol, `turbospark-key.${base64url(key)}`] : [protocol]);
+  return new Promise((resolve, reject) => {
+    ws.onopen = () => resolve(ws);
+    ws.onerror = () => reject(new Error(refused));
+  });
+}
+
 function askKey() {
   if (asking) return asking;
   const dialog = document.getElementById("key-dialog");

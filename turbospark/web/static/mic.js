@@ -1,6 +1,6 @@
 // Microphone: 16 kHz float samples into the realtime transcription WebSocket; partial and
 // final transcripts as they come. Speech: /v1/audio/speech played back.
-import { apiKey, el, errorText, json, postJSON } from "./api.js";
+import { el, errorText, json, openSocket, postJSON } from "./api.js";
 
 let session = null;
 
@@ -22,20 +22,11 @@ function fill(id, models) {
 
 function state(text) { document.getElementById("mic-state").textContent = text; }
 
-function base64url(text) {
-  return btoa(String.fromCharCode(...new TextEncoder().encode(text))).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
-}
-
-function open(model, vad) {
-  const scheme = location.protocol === "https:" ? "wss" : "ws";
-  const url = `${scheme}://${location.host}/v1/audio/transcriptions/realtime?model=${encodeURIComponent(model)}&encoding=f32le&vad=${vad}`;
-  const key = apiKey();
-  const ws = new WebSocket(url, key ? ["turbospark", `turbospark-key.${base64url(key)}`] : undefined);
+async function open(model, vad) {
+  const path = `/v1/audio/transcriptions/realtime?model=${encodeURIComponent(model)}&encoding=f32le&vad=${vad}`;
+  const ws = await openSocket(path, "turbospark", "the transcription socket was refused");
   ws.binaryType = "arraybuffer";
-  return new Promise((resolve, reject) => {
-    ws.onopen = () => resolve(ws);
-    ws.onerror = () => reject(new Error("the transcription socket was refused"));
-  });
+  return ws;
 }
 
 async function record() {

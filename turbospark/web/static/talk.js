@@ -1,7 +1,7 @@
 // Conversation: the microphone into OpenAI's Realtime API (/v1/realtime, server VAD), the answer
 // spoken back as it arrives. Speaking over the answer interrupts it: playback stops at once and
 // the server cancels the answer within a step, keeping only what was said.
-import { apiKey, el } from "./api.js";
+import { el, openSocket } from "./api.js";
 
 const RATE = 24000;
 let talk = null;
@@ -11,10 +11,6 @@ export function startTalk() {
 }
 
 function state(text) { document.getElementById("talk-state").textContent = text; }
-
-function base64url(text) {
-  return btoa(String.fromCharCode(...new TextEncoder().encode(text))).replace(/\+/g, "-").replace(/\//g, "_").replace(/=+$/, "");
-}
 
 function toBase64(int16) {
   const bytes = new Uint8Array(int16.buffer);
@@ -33,22 +29,11 @@ function line(id, role) {
   return li;
 }
 
-function open() {
-  const scheme = location.protocol === "https:" ? "wss" : "ws";
-  const key = apiKey();
-  const protocols = key ? ["realtime", `turbospark-key.${base64url(key)}`] : ["realtime"];
-  const ws = new WebSocket(`${scheme}://${location.host}/v1/realtime?model=default`, protocols);
-  return new Promise((resolve, reject) => {
-    ws.onopen = () => resolve(ws);
-    ws.onerror = () => reject(new Error("the realtime socket was refused"));
-  });
-}
-
 async function call() {
   const button = document.getElementById("talk");
   button.disabled = true;
   try {
-    const ws = await open();
+    const ws = await openSocket("/v1/realtime?model=default", "realtime", "the realtime socket was refused");
     const stream = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true } });
     const context = new AudioContext({ sampleRate: RATE });
     await context.audioWorklet.addModule("/ui/mic-worklet.js");
