@@ -42,7 +42,7 @@ log = logging.getLogger("turbospark")
 
 BEAT = 1.0  # seconds between a follower's heartbeats
 LOST_AFTER = 5.0  # seconds of silence after which a rank is lost
-FLUSH = 1.0  # seconds the 503s get to be written before the process exits
+FLUSH = 3.0  # seconds the 503s get to be written (and new requests answered 503) before the process exits
 ACCEPT_TIMEOUT = 120.0  # seconds rank 0 waits for every follower to connect
 
 
