@@ -55,7 +55,7 @@ class Running:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             for line in self.lines:
-                if m := re.search(r"rank 1 of 2 holds its shard of \S+ \(pid (\d+)\)", line):
+                if m := re.search(r"rank 1 of \d+ holds its shard of \S+ \(pid (\d+)\)", line):
                     return int(m[1])
             time.sleep(0.1)
         raise AssertionError("".join(self.lines))
@@ -74,8 +74,8 @@ def env(tmp_path: Path) -> Iterator[dict[str, str]]:
     yield {**os.environ, "TURBOSPARK_HOME": str(tmp_path / "home"), "MLX_RING_PORT": str(random.randrange(30000, 40000))}
 
 
-def _serve(env: dict[str, str], model: Path, ranks: int | None) -> Running:
-    flags = ["--model", str(model), "--port", str(_port()), *NO_EXTRAS]
+def _serve(env: dict[str, str], model: Path, ranks: int | None, *more: str) -> Running:
+    flags = ["--model", str(model), "--port", str(_port()), *NO_EXTRAS, *more]
     if ranks is None:
         return Running([sys.executable, "-m", "turbospark", "serve", *flags], env)
     return Running([str(ROOT / "scripts" / "serve-distributed"), str(ranks), *flags], env)
@@ -104,16 +104,21 @@ def _metric(url: str, name: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
 
 
-def test_two_ranks_answer_as_one_process_and_stop_a_client_that_left(env, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("shard", "ranks"), [("tensor", 2), ("pipeline", 3)])
+def test_ranks_answer_as_one_process_and_stop_a_client_that_left(env, tmp_path: Path, shard: str, ranks: int) -> None:
+    """By heads over 2 ranks (the tiny model's 4 and 2 divide), by layers over 3 (one each: the
+    middle rank receives and sends)."""
     model = tmp_path / "tiny-llama.gguf"
-    write_tiny_gguf(model)
+    write_tiny_gguf(model, layers=3)
     single = _serve(env, model, None)
     try:
         expected = _answers(single.url)
     finally:
         single.stop()
-    sharded = _serve(env, model, 2)
+    sharded = _serve(env, model, ranks, "--shard", shard)
     try:
+        assert sum("holds its shard of tiny-llama" in line and f"({shard} sharding)" in line
+                   for line in sharded.lines) == ranks, "".join(sharded.lines)
         assert _answers(sharded.url) == expected
         # a client that leaves mid-stream: its sequence is cancelled (on both ranks, in lockstep)
         body = {"model": "any", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 200,
@@ -133,7 +138,10 @@ def test_two_ranks_answer_as_one_process_and_stop_a_client_that_left(env, tmp_pa
         rest = _cut_mid_stream(sharded.url, lambda: os.kill(sharded.follower_pid(), signal.SIGKILL))
         assert '"code":"rank_lost"' in rest.replace(" ", ""), (rest, "".join(sharded.lines[-30:]))
         assert sharded.proc.wait(timeout=60) != 0
-        assert any("a rank of the sharded model is lost (rank 1 exited)" in line for line in sharded.lines)
+        # noticed by a heartbeat's end (rank 1's, or another's that the loss of rank 1 ended), or
+        # by a collective of rank 0's failing first
+        lost = [line for line in sharded.lines if "a rank of the sharded model is lost" in line]
+        assert lost and re.search(r"\((rank \d+ exited|a collective failed: \[ring\].*)\)", lost[0]), lost
     finally:
         sharded.stop()
 
@@ -183,13 +191,18 @@ def test_a_rank_that_cannot_be_reached_is_answered_503_and_ends_the_run(env, tmp
         sharded.stop()
 
 
-def test_a_model_whose_heads_do_not_split_is_refused(env, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("shard", "refusal"), [
+    ("tensor", "do not split evenly over 3 ranks"),  # its heads, 4 and 2
+    ("pipeline", "has 1 layers, fewer than the 3 ranks"),
+])
+def test_a_model_that_does_not_split_is_refused_on_every_rank(env, tmp_path: Path, shard: str, refusal: str) -> None:
     model = tmp_path / "tiny-llama.gguf"
     write_tiny_gguf(model)
     proc = subprocess.run(
-        [str(ROOT / "scripts" / "serve-distributed"), "3", "--model", str(model), "--port", "0", *NO_EXTRAS],
+        [str(ROOT / "scripts" / "serve-distributed"), "3", "--model", str(model), "--port", "0", "--shard", shard,
+         *NO_EXTRAS],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode != 0
-    assert proc.stderr.count("do not split evenly over 3 ranks") == 3  # one clear line on each rank
+    assert proc.stderr.count(refusal) == 3, proc.stderr  # one clear line on each rank
     assert "Traceback" not in proc.stderr, proc.stderr

@@ -74,6 +74,8 @@ class Settings:
     draft_model: str | None = None
     # ``serve --distributed``: the one --model is sharded over the ranks of mlx.distributed.
     distributed: bool = False
+    # How: "pipeline" (layers), "tensor" (heads), or None: tensor where the heads divide.
+    shard: str | None = None
     # Slow and idle clients.  A connection must complete its request line and headers within
     # header_timeout seconds of opening, or of its previous response (so this is also how long
     # an idle keep-alive connection is kept); then it is closed.  A request body must arrive in

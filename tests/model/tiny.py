@@ -83,8 +83,10 @@ def write_tiny_gguf(
     embed_type: Q = Q.F32,
     pre: str = "smollm",
     extra_tensors: dict[str, tuple[np.ndarray, Q]] | None = None,
+    layers: int | None = None,
 ) -> dict[str, np.ndarray]:
-    """Write a tiny model of architecture ``arch`` (``llama`` or ``gemma3``) to ``path``.
+    """Write a tiny model of architecture ``arch`` (``llama`` or ``gemma3``) to ``path``, with
+    ``layers`` layers (default 1, and 6 for Gemma 3).
 
     Linear weights are stored as ``linear_type`` and the embedding as ``embed_type``; ``pre`` is the
     gpt2 pre-tokenizer name, ``extra_tensors`` raw tensors (GGUF name -> data, type) added as is. Returns the
@@ -94,7 +96,7 @@ def write_tiny_gguf(
     rng = np.random.default_rng(0)
     writer = gguf.GGUFWriter(str(path), arch)
     # mlx-lm's Gemma 3 needs a full sliding-window pattern (5 local layers, then a global one).
-    n_layers = 6 if arch == "gemma3" else 1
+    n_layers = layers or (6 if arch == "gemma3" else 1)
     writer.add_block_count(n_layers)
     writer.add_context_length(256)
     writer.add_embedding_length(HIDDEN)

@@ -199,8 +199,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--distributed",
         action="store_true",
-        help="shard the one --model over the ranks mlx.launch started (tensor parallel; rank 0 "
-        "serves HTTP); see scripts/serve-distributed",
+        help="shard the one --model over the ranks mlx.launch started (rank 0 serves HTTP); see "
+        "scripts/serve-distributed",
+    )
+    s.add_argument(
+        "--shard",
+        choices=("pipeline", "tensor"),
+        default=None,
+        help="with --distributed, how the model is split: pipeline (each rank holds a slice of "
+        "the layers) or tensor (each rank a part of every layer's heads; faster, needs heads "
+        "that divide by the ranks). Default: tensor where the heads divide, else pipeline",
     )
     s.add_argument(
         "--graceful-timeout",
@@ -312,6 +320,8 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     if api_key is None and (api_key := os.environ.get("TURBOSPARK_API_KEY")) is not None:
         if not api_key.strip():  # a blank key would silently turn authentication off
             parser.error("TURBOSPARK_API_KEY is set but blank: give it a key or unset it")
+    if args.shard is not None and not args.distributed:
+        parser.error("--shard splits a --distributed model: add --distributed (scripts/serve-distributed)")
     if args.draft_model is not None:
         if args.distributed:
             parser.error("--draft-model does not combine with --distributed (the draft would run on rank 0 alone)")
@@ -368,6 +378,7 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         graceful_timeout=args.graceful_timeout,
         drain_delay=args.drain_delay,
         distributed=args.distributed,
+        shard=args.shard,
         events_path=args.events,
         script=script,
         token_delay=args.token_delay_ms / 1000,

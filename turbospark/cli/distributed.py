@@ -1,6 +1,9 @@
 """``serve --distributed``: one model sharded over the ranks ``mlx.launch`` started.
 
-Rank 0 serves HTTP and runs the actors; its model thread drives the sharded model and shares
+Sharded by tensors (each rank a part of every layer's heads: mlx-lm's ``shard``, for the
+architectures that have it and heads that divide by the ranks) or by layers (each rank a slice
+of them: ``model/pipeline.py``, any architecture); ``--shard`` chooses, else tensors where they
+can, layers otherwise.  Rank 0 serves HTTP and runs the actors; its model thread drives the sharded model and shares
 each engine call with the other ranks (``model/sharded.py``).  Every other rank loads its shard
 and follows until rank 0 stops.  Rank 0 imports the model first (the ranks of one host share
 a store), then the others find it.  Each follower keeps a heartbeat to rank 0
@@ -33,8 +36,8 @@ def distributed_group(settings: Settings) -> Any:
         raise ModelSetupError(
             "--distributed needs several ranks: start it with mlx.launch (or scripts/serve-distributed N)"
         )
-    if len(settings.models) != 1 or settings.models[0] == "scripted":
-        raise ModelSetupError("--distributed shards one model: name it with one --model (not scripted)")
+    if len(settings.models) > 1 or settings.models[:1] == ("scripted",):
+        raise ModelSetupError("--distributed shards one model: name at most one --model (not scripted)")
     return group
 
 
@@ -45,11 +48,11 @@ def _barrier(group: Any, value: int = 0) -> int:
     return int(mx.distributed.all_sum(mx.array(value), group=group).item())
 
 
-def _load(path: Any, model_id: str, group: Any) -> Any:
+def _load(path: Any, model_id: str, group: Any, mode: str) -> Any:
     from ..model.mlx_backend import MlxBackend
 
     try:
-        return MlxBackend(path, model_id=model_id, group=group)
+        return MlxBackend(path, model_id=model_id, group=group, shard=mode)
     except Exception as exc:
         raise ModelSetupError(f"cannot shard model '{model_id}' over {group.size()} ranks: {exc}") from exc
 
@@ -60,14 +63,17 @@ def sharded_spec(settings: Settings, group: Any) -> tuple[Any, Lifeline]:
     from ..model.sharded import ShardedBackend
     from ..store.shelf import loadable_from
 
-    stored = stored_model(settings.models[0], whole=True)
+    stored = stored_model(_the_model(settings), whole=True)
     lifeline = Lifeline(group.size() - 1)
     _barrier(group, lifeline.port)  # the others may look the model up now, and connect
-    _check(stored.path, group)
+    mode = shard_mode(stored.path, group.size(), settings.shard)
     lifeline.accept()
 
     def load(path: Any, model_id: str) -> Any:
-        return ShardedBackend(_load(path, model_id, group), group,
+        backend = _load(path, model_id, group, mode)
+        print(f"turbospark: rank 0 of {group.size()} holds its shard of {model_id}: {shard_line(backend)}",
+              file=sys.stderr, flush=True)
+        return ShardedBackend(backend, group,
                               on_lost=lifeline.report_from_thread, on_close=lifeline.ending)
 
     return loadable_from(stored, load, pinned=True), lifeline
@@ -82,31 +88,63 @@ def follow_rank(settings: Settings, group: Any) -> int:
     # this one to end; this one ends then, not before (it would leave rank 0 mid-step).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     port = _barrier(group)  # rank 0 has imported the model, and listens for our heartbeats
-    stored = stored_model(settings.models[0], whole=True)
-    _check(stored.path, group)  # refused here as on rank 0, before rank 0 has gone away
+    stored = stored_model(_the_model(settings), whole=True)
+    mode = shard_mode(stored.path, group.size(), settings.shard)  # refused here as on rank 0
     host = rank_zero_host()
     try:
         beat(host, port)
     except OSError as exc:
         raise ModelSetupError(f"rank {group.rank()}: rank 0 ({host}:{port}) cannot be reached: "
                               f"{exc.strerror or exc}; it has stopped or refused the model") from None
-    backend = _load(stored.path, stored.name, group)
+    backend = _load(stored.path, stored.name, group, mode)
     print(f"turbospark: rank {group.rank()} of {group.size()} holds its shard of {stored.name} "
-          f"(pid {os.getpid()})", file=sys.stderr, flush=True)
+          f"(pid {os.getpid()}): {shard_line(backend)}", file=sys.stderr, flush=True)
     follow(backend, group)
     return 0
 
 
-def _check(path: Any, group: Any) -> None:
-    """Refuse, before any rank loads, a model whose heads do not split evenly over the ranks."""
+def _the_model(settings: Settings) -> str | None:
+    """The one ``--model``; None: the default chat model."""
+    return settings.models[0] if settings.models else None
+
+
+def shard_line(backend: Any) -> str:
+    """What this rank holds of the model, in words."""
+    if backend.layers is None:
+        return "a part of every layer's heads (tensor sharding)"
+    start, end = backend.layers
+    return f"layers {start} to {end - 1} (pipeline sharding)"
+
+
+def shard_mode(path: Any, ranks: int, asked: str | None) -> str:
+    """How a model is split over ``ranks`` ranks (``asked``, or the best that works), or a
+    ``ModelSetupError`` saying why it cannot be, before any rank loads it."""
     import json
 
     config = json.loads((path / "config.json").read_text())
     heads = config.get("num_attention_heads")
     kv = config.get("num_key_value_heads", heads)
-    n = group.size()
-    if heads is None or heads % n or (kv or heads) % n:
-        raise ModelSetupError(
-            f"'{path.name}' has {heads} attention heads and {kv} key/value heads, which do not split "
-            f"evenly over {n} ranks: it cannot be sharded {n} ways"
-        )
+    layers = config.get("num_hidden_layers")
+    divides = bool(heads) and heads % ranks == 0 and (kv or heads) % ranks == 0
+    if asked == "tensor" or (asked is None and divides and _splits_by_tensors(config)):
+        if not divides:
+            raise ModelSetupError(
+                f"'{path.name}' has {heads} attention heads and {kv} key/value heads, which do not split "
+                f"evenly over {ranks} ranks: it cannot be sharded {ranks} ways by tensors (--shard pipeline can)"
+            )
+        return "tensor"
+    if isinstance(layers, int) and layers < ranks:
+        raise ModelSetupError(f"'{path.name}' has {layers} layers, fewer than the {ranks} ranks: "
+                              f"it cannot be sharded {ranks} ways by layers")
+    return "pipeline"
+
+
+def _splits_by_tensors(config: dict[str, Any]) -> bool:
+    """Whether mlx-lm can shard this architecture by tensors (its model has ``shard``)."""
+    try:
+        from mlx_lm.utils import _get_classes
+
+        model_class, _ = _get_classes(config)
+    except Exception:
+        return False
+    return hasattr(model_class, "shard")

@@ -42,6 +42,7 @@ from .backend import PrefillProgress, SamplingParams, StepOutput
 from .mlx_load import context_window, generation_defaults, kv_sizes, model_fingerprint
 from .lookup import Lookup, Pace
 from .pacing import JoinPacer
+from .pipeline import pipeline
 from .constraint import Matcher
 from .mlx_sampling import Sampler, constrain, greedy, make_processors, make_sampler, top_logprobs
 from .mlx_draft import ModelDrafter, check_vocabularies
@@ -83,6 +84,7 @@ class MlxBackend:
         cache_bytes: int = 1 << 30,
         max_batch: int = 256,
         group: mx.distributed.Group | None = None,
+        shard: str = "tensor",
         prompt_cache_dir: Path | None = None,
         prompt_cache_bytes: int = 4 << 30,
         speculate_up_to: int = 4,
@@ -92,10 +94,14 @@ class MlxBackend:
         self.stream = mx.new_thread_local_stream(mx.default_device())
         with mx.stream(self.stream):
             self.model, config = load_model(path, lazy=group is not None)
-            if group is not None:  # this rank's tensor-parallel shard (``sharded.py``)
+            self.layers: tuple[int, int] | None = None  # this rank's slice (pipeline sharding)
+            if group is not None and shard == "pipeline":  # this rank's layers (``pipeline.py``)
+                self.layers = pipeline(self.model, group)
+            elif group is not None:  # this rank's tensor-parallel shard (``sharded.py``)
                 if not hasattr(self.model, "shard"):
-                    raise ValueError(f"the {config.get('model_type')} architecture cannot be sharded")
+                    raise ValueError(f"the {config.get('model_type')} architecture cannot be sharded by tensors")
                 self.model.shard(group)
+            if group is not None:
                 mx.random.seed(0)  # every rank samples alike
             mx.eval(self.model.parameters())
             self.kernels = install_kernels(self.model)  # which kernels serve it (startup lines)
