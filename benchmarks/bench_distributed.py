@@ -1,12 +1,15 @@
-"""One model sharded over 2 ranks (``scripts/serve-distributed 2``) against 1 process, same model.
+"""One model sharded over 2 ranks (``scripts/serve-distributed 2``) against 1 process, by layers
+and by tensors, and how long a lost rank takes to be answered.
 
-No model on this machine splits evenly over 2 ranks (SmolLM2-135M has 9 heads, Gemma 3 270M one
-key/value head), so the model is a random-weight Llama of ``--hidden`` width, ``--layers`` layers
-and 16 heads (8 key/value), with SmolLM2's tokenizer: what it says is meaningless, the work per
-step is real.  Per setup, alternating: greedy decode of ``--max-tokens`` tokens through the HTTP
-API, several runs, the median step time (decode time / tokens), and whether the texts agree.
-The difference between 2 ranks' step time and half of one process's is what splitting costs
-(the all-sums between ranks and their lockstep), reported as its share of the step.
+Two models: the default one (SmolLM2-135M-Instruct as it is served, 4-bit; its 9 heads do not
+split over 2 ranks, so by layers only), and a random-weight Llama of ``--hidden`` width,
+``--layers`` layers and 16 heads (8 key/value) with SmolLM2's tokenizer, which splits both ways
+(what it says is meaningless, the work per step is real).  Per setup: greedy decode of
+``--max-tokens`` tokens through the HTTP API, several runs, the median step time (decode time /
+tokens), whether the texts agree with one process's, and the bytes rank 1 sends per step (its
+TCP sockets' count, from ``ss``, over the runs: the ring's, and the heartbeat's byte a second).  Then, on
+the default model by layers, the time from a rank's death (SIGKILL) and from its stop (SIGSTOP:
+no heartbeat) to the 503 ``rank_lost`` event on the stream in flight.
 
     python benchmarks/bench_distributed.py [--hidden 1024] [--layers 12] [--runs 3]
 """
@@ -17,7 +20,9 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -39,9 +44,9 @@ def make_model(out: Path, hidden: int, layers: int) -> Path:
     from mlx.utils import tree_flatten
     from mlx_lm.models import llama
 
-    from tests.realmodels import smollm2_store
+    from tests.realmodels import smollm2_native_store
 
-    source = smollm2_store().path
+    source = smollm2_native_store().path
     out.mkdir(parents=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
         if (source / name).exists():
@@ -66,21 +71,51 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def start(model: Path, ranks: int, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    flags = ["--model", str(model), "--port", str(_port()), "--embedding-model", "none",
-             "--stt-model", "none", "--tts-model", "none"]
-    cmd = ([str(ROOT / "scripts" / "serve-distributed"), str(ranks)] if ranks > 1
-           else [sys.executable, "-m", "turbospark", "serve"]) + flags
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if line.startswith("turbospark listening on "):
-            threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-            return proc, line.split()[3]
-    raise SystemExit(f"serve ended: {proc.wait()}")
+class Server:
+    """``serve`` (1 rank) or ``scripts/serve-distributed`` with ``shard``; rank 1's pid."""
+
+    def __init__(self, model: str, ranks: int, shard: str | None, env: dict[str, str]) -> None:
+        flags = ["--model", model, "--port", str(_port()), "--embedding-model", "none",
+                 "--stt-model", "none", "--tts-model", "none"]
+        cmd = ([str(ROOT / "scripts" / "serve-distributed"), str(ranks), "--shard", str(shard)] if ranks > 1
+               else [sys.executable, "-m", "turbospark", "serve"]) + flags
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            if line.startswith("turbospark listening on "):
+                self.url = line.split()[3]
+                threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True).start()
+                return
+        raise SystemExit(f"serve ended: {self.proc.wait()}\n{''.join(self.lines)}")
+
+    def follower(self) -> int | None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for line in self.lines:
+                if m := re.search(r"rank 1 of \d+ holds its shard of \S+ \(pid (\d+)\)", line):
+                    return int(m[1])
+            time.sleep(0.1)
+        return None
 
 
-def stop(proc: subprocess.Popen) -> None:
+def written(pid: int | None) -> int:
+    """Bytes ``pid``'s TCP sockets have sent so far (``ss``: the ring's, and the heartbeat's)."""
+    if pid is None:
+        return 0
+    out = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True).stdout
+    total, mine = 0, False
+    for line in out.splitlines():
+        if not line.startswith((" ", "\t")):
+            mine = f"pid={pid}," in line
+        elif mine and (m := re.search(r"bytes_sent:(\d+)", line)):
+            total += int(m[1])
+    return total
+
+
+def stop(server: Server) -> None:
+    proc = server.proc
     os.killpg(proc.pid, 15)
     try:
         proc.wait(timeout=60)
@@ -114,6 +149,55 @@ def decode(url: str, max_tokens: int) -> tuple[float, str]:
     return (end - (first or t0)) / max(tokens - 1, 1), text
 
 
+def lost_after(url: str, cut) -> float:  # type: ignore[no-untyped-def]
+    """Seconds from ``cut`` (done to rank 1 mid-stream) to the stream's ``rank_lost`` event."""
+    body = {"model": "any", "max_tokens": 2000, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": "Count to a thousand."}]}
+    with httpx.Client(timeout=120) as client, client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+        lines = r.iter_lines()
+        next(lines)
+        cut()
+        began = time.perf_counter()
+        for line in lines:
+            if "rank_lost" in line:
+                return time.perf_counter() - began
+    raise SystemExit("the stream ended without rank_lost")
+
+
+SETUPS = [("1 process", 1, None), ("2 ranks by layers", 2, "pipeline"), ("2 ranks by tensors", 2, "tensor")]
+
+
+def measure(model: str, setups: list, args, env) -> list[tuple[str, float, int, bool]]:  # type: ignore[no-untyped-def]
+    """Per setup: its name, median step time, bytes rank 1 wrote per step, whether its texts
+    are one process's."""
+    rows = []
+    reference: set[str] = set()
+    for name, ranks, shard in setups:
+        server = Server(model, ranks, shard, env)
+        try:
+            decode(server.url, 4)  # warm-up
+            pid = server.follower() if ranks > 1 else None
+            before, steps, texts = written(pid), [], set()
+            for _ in range(args.runs):
+                step, text = decode(server.url, args.max_tokens)
+                steps.append(step)
+                texts.add(text)
+            sent = (written(pid) - before) // (args.runs * args.max_tokens)
+        finally:
+            stop(server)
+        reference = reference or texts
+        rows.append((name, statistics.median(steps), sent, texts == reference and len(texts) == 1))
+    return rows
+
+
+def table(rows: list[tuple[str, float, int, bool]]) -> None:
+    print("| setup | step (ms) | tok/s | rank 1 sends a step | text as 1 process's |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, step, sent, same in rows:
+        print(f"| {name} | {step * 1e3:.1f} | {1 / step:.1f} | {f'{sent / 1024:.1f} KiB' if sent else '-'} | "
+              f"{'yes' if same else 'NO'} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=1024)
@@ -124,28 +208,26 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="turbospark-bench-dist-"))
     env = {**os.environ, "TURBOSPARK_HOME": str(work / "home"), "MLX_RING_PORT": str(random.randrange(30000, 40000))}
     try:
+        from tests.realmodels import smollm2_native_store
+
+        stored = smollm2_native_store().path  # the default model, as a fresh machine serves it
+        shutil.copytree(stored, work / "home" / "models" / stored.name, copy_function=os.link)
+        print(f"greedy, {args.max_tokens} tokens, {args.runs} runs (medians)\n")
+        print("SmolLM2-135M-Instruct (the default model, 4-bit):")
+        table(measure("smollm2-135m-instruct", SETUPS[:2], args, env))
         model = make_model(work / "random-llama", args.hidden, args.layers)
-        steps: dict[int, list[float]] = {1: [], 2: []}
-        texts: dict[int, set[str]] = {1: set(), 2: set()}
-        for ranks in (1, 2):
-            proc, url = start(model, ranks, env)
+        print(f"\nrandom Llama, hidden {args.hidden}, {args.layers} layers, 16 heads (float32):")
+        table(measure(str(model), SETUPS, args, env))
+        print("\nfrom a lost rank to the 503 on the stream in flight (default model, by layers):")
+        for how, sig in (("killed", signal.SIGKILL), ("stopped", signal.SIGSTOP)):
+            server = Server("smollm2-135m-instruct", 2, "pipeline", env)
+            pid = server.follower()
+            assert pid is not None
             try:
-                decode(url, 4)  # warm-up
-                for _ in range(args.runs):
-                    step, text = decode(url, args.max_tokens)
-                    steps[ranks].append(step)
-                    texts[ranks].add(text)
+                print(f"- rank 1 {how}: {lost_after(server.url, lambda: os.kill(pid, sig)):.2f} s")
             finally:
-                stop(proc)
-        one, two = statistics.median(steps[1]), statistics.median(steps[2])
-        print(f"random Llama, hidden {args.hidden}, {args.layers} layers, 16 heads; greedy, {args.max_tokens} "
-              f"tokens, {args.runs} runs (medians)")
-        print("| setup | step (ms) | tok/s |")
-        print("| --- | --- | --- |")
-        print(f"| 1 process | {one * 1e3:.1f} | {1 / one:.1f} |")
-        print(f"| 2 ranks (ring, loopback) | {two * 1e3:.1f} | {1 / two:.1f} |")
-        print(f"splitting's share of a 2-rank step (step - half of one process's): {max(0.0, two - one / 2) / two:.0%}")
-        print(f"greedy text identical: {texts[1] == texts[2] and len(texts[1]) == 1}")
+                os.kill(pid, signal.SIGKILL)
+                stop(server)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
