@@ -33,7 +33,7 @@ RANK0, RANK1 = "10.77.0.1", "10.77.0.2"  # the ranks' own link
 FAKE_SSH = """#!/bin/bash
 while [[ "$1" == -* ]]; do if [[ "$1" == -o ]]; then shift 2; else shift; fi; done
 host=$1; shift
-for pair in $TURBOSPARK_TEST_HOSTS; do [[ ${pair%%=*} == "$host" ]] && ns=${pair#*=}; done
+for pair in $NETNS_OF_HOSTS; do [[ ${pair%%=*} == "$host" ]] && ns=${pair#*=}; done
 exec ip netns exec "${ns:?no host $host}" /bin/bash -c "$*"
 """
 
@@ -89,7 +89,7 @@ def test_two_ranks_on_separate_hosts_answer_as_one_process(hosts: tuple[str, str
     hostfile = tmp_path / "hosts.json"
     hostfile.write_text(json.dumps({"backend": "ring", "hosts": [
         {"ssh": RANK0, "ips": [RANK0]}, {"ssh": RANK1, "ips": [RANK1]}]}))
-    env = {**env, "PATH": f"{bin_dir}:{env['PATH']}", "TURBOSPARK_TEST_HOSTS": f"{RANK0}={a} {RANK1}={b}"}
+    env = {**env, "PATH": f"{bin_dir}:{env['PATH']}", "NETNS_OF_HOSTS": f"{RANK0}={a} {RANK1}={b}"}
     port = random.randrange(20000, 30000)
     sharded = Running(
         [str(LAUNCH), "--hostfile", str(hostfile), "--backend", "ring", "--starting-port", str(random.randrange(30000, 40000)),
