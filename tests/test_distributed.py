@@ -142,6 +142,8 @@ def test_ranks_answer_as_one_process_and_stop_a_client_that_left(env, tmp_path: 
         # by a collective of rank 0's failing first
         lost = [line for line in sharded.lines if "a rank of the sharded model is lost" in line]
         assert lost and re.search(r"\((rank \d+ exited|a collective failed: \[ring\].*)\)", lost[0]), lost
+        time.sleep(0.5)  # the last lines read
+        assert "Traceback" not in "".join(sharded.lines), "".join(sharded.lines)  # one line a rank
     finally:
         sharded.stop()
 

@@ -49,6 +49,28 @@ def test_a_step_sends_one_hidden_state_along_and_one_to_every_rank() -> None:
     assert step_bytes(16, 576, 4, 3) == 16 * 2304 * 2 + 16 * 2304 * 3 * 2
 
 
+def test_the_split_is_chosen_from_the_config_before_anything_loads(tmp_path: Path) -> None:
+    from turbospark.cli.attach import ModelSetupError
+    from turbospark.cli.distributed import shard_mode
+
+    def mode(asked: str | None, model_type: str, heads: int, kv: int, layers: int, ranks: int = 2) -> str:
+        (tmp_path / "config.json").write_text(json.dumps({
+            "model_type": model_type, "num_attention_heads": heads, "num_key_value_heads": kv,
+            "num_hidden_layers": layers}))
+        return shard_mode(tmp_path, ranks, asked)
+
+    assert mode(None, "llama", 4, 2, 3) == "tensor"  # heads that divide, an architecture with shard()
+    assert mode(None, "llama", 9, 3, 30) == "pipeline"  # SmolLM2-135M
+    assert mode(None, "gemma3_text", 4, 2, 18) == "pipeline"  # mlx-lm cannot shard Gemma 3 by tensors
+    assert mode("pipeline", "llama", 4, 2, 3) == "pipeline"
+    with pytest.raises(ModelSetupError, match="do not split evenly over 2 ranks.*--shard pipeline can"):
+        mode("tensor", "llama", 9, 3, 30)
+    with pytest.raises(ModelSetupError, match="gemma3_text model, which mlx-lm cannot shard by tensors"):
+        mode("tensor", "gemma3_text", 4, 2, 18)
+    with pytest.raises(ModelSetupError, match="has 2 layers, fewer than the 3 ranks"):
+        mode(None, "llama", 4, 2, 2, ranks=3)
+
+
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     root = tmp_path_factory.mktemp("architectures")

@@ -82,7 +82,7 @@ def sharded_spec(settings: Settings, group: Any) -> tuple[Any, Lifeline]:
 def follow_rank(settings: Settings, group: Any) -> int:
     """A rank other than 0: load this rank's shard and make rank 0's engine calls until it
     stops."""
-    from ..model.sharded import follow
+    from ..model.sharded import follow, peer_lost
 
     # Ctrl-C reaches every rank of the terminal's process group: rank 0 shuts down and tells
     # this one to end; this one ends then, not before (it would leave rank 0 mid-step).
@@ -99,7 +99,12 @@ def follow_rank(settings: Settings, group: Any) -> int:
     backend = _load(stored.path, stored.name, group, mode)
     print(f"turbospark: rank {group.rank()} of {group.size()} holds its shard of {stored.name} "
           f"(pid {os.getpid()}): {shard_line(backend)}", file=sys.stderr, flush=True)
-    follow(backend, group)
+    try:
+        follow(backend, group)
+    except RuntimeError as exc:  # one line, as on rank 0 (lifeline.py), not a traceback
+        what = "lost another rank" if peer_lost(exc) else "failed"
+        print(f"turbospark: rank {group.rank()} of {group.size()} {what} ({exc}), exiting", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
@@ -127,6 +132,9 @@ def shard_mode(path: Any, ranks: int, asked: str | None) -> str:
     layers = config.get("num_hidden_layers")
     divides = bool(heads) and heads % ranks == 0 and (kv or heads) % ranks == 0
     if asked == "tensor" or (asked is None and divides and _splits_by_tensors(config)):
+        if not _splits_by_tensors(config):
+            raise ModelSetupError(f"'{path.name}' is a {config.get('model_type')} model, which mlx-lm cannot shard "
+                                  "by tensors (--shard pipeline can)")
         if not divides:
             raise ModelSetupError(
                 f"'{path.name}' has {heads} attention heads and {kv} key/value heads, which do not split "

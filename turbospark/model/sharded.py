@@ -27,7 +27,7 @@ from typing import Any
 
 import mlx.core as mx
 
-__all__ = ["EXIT", "ShardedBackend", "follow", "share"]
+__all__ = ["EXIT", "ShardedBackend", "follow", "peer_lost", "share"]
 
 log = logging.getLogger("turbospark")
 
@@ -75,7 +75,7 @@ class ShardedBackend:
                     share(self._group, (name, args, kwargs))
                 return value(*args, **kwargs)
             except RuntimeError as exc:
-                if self._on_lost is not None and _peer_lost(exc):
+                if self._on_lost is not None and peer_lost(exc):
                     self._on_lost(f"a collective failed: {exc}")
                 raise
 
@@ -89,7 +89,7 @@ class ShardedBackend:
             share(self._group, EXIT)
 
 
-def _peer_lost(exc: RuntimeError) -> bool:
+def peer_lost(exc: RuntimeError) -> bool:
     """A collective's failure (MLX's ring backend says so in its message)."""
     text = str(exc)
     return "[ring]" in text or "peer" in text
