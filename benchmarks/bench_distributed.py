@@ -17,6 +17,7 @@ no heartbeat) to the 503 ``rank_lost`` event on the stream in flight.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -116,7 +117,8 @@ def written(pid: int | None) -> int:
 
 def stop(server: Server) -> None:
     proc = server.proc
-    os.killpg(proc.pid, 15)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, 15)
     try:
         proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
@@ -149,19 +151,41 @@ def decode(url: str, max_tokens: int) -> tuple[float, str]:
     return (end - (first or t0)) / max(tokens - 1, 1), text
 
 
-def lost_after(url: str, cut) -> float:  # type: ignore[no-untyped-def]
-    """Seconds from ``cut`` (done to rank 1 mid-stream) to the stream's ``rank_lost`` event."""
+def lost_after(url: str, cut, streams: int = 4) -> tuple[list[float], str, float]:  # type: ignore[no-untyped-def]
+    """Seconds from ``cut`` (done to rank 1 while ``streams`` streams decode) to each stream's
+    ``rank_lost`` event; what a new request sent then gets, and when."""
     body = {"model": "any", "max_tokens": 2000, "temperature": 0, "stream": True,
             "messages": [{"role": "user", "content": "Count to a thousand."}]}
-    with httpx.Client(timeout=120) as client, client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
-        lines = r.iter_lines()
-        next(lines)
-        cut()
-        began = time.perf_counter()
-        for line in lines:
-            if "rank_lost" in line:
-                return time.perf_counter() - began
-    raise SystemExit("the stream ended without rank_lost")
+    started = threading.Barrier(streams + 1)
+    began: list[float] = []
+    answered: list[float] = []
+
+    def one() -> None:
+        with httpx.Client(timeout=120) as client, client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+            lines = r.iter_lines()
+            next(lines)
+            started.wait()
+            for line in lines:
+                if "rank_lost" in line:
+                    answered.append(time.perf_counter() - began[0])
+                    return
+
+    threads = [threading.Thread(target=one) for _ in range(streams)]
+    for thread in threads:
+        thread.start()
+    started.wait()
+    began.append(time.perf_counter())
+    cut()
+    for thread in threads:
+        thread.join()
+    if len(answered) < streams:
+        raise SystemExit(f"{streams - len(answered)} streams ended without rank_lost")
+    try:
+        r = httpx.post(f"{url}/v1/chat/completions", json={**body, "stream": False}, timeout=30)
+        new = str(r.status_code)
+    except httpx.ConnectError:
+        new = "refused (rank 0 has ended)"
+    return sorted(answered), new, time.perf_counter() - began[0]
 
 
 SETUPS = [("1 process", 1, None), ("2 ranks by layers", 2, "pipeline"), ("2 ranks by tensors", 2, "tensor")]
@@ -204,6 +228,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--faults-only", action="store_true", help="only the time from a lost rank to the 503s")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="turbospark-bench-dist-"))
     env = {**os.environ, "TURBOSPARK_HOME": str(work / "home"), "MLX_RING_PORT": str(random.randrange(30000, 40000))}
@@ -212,21 +237,25 @@ def main() -> None:
 
         stored = smollm2_native_store().path  # the default model, as a fresh machine serves it
         shutil.copytree(stored, work / "home" / "models" / stored.name, copy_function=os.link)
-        print(f"greedy, {args.max_tokens} tokens, {args.runs} runs (medians)\n")
-        print("SmolLM2-135M-Instruct (the default model, 4-bit):")
-        table(measure("smollm2-135m-instruct", SETUPS[:2], args, env))
-        model = make_model(work / "random-llama", args.hidden, args.layers)
-        print(f"\nrandom Llama, hidden {args.hidden}, {args.layers} layers, 16 heads (float32):")
-        table(measure(str(model), SETUPS, args, env))
-        print("\nfrom a lost rank to the 503 on the stream in flight (default model, by layers):")
+        if not args.faults_only:
+            print(f"greedy, {args.max_tokens} tokens, {args.runs} runs (medians)\n")
+            print("SmolLM2-135M-Instruct (the default model, 4-bit):")
+            table(measure("smollm2-135m-instruct", SETUPS[:2], args, env))
+            model = make_model(work / "random-llama", args.hidden, args.layers)
+            print(f"\nrandom Llama, hidden {args.hidden}, {args.layers} layers, 16 heads (float32):")
+            table(measure(str(model), SETUPS, args, env))
+        print("\nfrom a lost rank to the 503s (default model, by layers, 4 streams decoding):")
         for how, sig in (("killed", signal.SIGKILL), ("stopped", signal.SIGSTOP)):
             server = Server("smollm2-135m-instruct", 2, "pipeline", env)
             pid = server.follower()
             assert pid is not None
             try:
-                print(f"- rank 1 {how}: {lost_after(server.url, lambda: os.kill(pid, sig)):.2f} s")
+                each, new, at = lost_after(server.url, lambda: os.kill(pid, sig))
+                print(f"- rank 1 {how}: the streams' 503s after {each[0]:.2f} to {each[-1]:.2f} s; "
+                      f"a new request then: {new} at {at:.2f} s")
             finally:
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
                 stop(server)
     finally:
         shutil.rmtree(work, ignore_errors=True)

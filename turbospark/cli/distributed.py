@@ -3,8 +3,8 @@
 Sharded by tensors (each rank a part of every layer's heads: mlx-lm's ``shard``, for the
 architectures that have it and heads that divide by the ranks) or by layers (each rank a slice
 of them: ``model/pipeline.py``, any architecture); ``--shard`` chooses, else tensors where they
-can, layers otherwise.  Rank 0 serves HTTP and runs the actors; its model thread drives the sharded model and shares
-each engine call with the other ranks (``model/sharded.py``).  Every other rank loads its shard
+can, layers otherwise.  Rank 0 serves HTTP and runs the actors; its model thread drives the
+sharded model and shares each engine call with the other ranks (``model/sharded.py``).  Every other rank loads its shard
 and follows until rank 0 stops.  Rank 0 imports the model first (the ranks of one host share
 a store), then the others find it.  Each follower keeps a heartbeat to rank 0
 (``lifeline.py``): a rank that dies or cannot be reached makes rank 0 answer every request a

@@ -1,7 +1,8 @@
 """One model sharded over the ranks of an ``mlx.distributed`` group (``serve --distributed``).
 
-Every rank holds a tensor-parallel shard of the same model (mlx-lm's own ``shard()``), so every
-forward pass runs on all ranks at once: its all-sums pair up across them.  Rank 0 serves HTTP
+Every rank holds a shard of the same model: a part of every layer's heads (mlx-lm's own
+``shard()``), or a slice of its layers (``pipeline.py``), so every forward pass runs on all
+ranks at once: its all-sums, or its sends and receives, pair up across them.  Rank 0 serves HTTP
 and owns the actors; its model thread drives a ``ShardedBackend``, which shares every call that
 changes the engine (``insert``, ``fork``, ``step``, ``remove``, ``reset``) with the other ranks
 before making it itself.  The other ranks ``follow``: they make the same calls, in the same
