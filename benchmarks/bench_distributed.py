@@ -24,7 +24,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from tests.test_distributed import Running, _port  # noqa: E402
 
 
 def make_model(out: Path, hidden: int, layers: int) -> Path:
@@ -66,39 +67,13 @@ def make_model(out: Path, hidden: int, layers: int) -> Path:
     return out
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """``serve`` (1 rank) or ``scripts/serve-distributed`` with ``shard``; rank 1's pid."""
-
-    def __init__(self, model: str, ranks: int, shard: str | None, env: dict[str, str]) -> None:
-        flags = ["--model", model, "--port", str(_port()), "--embedding-model", "none",
-                 "--stt-model", "none", "--tts-model", "none"]
-        cmd = ([str(ROOT / "scripts" / "serve-distributed"), str(ranks), "--shard", str(shard)] if ranks > 1
-               else [sys.executable, "-m", "turbospark", "serve"]) + flags
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        self.lines: list[str] = []
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.lines.append(line)
-            if line.startswith("turbospark listening on "):
-                self.url = line.split()[3]
-                threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True).start()
-                return
-        raise SystemExit(f"serve ended: {self.proc.wait()}\n{''.join(self.lines)}")
-
-    def follower(self) -> int | None:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            for line in self.lines:
-                if m := re.search(r"rank 1 of \d+ holds its shard of \S+ \(pid (\d+)\)", line):
-                    return int(m[1])
-            time.sleep(0.1)
-        return None
+def start(model: str, ranks: int, shard: str | None, env: dict[str, str]) -> Running:
+    """``serve`` (1 rank) or ``scripts/serve-distributed`` with ``shard``, listening."""
+    flags = ["--model", model, "--port", str(_port()), "--embedding-model", "none",
+             "--stt-model", "none", "--tts-model", "none"]
+    cmd = ([str(ROOT / "scripts" / "serve-distributed"), str(ranks), "--shard", str(shard)] if ranks > 1
+           else [sys.executable, "-m", "turbospark", "serve"]) + flags
+    return Running(cmd, env)
 
 
 def written(pid: int | None) -> int:
@@ -113,16 +88,6 @@ def written(pid: int | None) -> int:
         elif mine and (m := re.search(r"bytes_sent:(\d+)", line)):
             total += int(m[1])
     return total
-
-
-def stop(server: Server) -> None:
-    proc = server.proc
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, 15)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
 
 
 def decode(url: str, max_tokens: int) -> tuple[float, str]:
@@ -197,10 +162,10 @@ def measure(model: str, setups: list, args, env) -> list[tuple[str, float, int, 
     rows = []
     reference: set[str] = set()
     for name, ranks, shard in setups:
-        server = Server(model, ranks, shard, env)
+        server = start(model, ranks, shard, env)
         try:
             decode(server.url, 4)  # warm-up
-            pid = server.follower() if ranks > 1 else None
+            pid = server.follower_pid() if ranks > 1 else None
             before, steps, texts = written(pid), [], set()
             for _ in range(args.runs):
                 step, text = decode(server.url, args.max_tokens)
@@ -208,7 +173,7 @@ def measure(model: str, setups: list, args, env) -> list[tuple[str, float, int, 
                 texts.add(text)
             sent = (written(pid) - before) // (args.runs * args.max_tokens)
         finally:
-            stop(server)
+            server.stop()
         reference = reference or texts
         rows.append((name, statistics.median(steps), sent, texts == reference and len(texts) == 1))
     return rows
@@ -246,9 +211,8 @@ def main() -> None:
             table(measure(str(model), SETUPS, args, env))
         print("\nfrom a lost rank to the 503s (default model, by layers, 4 streams decoding):")
         for how, sig in (("killed", signal.SIGKILL), ("stopped", signal.SIGSTOP)):
-            server = Server("smollm2-135m-instruct", 2, "pipeline", env)
-            pid = server.follower()
-            assert pid is not None
+            server = start("smollm2-135m-instruct", 2, "pipeline", env)
+            pid = server.follower_pid()
             try:
                 each, new, at = lost_after(server.url, lambda: os.kill(pid, sig))
                 print(f"- rank 1 {how}: the streams' 503s after {each[0]:.2f} to {each[-1]:.2f} s; "
@@ -256,7 +220,7 @@ def main() -> None:
             finally:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                stop(server)
+                server.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

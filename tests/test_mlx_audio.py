@@ -100,7 +100,7 @@ async def test_realtime_with_voice_activity_sends_partials_and_a_final(audio_ser
     assert kinds[-1] == "complete", received
     partials = [t for t, m in received if m["type"] == "partial"]
     assert partials and partials[0] < last_frame, [(round(t - last_frame, 2), m) for t, m in received]
-    final_at, final = received[-1]
+    final = received[-1][1]
     assert final["auto"] is True and final["segment_id"] == 0
     assert heard_as(" ".join(words(final["text"])[:4]), " ".join(words(TEXT)[:4])), final["text"]
-    assert final_at - last_frame < 5.0
+    # the pause ended the segment (``auto``), not the socket: the client never closed it

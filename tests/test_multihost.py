@@ -51,19 +51,19 @@ def hosts() -> Iterator[tuple[str, str]]:
     tag = uuid.uuid4().hex[:6]
     a, b = f"tsa{tag}", f"tsb{tag}"
     try:
-        _ip("netns", "add", a)
-    except subprocess.CalledProcessError as exc:
-        pytest.skip(f"network namespaces cannot be made here: {exc.stderr.strip()}")
-    try:
-        _ip("netns", "add", b)
-        _ip("link", "add", f"c{tag}", "type", "veth", "peer", "name", f"ca{tag}", "netns", a)
-        _ip("link", "add", f"r{tag}", "netns", a, "type", "veth", "peer", "name", f"rb{tag}", "netns", b)
-        _ip("addr", "add", f"{CLIENTS}/24", "dev", f"c{tag}")
-        _ip("link", "set", f"c{tag}", "up")
-        for ns, link, address in ((a, f"ca{tag}", RANK0_CLIENTS), (a, f"r{tag}", RANK0), (b, f"rb{tag}", RANK1)):
-            _ip("-n", ns, "addr", "add", f"{address}/24", "dev", link)
-            _ip("-n", ns, "link", "set", link, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
+        try:
+            _ip("netns", "add", a)
+            _ip("netns", "add", b)
+            _ip("link", "add", f"c{tag}", "type", "veth", "peer", "name", f"ca{tag}", "netns", a)
+            _ip("link", "add", f"r{tag}", "netns", a, "type", "veth", "peer", "name", f"rb{tag}", "netns", b)
+            _ip("addr", "add", f"{CLIENTS}/24", "dev", f"c{tag}")
+            _ip("link", "set", f"c{tag}", "up")
+            for ns, link, address in ((a, f"ca{tag}", RANK0_CLIENTS), (a, f"r{tag}", RANK0), (b, f"rb{tag}", RANK1)):
+                _ip("-n", ns, "addr", "add", f"{address}/24", "dev", link)
+                _ip("-n", ns, "link", "set", link, "up")
+                _ip("-n", ns, "link", "set", "lo", "up")
+        except subprocess.CalledProcessError as exc:
+            pytest.skip(f"hosts of the test's own cannot be made here: {' '.join(exc.cmd)}: {exc.stderr.strip()}")
         yield a, b
     finally:
         for ns in (a, b):
