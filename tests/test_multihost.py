@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from .model.tiny import write_tiny_gguf
-from .test_distributed import LAUNCH, NO_EXTRAS, Running, _answers, _port
+from .test_distributed import LAUNCH, NO_EXTRAS, Running, _answers, _serve
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(not LAUNCH.exists(), reason="mlx.launch is not installed")
@@ -75,8 +75,7 @@ def test_two_ranks_on_separate_hosts_answer_as_one_process(hosts: tuple[str, str
     model = tmp_path / "tiny-llama.gguf"
     write_tiny_gguf(model, layers=3)
     env = {**os.environ, "TURBOSPARK_HOME": str(tmp_path / "home")}
-    single = Running([sys.executable, "-m", "turbospark", "serve", "--model", str(model), "--port", str(_port()),
-                      *NO_EXTRAS], env)
+    single = _serve(env, model, None)
     try:
         expected = _answers(single.url)
     finally:

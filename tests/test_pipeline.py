@@ -18,13 +18,15 @@ import attrs
 import httpx
 import pytest
 
-from turbospark.model.pipeline import split, step_bytes
+from turbospark.cli.attach import ModelSetupError
+from turbospark.cli.distributed import shard_mode
+from turbospark.model.pipeline import split
 from turbospark.store.gguf_import import convert_gguf
 
 from .model.gguf_tiny_models import CASES, write_tiny
+from .test_distributed import LAUNCH, NO_EXTRAS, Running, _answers, _metric, _port
 
 ROOT = Path(__file__).resolve().parents[1]
-LAUNCH = Path(sys.executable).parent / "mlx.launch"
 needs_launch = pytest.mark.skipif(not LAUNCH.exists(), reason="mlx.launch is not installed")
 
 #: one tiny model per architecture the store imports, with enough layers for 3 ranks
@@ -43,16 +45,7 @@ def test_the_layers_split_in_contiguous_slices_in_rank_order() -> None:
         split(2, 3)
 
 
-def test_a_step_sends_one_hidden_state_along_and_one_to_every_rank() -> None:
-    # SmolLM2-135M, one decode row in float32: 576 * 4 bytes along the pipe, gathered on 2 ranks
-    assert step_bytes(1, 576, 4, 2) == 2304 + 2304 * 2
-    assert step_bytes(16, 576, 4, 3) == 16 * 2304 * 2 + 16 * 2304 * 3 * 2
-
-
 def test_the_split_is_chosen_from_the_config_before_anything_loads(tmp_path: Path) -> None:
-    from turbospark.cli.attach import ModelSetupError
-    from turbospark.cli.distributed import shard_mode
-
     def mode(asked: str | None, model_type: str, heads: int, kv: int, layers: int, ranks: int = 2) -> str:
         (tmp_path / "config.json").write_text(json.dumps({
             "model_type": model_type, "num_attention_heads": heads, "num_key_value_heads": kv,
@@ -118,8 +111,6 @@ def default_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_default_model_splits_by_layers_over_two_ranks_and_answers_as_one_process(default_home: Path) -> None:
     """What a new user tries first: ``scripts/serve-distributed 2`` with no model named.  Its 9
     heads and 3 key/value heads do not divide by 2, so it is split by layers, unasked."""
-    from .test_distributed import NO_EXTRAS, Running, _answers, _metric, _port
-
     env = {**os.environ, "TURBOSPARK_HOME": str(default_home), "MLX_RING_PORT": str(random.randrange(30000, 40000))}
     flags = ["--port", str(_port()), *NO_EXTRAS]
     single = Running([sys.executable, "-m", "turbospark", "serve", *flags], env)

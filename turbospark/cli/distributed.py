@@ -131,8 +131,9 @@ def shard_mode(path: Any, ranks: int, asked: str | None) -> str:
     kv = config.get("num_key_value_heads", heads)
     layers = config.get("num_hidden_layers")
     divides = bool(heads) and heads % ranks == 0 and (kv or heads) % ranks == 0
-    if asked == "tensor" or (asked is None and divides and _splits_by_tensors(config)):
-        if not _splits_by_tensors(config):
+    can = _splits_by_tensors(config)
+    if asked == "tensor" or (asked is None and divides and can):
+        if not can:
             raise ModelSetupError(f"'{path.name}' is a {config.get('model_type')} model, which mlx-lm cannot shard "
                                   "by tensors (--shard pipeline can)")
         if not divides:

@@ -16,7 +16,7 @@ the model runs:
   ``sharded.py`` needs, and the embedding and output head are held by every rank.
 
 A step therefore sends, per token of the batch, one hidden state along the pipeline and one
-to every rank (``step_bytes``).  The ranks run one after the other: what pipelining buys is
+to every rank (``benchmarks/bench_distributed.py`` measures it).  The ranks run one after the other: what pipelining buys is
 memory, a model larger than one host holds; tensor sharding (``model.shard``) buys speed where
 the heads divide.
 """
@@ -28,7 +28,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-__all__ = ["Skip", "pipeline", "split", "step_bytes"]
+__all__ = ["Skip", "pipeline", "split"]
 
 
 def split(layers: int, ranks: int) -> list[tuple[int, int]]:
@@ -146,11 +146,3 @@ def pipeline(model: nn.Module, group: mx.distributed.Group) -> tuple[int, int]:
 
     _wrap(layers[-1], after=last_ranks)
     return start, end
-
-
-def step_bytes(tokens: int, hidden: int, itemsize: int, ranks: int) -> int:
-    """Bytes one step of ``tokens`` tokens (all rows together) sends between ranks: a hidden
-    state from each rank to the next, then the last one's to every rank (the ring's
-    all-gather passes each rank's part ``ranks - 1`` times)."""
-    state = tokens * hidden * itemsize
-    return state * (ranks - 1) + state * ranks * (ranks - 1)
