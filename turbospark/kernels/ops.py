@@ -9,8 +9,8 @@ import os
 import mlx.core as mx
 
 __all__ = [
-    "MAX_FLOAT32_ROWS", "available", "describe", "huge_pages", "linear", "native", "quantized_linear",
-    "serve_fast_ops", "supports_quantized", "x_in_8_bits",
+    "MAX_FLOAT32_ROWS", "available", "describe", "huge_pages", "linear", "merged_attention", "native",
+    "quantized_linear", "serve_fast_ops", "split_heads", "supports_quantized", "x_in_8_bits",
 ]
 
 #: Up to this many rows a float32 product is ours; past it, MLX's BLAS GEMM is as fast or faster.
@@ -65,17 +65,29 @@ def huge_pages(arrays: list[mx.array]) -> int:
     return native.huge_pages(arrays)
 
 
-def linear(x: mx.array, weight: mx.array, bias: mx.array | None = None) -> mx.array:
-    """``x @ weight.T (+ bias)``; weight (N, K) in float32, bfloat16 or float16, K a multiple of 8."""
-    return native.rows_matmul(x, weight, bias)
+def linear(x: mx.array, weight: mx.array, bias: mx.array | None = None, *, residual: mx.array | None = None,
+           swiglu: bool = False) -> mx.array:
+    """``x @ weight.T (+ bias)``; weight (N, K) in float32, bfloat16 or float16, K a multiple of 8.
+    Then ``residual + y`` (rounded as the two ops would), or, for a gate's and an up
+    projection's rows one after the other, ``swiglu(y[..., :N/2], y[..., N/2:])``: one op."""
+    return native.rows_matmul(x, weight, bias, residual=residual, swiglu=swiglu)
 
 
 def quantized_linear(
     x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, bias: mx.array | None = None,
-    *, group_size: int, bits: int,
+    *, group_size: int, bits: int, residual: mx.array | None = None, swiglu: bool = False,
 ) -> mx.array:
-    """``x @ dequantize(weight).T (+ bias)`` for MLX's affine layout (transposed)."""
-    return native.rows_quantized_matmul(x, weight, scales, biases, bias, group_size=group_size, bits=bits)
+    """``x @ dequantize(weight).T (+ bias)`` for MLX's affine layout (transposed); ``residual``
+    and ``swiglu`` as in ``linear``."""
+    return native.rows_quantized_matmul(x, weight, scales, biases, bias, group_size=group_size, bits=bits,
+                                        residual=residual, swiglu=swiglu)
+
+
+def split_heads(qkv: mx.array, heads: int, kv_heads: int) -> tuple[mx.array, mx.array, mx.array]:
+    """A ``(B, L, (heads + 2 kv_heads) D)`` product of q, k and v as ``(B, H, L, D)`` q, k and v:
+    views of its buffer, one op (in place of three reshapes and three transposes)."""
+    q, k, v = native.split_heads(qkv, heads, kv_heads)
+    return q, k, v
 
 
 _MLX_FAST = {name: getattr(mx.fast, name) for name in ("rms_norm", "rope", "scaled_dot_product_attention")}
@@ -114,6 +126,19 @@ def attention(
         if isinstance(mask, mx.array) and (mask.dtype == mx.bool_ or mask.dtype == q.dtype):
             return native.attention(q, k, v, scale, "array", mask, sinks)
     return _MLX_FAST["scaled_dot_product_attention"](q, k, v, scale=scale, mask=mask, sinks=sinks, stream=stream)
+
+
+def merged_attention(q: mx.array, k: mx.array, v: mx.array, *, scale: float,
+                     mask: mx.array | str | None = None) -> mx.array:
+    """``attention``'s result as ``(B, L, H * D)``, the heads side by side as the output
+    projection reads them (one op where the kernels take it, else MLX's with a transpose)."""
+    if q.dtype in _FLOATS and k.dtype == q.dtype and v.dtype == q.dtype and mx.default_device() == mx.cpu:
+        if mask is None or isinstance(mask, str) and mask == "causal":
+            return native.attention(q, k, v, scale, mask or "", None, None, merged=True)
+        if isinstance(mask, mx.array) and (mask.dtype == mx.bool_ or mask.dtype == q.dtype):
+            return native.attention(q, k, v, scale, "array", mask, None, merged=True)
+    out = _MLX_FAST["scaled_dot_product_attention"](q, k, v, scale=scale, mask=mask)
+    return out.transpose(0, 2, 1, 3).reshape(q.shape[0], q.shape[2], -1)
 
 
 def serve_fast_ops() -> None:

@@ -25,21 +25,22 @@ from mlx.utils import tree_flatten
 
 from ..kernels import ops as kernels
 
-__all__ = ["install"]
+__all__ = ["Linear", "QuantizedLinear", "few", "install"]
 
 
-def _few(x: mx.array) -> bool:
+def few(x: mx.array) -> bool:
+    """Whether x is few enough rows for a float32 product in the kernels (a decode step's)."""
     return x.size <= kernels.MAX_FLOAT32_ROWS * x.shape[-1]
 
 
 def _float_product(x: mx.array, weight: mx.array, bias: mx.array | None) -> mx.array | None:
     """The kernels' product, or None where MLX's own op serves better (or alone)."""
-    if x.dtype != weight.dtype or (weight.dtype == mx.float32 and not _few(x)):
+    if x.dtype != weight.dtype or (weight.dtype == mx.float32 and not few(x)):
         return None
     return kernels.linear(x, weight, bias)
 
 
-class _Linear(nn.Linear):
+class Linear(nn.Linear):
     def __call__(self, x: mx.array) -> mx.array:
         y = _float_product(x, self["weight"], self.get("bias"))
         return super().__call__(x) if y is None else y
@@ -58,7 +59,7 @@ def _quantized(module: Any, x: mx.array, bias: mx.array | None) -> mx.array:
     )
 
 
-class _QuantizedLinear(nn.QuantizedLinear):
+class QuantizedLinear(nn.QuantizedLinear):
     def __call__(self, x: mx.array) -> mx.array:
         return _quantized(self, x, self.get("bias"))
 
@@ -76,8 +77,8 @@ def _readable(module: Any) -> bool:
     return weight.dtype in (mx.float32, mx.bfloat16, mx.float16) and weight.shape[-1] % 8 == 0
 
 
-_OURS = {nn.Linear: _Linear, nn.Embedding: _Embedding,
-         nn.QuantizedLinear: _QuantizedLinear, nn.QuantizedEmbedding: _QuantizedEmbedding}
+_OURS = {nn.Linear: Linear, nn.Embedding: _Embedding,
+         nn.QuantizedLinear: QuantizedLinear, nn.QuantizedEmbedding: _QuantizedEmbedding}
 
 
 def install(model: nn.Module) -> str:
@@ -101,6 +102,10 @@ def install(model: nn.Module) -> str:
             ours += is_linear
             head = head or not is_linear
     tied = head and getattr(getattr(model, "args", None), "tie_word_embeddings", False)
+    from .mlx_blocks import fuse  # it reads this module's classes
+
+    fused, layers = fuse(model)
     huge = kernels.huge_pages([a for _, a in tree_flatten(model.parameters())])
     return (f"{kernels.describe()}: {ours} of {linear} linear layers" + (" and the tied output head" if tied else "")
-            + f", RMSNorm, RoPE and attention; weights in huge pages: {huge >> 20} MiB")
+            + f", RMSNorm, RoPE and attention; {fused} of {layers} decoder layers fused"
+            + f"; weights in huge pages: {huge >> 20} MiB")

@@ -19,18 +19,22 @@ NB_MODULE(_native, m) {
   m.attr("mlx_version") = MLX_VERSION_MAJOR * 10000 + MLX_VERSION_MINOR * 100 + MLX_VERSION_PATCH;
   m.def(
       "rows_matmul",
-      [](const mlx::core::array& x, const mlx::core::array& w, const std::optional<mlx::core::array>& bias) {
-        return tk::rows_matmul(x, w, bias);
+      [](const mlx::core::array& x, const mlx::core::array& w, const std::optional<mlx::core::array>& bias,
+         const std::optional<mlx::core::array>& residual, bool swiglu) {
+        return tk::rows_matmul(x, w, bias, residual, swiglu);
       },
-      "x"_a, "w"_a, "bias"_a = nb::none(), "x @ w.T (+ bias) for float weights, on the CPU.");
+      "x"_a, "w"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false,
+      "x @ w.T (+ bias) for float weights, on the CPU; then + residual, or swiglu of its two halves.");
   m.def(
       "rows_quantized_matmul",
       [](const mlx::core::array& x, const mlx::core::array& w, const mlx::core::array& scales,
-         const mlx::core::array& biases, const std::optional<mlx::core::array>& bias, int group_size, int bits) {
-        return tk::rows_quantized_matmul(x, w, scales, biases, bias, group_size, bits);
+         const mlx::core::array& biases, const std::optional<mlx::core::array>& bias, int group_size, int bits,
+         const std::optional<mlx::core::array>& residual, bool swiglu) {
+        return tk::rows_quantized_matmul(x, w, scales, biases, bias, group_size, bits, residual, swiglu);
       },
       "x"_a, "w"_a, "scales"_a, "biases"_a, "bias"_a = nb::none(), "group_size"_a = 64, "bits"_a = 4,
-      "x @ dequantize(w).T (+ bias) for MLX's affine 4- and 8-bit weights, on the CPU.");
+      "residual"_a = nb::none(), "swiglu"_a = false,
+      "x @ dequantize(w).T (+ bias) for MLX's affine 4- and 8-bit weights, on the CPU; then + residual, or swiglu.");
   m.def(
       "rms_norm",
       [](const mlx::core::array& x, const std::optional<mlx::core::array>& weight, float eps) {
@@ -49,9 +53,14 @@ NB_MODULE(_native, m) {
       "attention",
       [](const mlx::core::array& q, const mlx::core::array& k, const mlx::core::array& v, float scale,
          const std::string& mask_mode, const std::optional<mlx::core::array>& mask,
-         const std::optional<mlx::core::array>& sinks) { return tk::attention(q, k, v, scale, mask_mode, mask, sinks); },
+         const std::optional<mlx::core::array>& sinks,
+         bool merged) { return tk::attention(q, k, v, scale, mask_mode, mask, sinks, merged); },
       "q"_a, "k"_a, "v"_a, "scale"_a, "mask_mode"_a = "", "mask"_a = nb::none(), "sinks"_a = nb::none(),
-      "mx.fast.scaled_dot_product_attention as one op on the CPU.");
+      "merged"_a = false,
+      "mx.fast.scaled_dot_product_attention as one op on the CPU; merged: (B, L, H * D) out.");
+  m.def(
+      "split_heads", [](const mlx::core::array& qkv, int hq, int hkv) { return tk::split_heads(qkv, hq, hkv); },
+      "qkv"_a, "hq"_a, "hkv"_a, "(B, L, (Hq + 2 Hkv) D) as q, k, v in (B, H, L, D): views, one op.");
   m.def("isas", &tk::isas, "The instruction sets this build has and this CPU runs, best first.");
   m.def("isa", &tk::isa, "The instruction set the kernels use.");
   m.def("use_isa", &tk::use_isa, "name"_a, "Use another instruction set (tests); False if not runnable.");
@@ -61,6 +70,8 @@ NB_MODULE(_native, m) {
   m.def("set_activations_in_8_bits", [](bool on) { tk::activations_in_8_bits().store(on); }, "on"_a,
         "Round x to 8 bits in 4-bit products, or keep it float32 (tests, TURBOSPARK_KERNELS_EXACT).");
   m.def("step_threads", &tk::step_parts, "Threads a decode step's work is split over (one core is left to Python).");
+  m.def("set_step_threads", [](int n) { tk::step_setting().store(n); }, "n"_a,
+        "Threads a decode step's work takes: n, or 0 for all but one (benchmarks).");
   m.def("threads", &tk::threads, "Threads a product is split over.");
   m.def("huge_pages", &tk::huge_pages, "arrays"_a,
         "Back the arrays' memory with transparent huge pages where possible; the bytes that are.");

@@ -5,10 +5,12 @@
 #include <limits>
 #include <stdexcept>
 
+#include "mlx/backend/common/utils.h"
 #include "mlx/ops.h"
 #include "mlx/types/half_types.h"
 #include "enqueue.h"
 #include "pool.h"
+#include "rows.h"
 #include "strided.h"
 #include "rows_kernels.h"
 
@@ -212,7 +214,7 @@ void Rope::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
 
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
                     const std::string& mask_mode, const std::optional<mx::array>& mask,
-                    const std::optional<mx::array>& sinks, mx::StreamOrDevice s_) {
+                    const std::optional<mx::array>& sinks, bool merged, mx::StreamOrDevice s_) {
   auto s = mx::to_stream(s_);
   check_cpu(s, "[attention]");
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4)
@@ -234,8 +236,10 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
     if (sinks->ndim() != 1 || sinks->shape(0) != q.shape(1)) throw std::invalid_argument("[attention] sinks must be (Hq,)");
     inputs.push_back(mx::astype(*sinks, type, s));
   }
-  mx::Shape shape{q.shape(0), q.shape(1), q.shape(2), v.shape(3)};
-  return mx::array(shape, type, std::make_shared<Attention>(s, scale, causal, has_mask, bool(sinks)), std::move(inputs));
+  mx::Shape shape = merged ? mx::Shape{q.shape(0), q.shape(2), q.shape(1) * v.shape(3)}
+                           : mx::Shape{q.shape(0), q.shape(1), q.shape(2), v.shape(3)};
+  return mx::array(shape, type, std::make_shared<Attention>(s, scale, causal, has_mask, bool(sinks), merged),
+                   std::move(inputs));
 }
 
 void Attention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
@@ -244,11 +248,13 @@ void Attention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 
 bool Attention::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const Attention&>(other);
-  return scale_ == o.scale_ && causal_ == o.causal_ && has_mask_ == o.has_mask_ && has_sinks_ == o.has_sinks_;
+  return scale_ == o.scale_ && causal_ == o.causal_ && has_mask_ == o.has_mask_ && has_sinks_ == o.has_sinks_ &&
+         merged_ == o.merged_;
 }
 
 std::vector<mx::Shape> Attention::output_shapes(const std::vector<mx::array>& inputs) {
   auto& q = inputs[0];
+  if (merged_) return {mx::Shape{q.shape(0), q.shape(2), q.shape(1) * inputs[2].shape(3)}};
   return {mx::Shape{q.shape(0), q.shape(1), q.shape(2), inputs[2].shape(3)}};
 }
 
@@ -265,6 +271,7 @@ struct AttentionJob {
   float scale;
   int Hq, Hkv, Lq, Lk, D, Dv;
   T* out;
+  bool merged;  // out is (B, Lq, Hq * Dv), else (B, Hq, Lq, Dv)
 
   // rows (b, h, i) for i in [i0, i1)
   void run(int b, int h, int i0, int i1, const Isa& isa) const {
@@ -321,7 +328,7 @@ struct AttentionJob {
       for (int j = 0; j < visible; ++j) scores[j] = round_to<T>(scores[j] / total);
       std::fill(acc.begin(), acc.end(), 0.0f);
       isa.axpys(scores.data(), vp, vst, visible, Dv, acc.data());
-      T* o = out + ((size_t(b) * Hq + h) * Lq + i) * Dv;
+      T* o = merged ? out + ((size_t(b) * Lq + i) * Hq + h) * Dv : out + ((size_t(b) * Hq + h) * Lq + i) * Dv;
       for (int e = 0; e < Dv; ++e) o[e] = static_cast<T>(acc[e]);
     }
   }
@@ -333,15 +340,16 @@ constexpr size_t kParallelWork = 1 << 16;
 } // namespace
 
 void Attention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  enqueue(stream(), inputs, out, [scale = scale_, causal = causal_,
-                has_mask = has_mask_, has_sinks = has_sinks_](std::vector<mx::array>& in, mx::array& out) {
+  enqueue(stream(), inputs, out, [scale = scale_, causal = causal_, has_mask = has_mask_, has_sinks = has_sinks_,
+                merged = merged_](std::vector<mx::array>& in, mx::array& out) {
     by_type(out.dtype(), [&](auto zero) {
       using T = decltype(zero);
       const auto &q = in[0], &k = in[1], &v = in[2];
       AttentionJob<T> job{view4(q), view4(k), view4(v), has_mask ? view4(in[3]) : View4{nullptr, mx::bool_, {0, 0, 0, 0}}, causal, has_mask,
                           has_mask && in[3].dtype() == mx::bool_, has_sinks,
                           has_sinks ? in.back().data<T>() : nullptr, has_sinks ? in.back().strides(0) : 0, scale,
-                          q.shape(1), k.shape(1), q.shape(2), k.shape(2), q.shape(3), v.shape(3), out.data<T>()};
+                          q.shape(1), k.shape(1), q.shape(2), k.shape(2), q.shape(3), v.shape(3), out.data<T>(),
+                          merged};
       const int B = q.shape(0);
       // units: (b, h, a block of up to 16 query rows)
       const int blocks = (job.Lq + 15) / 16;
@@ -364,6 +372,56 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
       }
     });
   });
+}
+
+// ------------------------------------------------------------------------------------ Split heads
+
+std::vector<mx::array> split_heads(const mx::array& qkv, int hq, int hkv, mx::StreamOrDevice s_) {
+  auto s = mx::to_stream(s_);
+  check_cpu(s, "[split_heads]");
+  if (qkv.ndim() != 3 || hq <= 0 || hkv <= 0 || qkv.shape(2) % (hq + 2 * hkv) != 0)
+    throw std::invalid_argument("[split_heads] qkv must be (B, L, (Hq + 2 * Hkv) * D)");
+  auto prim = std::make_shared<SplitHeads>(s, hq, hkv);
+  auto shapes = prim->output_shapes({qkv});
+  // the views need a row-contiguous buffer: a product's output is one
+  const bool row_contiguous = qkv.is_available() ? bool(qkv.flags().row_contiguous)
+                                                 : qkv.has_primitive() && dynamic_cast<RowsMatmul*>(&qkv.primitive());
+  auto in = row_contiguous ? qkv : mx::contiguous(qkv, false, s);
+  return mx::array::make_arrays(std::move(shapes), {qkv.dtype(), qkv.dtype(), qkv.dtype()}, prim, {in});
+}
+
+std::vector<mx::Shape> SplitHeads::output_shapes(const std::vector<mx::array>& inputs) {
+  auto& x = inputs[0];
+  const int B = x.shape(0), L = x.shape(1), D = x.shape(2) / (hq_ + 2 * hkv_);
+  return {mx::Shape{B, hq_, L, D}, mx::Shape{B, hkv_, L, D}, mx::Shape{B, hkv_, L, D}};
+}
+
+bool SplitHeads::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const SplitHeads&>(other);
+  return hq_ == o.hq_ && hkv_ == o.hkv_;
+}
+
+void SplitHeads::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("[TurbosparkSplitHeads] runs on the CPU only");
+}
+
+void SplitHeads::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const auto& x = inputs[0];
+  const int64_t L = x.shape(1), N = x.shape(2), D = N / (hq_ + 2 * hkv_);
+  if (!x.flags().row_contiguous) throw std::runtime_error("[split_heads] qkv is not row-contiguous");
+  for (int i = 0; i < 3; ++i) {
+    auto& out = outputs[i];
+    const int64_t first = i == 0 ? 0 : i == 1 ? hq_ : hq_ + hkv_;
+    mx::Strides strides{L * N, D, N, 1};
+    size_t span = 1;
+    for (int d = 0; d < 4; ++d) span += size_t(out.shape(d) - 1) * strides[d];
+    auto [no_broadcast, row, col] = mx::check_contiguity(out.shape(), strides);
+    auto flags = x.flags();
+    flags.row_contiguous = row;
+    flags.col_contiguous = col;
+    flags.contiguous = no_broadcast == span;
+    out.copy_shared_buffer(x, strides, flags, span, first * D);
+  }
 }
 
 } // namespace turbospark::kernels

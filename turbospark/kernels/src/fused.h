@@ -26,10 +26,15 @@ mx::array rope(const mx::array& x, int dims, bool traditional, std::optional<flo
                const mx::array& offset, const std::optional<mx::array>& freqs, mx::StreamOrDevice s = {});
 
 // mx.fast.scaled_dot_product_attention(q, k, v, scale=, mask=, sinks=): mask_mode "", "causal" or
-// "array" (mask bool or additive, broadcastable to (B, Hq, Lq, Lk))
+// "array" (mask bool or additive, broadcastable to (B, Hq, Lq, Lk)).  merged: the output is
+// (B, Lq, Hq * Dv), the heads side by side, as the output projection reads them.
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
                     const std::string& mask_mode, const std::optional<mx::array>& mask,
-                    const std::optional<mx::array>& sinks, mx::StreamOrDevice s = {});
+                    const std::optional<mx::array>& sinks, bool merged = false, mx::StreamOrDevice s = {});
+
+// One product's q, k and v, (B, L, (Hq + 2 * Hkv) * D), as the three (B, H, L, D) arrays attention
+// takes: views of the product's buffer, in one op (the reshapes and transposes of a layer).
+std::vector<mx::array> split_heads(const mx::array& qkv, int hq, int hkv, mx::StreamOrDevice s = {});
 
 class RmsNorm : public mx::UnaryPrimitive {
  public:
@@ -67,8 +72,9 @@ class Rope : public mx::UnaryPrimitive {
 
 class Attention : public mx::UnaryPrimitive {
  public:
-  Attention(mx::Stream stream, float scale, bool causal, bool has_mask, bool has_sinks)
-      : mx::UnaryPrimitive(stream), scale_(scale), causal_(causal), has_mask_(has_mask), has_sinks_(has_sinks) {}
+  Attention(mx::Stream stream, float scale, bool causal, bool has_mask, bool has_sinks, bool merged)
+      : mx::UnaryPrimitive(stream), scale_(scale), causal_(causal), has_mask_(has_mask), has_sinks_(has_sinks),
+        merged_(merged) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override;
   const char* name() const override { return "TurbosparkAttention"; }
@@ -80,6 +86,21 @@ class Attention : public mx::UnaryPrimitive {
   bool causal_;
   bool has_mask_;
   bool has_sinks_;
+  bool merged_;
+};
+
+class SplitHeads : public mx::Primitive {
+ public:
+  SplitHeads(mx::Stream stream, int hq, int hkv) : mx::Primitive(stream), hq_(hq), hkv_(hkv) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "TurbosparkSplitHeads"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+
+ private:
+  int hq_;
+  int hkv_;
 };
 
 } // namespace turbospark::kernels

@@ -100,5 +100,7 @@ Pool& pool();
 // stream thread alone, decision 0028).  A prompt's work (attention over many query rows) and
 // float weights (bound by memory, not arithmetic) take them all.
 int step_parts();
+// The setting behind it: 0 (all but one), or a number of threads (TURBOSPARK_KERNEL_STEP_THREADS).
+std::atomic<int>& step_setting();
 
 } // namespace turbospark::kernels

@@ -1,6 +1,9 @@
 #include "rows.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <atomic>
 #include <cstdlib>
 #include <memory>
@@ -117,12 +120,15 @@ mx::array row_major(const mx::array& a, const mx::Stream& s) {
 }
 
 mx::array rows_op(const mx::array& x, std::vector<mx::array> weights, const std::optional<mx::array>& bias,
-                  int N, int K, int group_size, int bits, mx::StreamOrDevice s) {
+                  int N, int K, int group_size, int bits, const std::optional<mx::array>& residual, bool swiglu,
+                  mx::StreamOrDevice s) {
   auto stream = mx::to_stream(s);
   check_float(x, "x");
   if (x.ndim() < 1 || x.shape(-1) != K)
     throw std::invalid_argument("[rows_matmul] x's last dimension must match the weight's");
   if (K % 8 != 0) throw std::invalid_argument("[rows_matmul] the inner dimension must be a multiple of 8");
+  if (residual && swiglu) throw std::invalid_argument("[rows_matmul] a residual or swiglu, not both");
+  if (swiglu && N % 2 != 0) throw std::invalid_argument("[rows_matmul] swiglu needs the gate's and the up rows (2 * H)");
   std::vector<mx::array> inputs{x};
   for (auto& w : weights) inputs.push_back(row_major(w, stream));
   if (bias) {
@@ -131,9 +137,79 @@ mx::array rows_op(const mx::array& x, std::vector<mx::array> weights, const std:
     inputs.push_back(row_major(*bias, stream));
   }
   auto shape = x.shape();
-  shape.back() = N;
-  return mx::array(std::move(shape), x.dtype(), std::make_shared<RowsMatmul>(stream, group_size, bits, bool(bias)),
+  shape.back() = swiglu ? N / 2 : N;
+  if (residual) {
+    if (residual->shape() != shape) throw std::invalid_argument("[rows_matmul] the residual must have the output's shape");
+    inputs.push_back(mx::astype(*residual, x.dtype(), stream));
+  }
+  auto epilogue = residual ? Epilogue::Residual : swiglu ? Epilogue::Swiglu : Epilogue::None;
+  return mx::array(std::move(shape), x.dtype(), std::make_shared<RowsMatmul>(stream, group_size, bits, bool(bias), epilogue),
                    std::move(inputs));
+}
+
+// Rounds a float32 to T and back, as an MLX op whose output is T does.
+template <class T>
+inline float round_to(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    return static_cast<float>(static_cast<T>(v));
+  }
+}
+
+// MLX's own exp on the CPU (mlx/backend/cpu/simd/math.h: Cephes' polynomial for 2^fraction),
+// so that SwiGLU's sigmoid gives the bits MLX's does.
+inline float mlx_exp(float x0) {
+  float x = x0 * 1.442695f;
+  const float ipart = std::floor(x + 0.5f);
+  const float fpart = x - ipart;
+  x = 1.535336188319500e-4f;
+  x = std::fma(x, fpart, 1.339887440266574e-3f);
+  x = std::fma(x, fpart, 9.618437357674640e-3f);
+  x = std::fma(x, fpart, 5.550332471162809e-2f);
+  x = std::fma(x, fpart, 2.402264791363012e-1f);
+  x = std::fma(x, fpart, 6.931472028550421e-1f);
+  x = std::fma(x, fpart, 1.000000000000000f);
+  const int32_t bits = (int32_t(ipart) + 127) << 23;
+  float two;
+  std::memcpy(&two, &bits, sizeof two);
+  if (std::isnan(x0)) return x0;
+  if (x0 > 88.0f) return std::numeric_limits<float>::infinity();
+  if (x0 < -88.0f) return 0.0f;
+  return two * x;
+}
+
+// mx.sigmoid of a value of type T as MLX's CPU backend computes it (unary_ops.h): exp rounded
+// to T, the rest in float32, the result rounded to T.
+template <class T>
+inline float mlx_sigmoid(float x) {
+  const float y = 1.0f / (1.0f + round_to<T>(mlx_exp(std::fabs(x))));
+  return round_to<T>(x < 0 ? y : 1.0f - y);
+}
+
+// Writes y (R x N, float32) into out, in out's type, through the epilogue (rows.h).
+template <class T>
+void finish(const float* y, int R, int N, Epilogue epilogue, const mx::array* residual, mx::array& out) {
+  T* o = out.data<T>();
+  if (epilogue == Epilogue::Residual) {
+    const T* rp = residual->data<T>();
+    const int64_t s1 = residual->strides().back();
+    for (int r = 0; r < R; ++r) {
+      const T* res = rp + row_offset(*residual, r);
+      for (int n = 0; n < N; ++n)
+        o[size_t(r) * N + n] = static_cast<T>(static_cast<float>(res[n * s1]) + round_to<T>(y[size_t(r) * N + n]));
+    }
+  } else if (epilogue == Epilogue::Swiglu) {
+    const int H = N / 2;
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < H; ++i) {
+        const float g = round_to<T>(y[size_t(r) * N + i]), u = round_to<T>(y[size_t(r) * N + H + i]);
+        const float sig = mlx_sigmoid<T>(g);
+        o[size_t(r) * H + i] = static_cast<T>(round_to<T>(g * sig) * u);
+      }
+  } else {
+    for (size_t i = 0; i < size_t(R) * N; ++i) o[i] = static_cast<T>(y[i]);
+  }
 }
 
 } // namespace
@@ -178,7 +254,15 @@ bool use_isa(const std::string& name) {
 
 int threads() { return pool().size(); }
 
-int step_parts() { return std::max(1, pool().size() - 1); }
+std::atomic<int>& step_setting() {
+  static std::atomic<int> n{env_int("TURBOSPARK_KERNEL_STEP_THREADS", 0)};
+  return n;
+}
+
+int step_parts() {
+  const int n = step_setting().load(std::memory_order_relaxed);
+  return n > 0 ? std::min(n, pool().size()) : std::max(1, pool().size() - 1);
+}
 
 size_t huge_pages(const std::vector<mx::array>& arrays) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
@@ -217,15 +301,16 @@ size_t huge_pages(const std::vector<mx::array>& arrays) {
 }
 
 mx::array rows_matmul(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
-                      mx::StreamOrDevice s) {
+                      const std::optional<mx::array>& residual, bool swiglu, mx::StreamOrDevice s) {
   check_float(w, "w");
   if (w.ndim() != 2) throw std::invalid_argument("[rows_matmul] w must be (N, K)");
-  return rows_op(x, {w}, bias, w.shape(0), w.shape(1), 0, 0, s);
+  return rows_op(x, {w}, bias, w.shape(0), w.shape(1), 0, 0, residual, swiglu, s);
 }
 
 mx::array rows_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                                 const mx::array& biases, const std::optional<mx::array>& bias,
-                                int group_size, int bits, mx::StreamOrDevice s) {
+                                int group_size, int bits, const std::optional<mx::array>& residual, bool swiglu,
+                                mx::StreamOrDevice s) {
   if (bits != 4 && bits != 8) throw std::invalid_argument("[rows_quantized_matmul] bits must be 4 or 8");
   if (group_size != 32 && group_size != 64 && group_size != 128)
     throw std::invalid_argument("[rows_quantized_matmul] group_size must be 32, 64 or 128");
@@ -236,7 +321,7 @@ mx::array rows_quantized_matmul(const mx::array& x, const mx::array& w, const mx
   int N = w.shape(0), K = w.shape(1) * 32 / bits;
   if (scales.shape() != mx::Shape{N, K / group_size} || biases.shape() != scales.shape())
     throw std::invalid_argument("[rows_quantized_matmul] scales and biases must be (N, K / group_size)");
-  return rows_op(x, {w, scales, biases}, bias, N, K, group_size, bits, s);
+  return rows_op(x, {w, scales, biases}, bias, N, K, group_size, bits, residual, swiglu, s);
 }
 
 void RowsMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
@@ -245,20 +330,20 @@ void RowsMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 
 bool RowsMatmul::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const RowsMatmul&>(other);
-  return group_size_ == o.group_size_ && bits_ == o.bits_ && has_bias_ == o.has_bias_;
+  return group_size_ == o.group_size_ && bits_ == o.bits_ && has_bias_ == o.has_bias_ && epilogue_ == o.epilogue_;
 }
 
 std::vector<mx::Shape> RowsMatmul::output_shapes(const std::vector<mx::array>& inputs) {
   auto shape = inputs[0].shape();
-  shape.back() = inputs[1].shape(0);
+  shape.back() = epilogue_ == Epilogue::Swiglu ? inputs[1].shape(0) / 2 : inputs[1].shape(0);
   return {shape};
 }
 
 void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  auto work = [bits = bits_, group = group_size_, has_bias = has_bias_](std::vector<mx::array>& in,
-                                                                        mx::array& out) {
+  auto work = [bits = bits_, group = group_size_, has_bias = has_bias_, epilogue = epilogue_](
+                  std::vector<mx::array>& in, mx::array& out) {
     const auto& x = in[0];
-    const int K = x.shape(-1), N = out.shape(-1);
+    const int K = x.shape(-1), N = in[1].shape(0);
     const int R = K == 0 ? 0 : int(x.size() / K);
     if (R == 0 || N == 0) return;
     std::vector<float> xf(size_t(R) * K);
@@ -274,7 +359,8 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
     }
     std::vector<float> yf;
     float* y = out.data<float>();
-    if (out.dtype() != mx::float32) {
+    const bool direct = out.dtype() == mx::float32 && epilogue == Epilogue::None;
+    if (!direct) {
       yf.resize(size_t(R) * N);
       y = yf.data();
     }
@@ -333,18 +419,17 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
       }, parts);
     }
     if (has_bias) {
-      const auto& b = in.back();
+      const auto& b = in[bits == 0 ? 2 : 4];
       for (int o = 0; o < N; ++o) {
         float bo = scalar_at(b, o);
         for (int r = 0; r < R; ++r) y[size_t(r) * N + o] += bo;
       }
     }
-    if (out.dtype() == mx::bfloat16) {
-      auto* o = out.data<mx::bfloat16_t>();
-      for (size_t i = 0; i < yf.size(); ++i) o[i] = mx::bfloat16_t(yf[i]);
-    } else if (out.dtype() == mx::float16) {
-      auto* o = out.data<mx::float16_t>();
-      for (size_t i = 0; i < yf.size(); ++i) o[i] = mx::float16_t(yf[i]);
+    if (!direct) {
+      const mx::array* residual = epilogue == Epilogue::Residual ? &in.back() : nullptr;
+      if (out.dtype() == mx::float32) finish<float>(y, R, N, epilogue, residual, out);
+      else if (out.dtype() == mx::bfloat16) finish<mx::bfloat16_t>(y, R, N, epilogue, residual, out);
+      else finish<mx::float16_t>(y, R, N, epilogue, residual, out);
     }
   };
   enqueue(stream(), inputs, out, std::move(work));

@@ -15,21 +15,29 @@ namespace turbospark::kernels {
 
 namespace mx = mlx::core;
 
+// What a product does with its result y = x @ W.T (+ bias) before writing it (in x's type T):
+// nothing; adds a residual r of the output's shape, T(r + T(y)), as `r + linear(x)` would; or,
+// for W the gate's and the up projection's rows one after the other (N = 2 * H), writes the H
+// values swiglu(T(y[:H]), T(y[H:])) = silu(gate) * up, as mlx-lm's MLP computes them.
+enum class Epilogue : int { None = 0, Residual = 1, Swiglu = 2 };
+
 // x @ w.T (+ bias), as nn.Linear computes it: x (..., K), w (N, K).
 mx::array rows_matmul(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
+                      const std::optional<mx::array>& residual = std::nullopt, bool swiglu = false,
                       mx::StreamOrDevice s = {});
 
 // x @ dequantize(w, scales, biases).T (+ bias), as nn.QuantizedLinear computes it (affine mode,
 // transposed): w (N, K * bits / 32) uint32, scales and biases (N, K / group_size).
 mx::array rows_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                                 const mx::array& biases, const std::optional<mx::array>& bias,
-                                int group_size, int bits, mx::StreamOrDevice s = {});
+                                int group_size, int bits, const std::optional<mx::array>& residual = std::nullopt,
+                                bool swiglu = false, mx::StreamOrDevice s = {});
 
 class RowsMatmul : public mx::UnaryPrimitive {
  public:
   // bits 0: float weights; 4 or 8: affine quantized.
-  RowsMatmul(mx::Stream stream, int group_size, int bits, bool has_bias)
-      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), has_bias_(has_bias) {}
+  RowsMatmul(mx::Stream stream, int group_size, int bits, bool has_bias, Epilogue epilogue = Epilogue::None)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), has_bias_(has_bias), epilogue_(epilogue) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -41,6 +49,7 @@ class RowsMatmul : public mx::UnaryPrimitive {
   int group_size_;
   int bits_;
   bool has_bias_;
+  Epilogue epilogue_;
 };
 
 // The instruction sets this build has and this CPU runs, best first; which one the kernels use.

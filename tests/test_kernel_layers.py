@@ -1,0 +1,184 @@
+"""A decoder layer in a dozen ops (``model/mlx_blocks``) and the kernels' pieces it is made of.
+
+- A product's residual epilogue gives exactly ``residual + product`` (the same two roundings).
+- Its SwiGLU epilogue, over a gate's and an up projection's rows one after the other, gives
+  exactly mlx-lm's ``swiglu`` of the two halves (MLX's own exp and roundings).
+- ``split_heads`` gives exactly the reshapes and transposes of mlx-lm's attention, as views.
+- Attention with its heads side by side gives exactly the transposed result.
+- Fused layers of llama, qwen2 (biased q/k/v) and qwen3 (q and k norms), float and 4-bit:
+  exactly the logits of the same model with its layers unfused, over a prompt and decode
+  steps with a plain and a batch KV cache, and a decode step of 16 primitives a layer (29 unfused).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mlx.utils import tree_flatten
+from mlx_lm.models.activations import swiglu
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+
+from turbospark.kernels import ops as kernels
+from turbospark.model import mlx_blocks, mlx_kernels
+
+from ._support import tiny_llama
+
+needs_kernels = pytest.mark.skipif(not kernels.available(), reason=f"kernels: {kernels.describe()}")
+floats = st.sampled_from([mx.float32, mx.bfloat16, mx.float16])
+ours = settings(max_examples=30, deadline=None)
+
+
+def weights(n: int, k: int, dtype, bits: int) -> tuple:
+    w = (mx.random.normal((n, k)) / k**0.5).astype(dtype)
+    return (w,) if not bits else mx.quantize(w, group_size=32, bits=bits)
+
+
+def product(x, w, bias=None, bits=0, **epilogue):
+    if not bits:
+        return kernels.linear(x, w[0], bias, **epilogue)
+    return kernels.quantized_linear(x, *w, bias, group_size=32, bits=bits, **epilogue)
+
+
+@needs_kernels
+@ours
+@given(rows=st.integers(1, 40), dtype=floats, bits=st.sampled_from([0, 4, 8]), bias=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_a_residual_epilogue_is_exactly_the_add_after_the_product(rows, dtype, bits, bias, seed) -> None:
+    mx.random.seed(seed)
+    x = mx.random.normal((1, rows, 64)).astype(dtype)
+    w = weights(24, 64, dtype, bits)
+    b = mx.random.normal((24,)).astype(dtype) if bias else None
+    r = mx.random.normal((1, rows, 24)).astype(dtype)
+    got = product(x, w, b, bits, residual=r)
+    assert got.dtype == dtype and got.shape == (1, rows, 24)
+    np.testing.assert_array_equal(np.array(got.astype(mx.float32)), np.array((r + product(x, w, b, bits)).astype(mx.float32)))
+
+
+@needs_kernels
+@ours
+@given(rows=st.integers(1, 40), dtype=floats, bits=st.sampled_from([0, 4, 8]), seed=st.integers(0, 2**16))
+def test_a_swiglu_epilogue_equals_mlx_lm_swiglu_of_the_two_halves(rows, dtype, bits, seed) -> None:
+    mx.random.seed(seed)
+    x = mx.random.normal((1, rows, 64)).astype(dtype)
+    w = weights(48, 64, dtype, bits)
+    got = product(x, w, None, bits, swiglu=True)
+    assert got.dtype == dtype and got.shape == (1, rows, 24)
+    y = product(x, w, None, bits)
+    np.testing.assert_array_equal(np.array(got.astype(mx.float32)),
+                                  np.array(swiglu(y[..., :24], y[..., 24:]).astype(mx.float32)))
+
+
+@needs_kernels
+@ours
+@given(batch=st.integers(1, 3), length=st.integers(1, 9), heads=st.sampled_from([(4, 2), (9, 3), (2, 2)]),
+       dim=st.sampled_from([8, 64]), evaluated=st.booleans())
+def test_split_heads_gives_the_reshaped_and_transposed_heads_as_views(batch, length, heads, dim, evaluated) -> None:
+    hq, hkv = heads
+    qkv = mx.random.normal((batch, length, (hq + 2 * hkv) * dim))
+    if evaluated:
+        mx.eval(qkv)
+    else:  # a lazy input that is not a product's output: made contiguous first
+        qkv = qkv * 1.0
+    q, k, v = kernels.split_heads(qkv, hq, hkv)
+    a = np.array(qkv).reshape(batch, length, hq + 2 * hkv, dim).transpose(0, 2, 1, 3)
+    for got, want in zip((q, k, v), (a[:, :hq], a[:, hq:hq + hkv], a[:, hq + hkv:]), strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(np.array(got), want)
+
+
+@needs_kernels
+@ours
+@given(batch=st.integers(1, 2), q_len=st.integers(1, 5), extra=st.integers(0, 6), dtype=floats,
+       mask=st.sampled_from(["none", "causal", "bool", "additive"]))
+def test_attention_with_heads_side_by_side_is_the_transposed_attention(batch, q_len, extra, dtype, mask) -> None:
+    k_len = q_len + extra
+    q = mx.random.normal((batch, 4, q_len, 16)).astype(dtype)
+    k, v = (mx.random.normal((batch, 2, k_len, 16)).astype(dtype) for _ in range(2))
+    m = {"none": None, "causal": "causal", "bool": mx.random.uniform(shape=(batch, 1, q_len, k_len)) > 0.3,
+         "additive": mx.random.normal((batch, 1, q_len, k_len)).astype(dtype)}[mask]
+    got = kernels.merged_attention(q, k, v, scale=0.25, mask=m)
+    want = kernels.attention(q, k, v, scale=0.25, mask=m).transpose(0, 2, 1, 3).reshape(batch, q_len, -1)
+    assert got.shape == (batch, q_len, 64)
+    np.testing.assert_array_equal(np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32)))
+
+
+def tiny(arch: str, seed: int):
+    if arch != "qwen3":
+        return tiny_llama(vocab=64, layers=2, seed=seed, arch=arch, hidden=64)
+    from mlx.utils import tree_map
+    from mlx_lm.models import qwen3
+
+    mx.random.seed(seed)
+    model = qwen3.Model(qwen3.ModelArgs(
+        model_type="qwen3", hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=64, max_position_embeddings=512, rope_theta=1e6,
+        head_dim=16, tie_word_embeddings=True))
+    model.update(tree_map(lambda w: w * 3, model.parameters()))
+    mx.eval(model.parameters())
+    return model
+
+
+def run(model, tokens: mx.array, cache) -> list[np.ndarray]:
+    """Logits of a prompt, then of three decode steps (each fed the previous greedy token)."""
+    out = [model(tokens, cache=cache)]
+    for _ in range(3):
+        out.append(model(out[-1][:, -1:].argmax(-1), cache=cache))
+    return [np.array(o.astype(mx.float32)) for o in out]
+
+
+@needs_kernels
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("bits", [0, 4])
+@pytest.mark.parametrize("batch_cache", [False, True])
+def test_fused_layers_give_the_unfused_layers_logits(arch, bits, batch_cache, monkeypatch) -> None:
+    plain, fused = tiny(arch, seed=5), tiny(arch, seed=5)
+    if bits:
+        nn.quantize(plain, group_size=32, bits=bits)
+        nn.quantize(fused, group_size=32, bits=bits)
+    with monkeypatch.context() as patch:
+        patch.setattr(mlx_blocks, "fuse", lambda model: (0, len(model.model.layers)))
+        assert "0 of 2 decoder layers fused" in mlx_kernels.install(plain)
+    assert "2 of 2 decoder layers fused" in mlx_kernels.install(fused)
+    assert all(type(layer).__name__ == "FusedTransformerBlock" for layer in fused.model.layers)
+    before = sum(a.nbytes for _, a in tree_flatten(plain.parameters()))
+    assert sum(a.nbytes for _, a in tree_flatten(fused.parameters())) == before  # views, nothing twice
+    tokens = mx.array([[3, 1, 4, 1, 5, 9, 2]] * (2 if batch_cache else 1))
+
+    def cache(model):
+        return [BatchKVCache([1, 0]) for _ in model.model.layers] if batch_cache else make_prompt_cache(model)
+
+    for got, want in zip(run(fused, tokens, cache(fused)), run(plain, tokens, cache(plain)), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+@needs_kernels
+def test_a_fused_decode_step_is_16_primitives_a_layer(tmp_path) -> None:
+    model = tiny_llama(vocab=64, layers=4, seed=6, hidden=64)
+    mlx_kernels.install(model)
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.array([[1, 2, 3]]), cache=cache), [c.state for c in cache])
+    mx.export_to_dot(str(tmp_path / "step.dot"), model(mx.array([[4]]), cache=cache))
+    ops = collections.Counter(re.findall(r'label ="([A-Za-z_]+)', (tmp_path / "step.dot").read_text()))
+    assert ops["RowsMatmul"] == 4 * 4 + 1  # q|k|v, o, gate|up, down a layer, and the head
+    assert ops["TurbosparkSplitHeads"] == 4 and ops["TurbosparkAttention"] == 4
+    assert "Transpose" not in ops and "Add" not in ops
+    # a layer: 4 products, 2 norms, split, 2 RoPEs, attention, and the cache's write and read (2 slice
+    # updates with their 2 reshapes, 2 slices); then the embedding, the final norm and the head
+    assert sum(ops.values()) <= 16 * 4 + 4
+
+
+@needs_kernels
+def test_a_quantized_kv_cache_takes_the_layers_own_ops() -> None:
+    plain, fused = (tiny_llama(vocab=64, layers=2, seed=7, hidden=128) for _ in range(2))
+    mlx_kernels.install(fused)
+    tokens = mx.array([[2, 7, 1, 8]])
+    want = plain(tokens, cache=[c.to_quantized(group_size=32, bits=8) for c in make_prompt_cache(plain)])
+    got = fused(tokens, cache=[c.to_quantized(group_size=32, bits=8) for c in make_prompt_cache(fused)])
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-3, atol=1e-3)

@@ -1,0 +1,150 @@
+"""A decoder layer of mlx-lm's llama, qwen2 and qwen3 stacks as a dozen ops on the CPU kernels.
+
+mlx-lm's layer is ~29 ops on the CPU even with the kernels' products, RMSNorm, RoPE and
+attention (``mlx_kernels``): seven products, six reshapes and four transposes, the SwiGLU and
+two residual adds.  Each costs MLX ~3-6 us to dispatch and Python ~1-2 us to build, a step's
+fixed cost beside its products.  ``fuse`` changes the class of each such layer to one that
+computes the same thing in 13:
+
+    norm -> q|k|v product -> split heads (views) -> RoPE q, RoPE k -> the cache's write and read
+    (two slice updates, two slices) -> attention, heads side by side -> o product + residual
+    -> norm -> gate|up product with SwiGLU -> down product + residual
+
+q, k and v's weights become one matrix (rows one after the other), and so do gate's and up's:
+x is read and rounded to 8 bits once for each, and the layer's modules keep their weights as
+views of those matrices (no byte is held twice).  The residual adds and the SwiGLU round where
+mlx-lm's ops round (``kernels.linear``), so the layer's arithmetic is the unfused one's.
+
+Anything the kernels do not take goes the module's own way: a quantized KV cache, layers of
+other classes (an adapter's, a sharded model's) or of mixed kinds, another architecture.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.activations import swiglu
+
+from ..kernels import ops as kernels
+from . import mlx_kernels
+
+__all__ = ["fuse"]
+
+_LAYOUTS = {"mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3"}
+
+
+class _Weights:
+    """The weights of one product, held outside the module tree (not among ``parameters()``:
+    the modules hold the same buffers as views)."""
+
+    def __init__(self, modules: list[nn.Module]) -> None:
+        first = modules[0]
+        self.quantized = isinstance(first, nn.QuantizedLinear)
+        names = ("weight", "scales", "biases") if self.quantized else ("weight",)
+        self.group_size, self.bits = getattr(first, "group_size", 0), getattr(first, "bits", 0)
+        joined = {n: mx.concatenate([m[n] for m in modules]) if len(modules) > 1 else first[n] for n in names}
+        has_bias = "bias" in first
+        joined["bias"] = (mx.concatenate([m["bias"] for m in modules]) if len(modules) > 1 else first["bias"]) if has_bias else None
+        mx.eval([a for a in joined.values() if a is not None])
+        if len(modules) > 1:  # the modules keep views of the joined buffers
+            start = 0
+            for m in modules:
+                n = m["weight"].shape[0]
+                for name in (*names, "bias") if has_bias else names:
+                    m[name] = joined[name][start:start + n]
+                start += n
+            mx.eval([m.parameters() for m in modules])
+        self.weight, self.bias = joined["weight"], joined["bias"]
+        self.scales, self.biases = joined.get("scales"), joined.get("biases")
+
+    def __call__(self, x: mx.array, *, residual: mx.array | None = None, swiglu_halves: bool = False) -> mx.array:
+        if self.quantized:
+            return kernels.quantized_linear(x, self.weight, self.scales, self.biases, self.bias,
+                                            group_size=self.group_size, bits=self.bits,
+                                            residual=residual, swiglu=swiglu_halves)
+        if x.dtype == self.weight.dtype and (self.weight.dtype != mx.float32 or mlx_kernels.few(x)):
+            return kernels.linear(x, self.weight, self.bias, residual=residual, swiglu=swiglu_halves)
+        y = x @ self.weight.T if self.bias is None else mx.addmm(self.bias, x, self.weight.T)
+        if swiglu_halves:
+            gate, up = mx.split(y, 2, axis=-1)
+            return swiglu(gate, up)
+        return y if residual is None else residual + y
+
+
+class _Parts:
+    """A fused layer's joined products and its two others (a plain object: no parameters)."""
+
+    def __init__(self, block: Any) -> None:
+        attn, mlp = block.self_attn, block.mlp
+        self.qkv = _Weights([attn.q_proj, attn.k_proj, attn.v_proj])
+        self.o = _Weights([attn.o_proj])
+        self.gate_up = _Weights([mlp.gate_proj, mlp.up_proj])
+        self.down = _Weights([mlp.down_proj])
+        self.qk_norm = hasattr(attn, "q_norm")
+
+
+def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+    parts: _Parts = self._turbospark_parts
+    if hasattr(cache, "bits") or x.ndim != 3:  # a quantized KV cache: the layer's own ops
+        return super(type(self), self).__call__(x, mask, cache)
+    attn = self.self_attn
+    q, k, v = kernels.split_heads(parts.qkv(self.input_layernorm(x)), attn.n_heads, attn.n_kv_heads)
+    if parts.qk_norm:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    if cache is not None:
+        q, k = attn.rope(q, offset=cache.offset), attn.rope(k, offset=cache.offset)
+        k, v = cache.update_and_fetch(k, v)
+    else:
+        q, k = attn.rope(q), attn.rope(k)
+    h = parts.o(kernels.merged_attention(q, k, v, scale=attn.scale, mask=mask), residual=x)
+    return parts.down(parts.gate_up(self.post_attention_layernorm(h), swiglu_halves=True), residual=h)
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def _fused_class(cls: type) -> type:
+    if cls not in _CLASSES:
+        _CLASSES[cls] = type(f"Fused{cls.__name__}", (cls,), {"__call__": _call, "__module__": __name__})
+    return _CLASSES[cls]
+
+
+def _same_kind(modules: list[Any]) -> bool:
+    first = modules[0]
+    if type(first) not in (mlx_kernels.Linear, mlx_kernels.QuantizedLinear) or any(type(m) is not type(first) for m in modules):
+        return False
+    if any(("bias" in m) != ("bias" in first) for m in modules):
+        return False
+    if isinstance(first, nn.QuantizedLinear):
+        return all(m.bits == first.bits and m.group_size == first.group_size and m["scales"].dtype == first["scales"].dtype
+                   for m in modules)
+    return all(m["weight"].dtype == first["weight"].dtype for m in modules)
+
+
+def _fusable(block: Any) -> bool:
+    attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
+    if type(block).__module__ not in _LAYOUTS or type(block).__name__ != "TransformerBlock" or attn is None or mlp is None:
+        return False
+    if not all(isinstance(getattr(block, n, None), nn.RMSNorm) for n in ("input_layernorm", "post_attention_layernorm")):
+        return False
+    try:
+        qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+        return (_same_kind(qkv) and _same_kind([attn.o_proj]) and _same_kind([mlp.gate_proj, mlp.up_proj])
+                and _same_kind([mlp.down_proj]) and type(mlp).__call__.__qualname__ == "MLP.__call__")
+    except AttributeError:
+        return False
+
+
+def fuse(model: nn.Module) -> tuple[int, int]:
+    """Fuse every layer of ``model`` that ``_fusable`` takes (after ``mlx_kernels`` changed its
+    linear layers' classes); (fused, layers)."""
+    layers = getattr(getattr(model, "model", None), "layers", None) or []
+    fused = 0
+    for block in layers:
+        if _fusable(block):
+            block._turbospark_parts = _Parts(block)
+            block.__class__ = _fused_class(type(block))
+            fused += 1
+    return fused, len(layers)
