@@ -34,6 +34,8 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
      "MLX's own ops, slower; decision 0028)"),
     ("TURBOSPARK_KERNEL_THREADS", "the CPU kernels' team size (default: one thread per core this "
      "process may use)"),
+    ("TURBOSPARK_KERNEL_STEP_THREADS", "how many of that team a decode step's quantized products and "
+     "attention take (default: all of it; decision 0031)"),
     ("TURBOSPARK_KERNEL_SPIN_US", "how long the kernels' idle threads spin before sleeping, in "
      "microseconds (default 200)"),
     ("TURBOSPARK_FAULTS", "fault injection for the test suite (`point[:times],...`); never set it "

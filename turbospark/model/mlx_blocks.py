@@ -35,29 +35,35 @@ __all__ = ["fuse"]
 _LAYOUTS = {"mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3"}
 
 
+#: Weights are copied into buffers of about this size (a few layers each): one span of memory that
+#: Linux can back with huge pages, and no more than this held twice while a model is fused.
+_BUFFER_BYTES = 64 << 20
+
+
 class _Weights:
     """The weights of one product, held outside the module tree (not among ``parameters()``:
     the modules hold the same buffers as views)."""
 
     def __init__(self, modules: list[nn.Module]) -> None:
         first = modules[0]
+        self.modules = modules
         self.quantized = isinstance(first, nn.QuantizedLinear)
-        names = ("weight", "scales", "biases") if self.quantized else ("weight",)
         self.group_size, self.bits = getattr(first, "group_size", 0), getattr(first, "bits", 0)
-        joined = {n: mx.concatenate([m[n] for m in modules]) if len(modules) > 1 else first[n] for n in names}
-        has_bias = "bias" in first
-        joined["bias"] = (mx.concatenate([m["bias"] for m in modules]) if len(modules) > 1 else first["bias"]) if has_bias else None
-        mx.eval([a for a in joined.values() if a is not None])
-        if len(modules) > 1:  # the modules keep views of the joined buffers
-            start = 0
-            for m in modules:
-                n = m["weight"].shape[0]
-                for name in (*names, "bias") if has_bias else names:
-                    m[name] = joined[name][start:start + n]
-                start += n
-            mx.eval([m.parameters() for m in modules])
-        self.weight, self.bias = joined["weight"], joined["bias"]
-        self.scales, self.biases = joined.get("scales"), joined.get("biases")
+        self.names = [n for n in ("weight", "scales", "biases", "bias") if n in first]
+        self.weight = self.scales = self.biases = self.bias = None
+
+    def place(self, flats: dict[Any, mx.array], at: dict[Any, int]) -> None:
+        """Takes this product's matrices from the buffers ``flats`` (by type, ``at`` the next
+        element of each): the joined matrix and each module's part are views of it."""
+        for name in self.names:
+            pieces = [m[name] for m in self.modules]
+            flat, start = flats[pieces[0].dtype], at[pieces[0].dtype]
+            rows, size = sum(p.shape[0] for p in pieces), sum(p.size for p in pieces)
+            setattr(self, name, flat[start:start + size].reshape(rows, *pieces[0].shape[1:]))
+            for m, piece in zip(self.modules, pieces, strict=True):
+                m[name] = flat[start:start + piece.size].reshape(piece.shape)
+                start += piece.size
+            at[pieces[0].dtype] = start
 
     def __call__(self, x: mx.array, *, residual: mx.array | None = None, swiglu_halves: bool = False) -> mx.array:
         if self.quantized:
@@ -73,6 +79,30 @@ class _Weights:
         return y if residual is None else residual + y
 
 
+def _into_buffers(products: list[_Weights]) -> None:
+    """Copies the products' weights into buffers of about ``_BUFFER_BYTES`` (one a type), in
+    order, each product's modules one after the other; the old arrays are then freed."""
+    batch: list[_Weights] = []
+    size = 0
+    for i, product in enumerate(products):
+        batch.append(product)
+        size += sum(m[n].nbytes for n in product.names for m in product.modules)
+        if size < _BUFFER_BYTES and i + 1 < len(products):
+            continue
+        by_type: dict[Any, list[mx.array]] = {}
+        for p in batch:
+            for name in p.names:
+                for m in p.modules:
+                    by_type.setdefault(m[name].dtype, []).append(m[name].reshape(-1))
+        flats = {dtype: mx.concatenate(parts) for dtype, parts in by_type.items()}
+        mx.eval(list(flats.values()))
+        at = dict.fromkeys(flats, 0)
+        for p in batch:
+            p.place(flats, at)
+        mx.eval([m.parameters() for p in batch for m in p.modules], [getattr(p, n) for p in batch for n in p.names])
+        batch, size = [], 0
+
+
 class _Parts:
     """A fused layer's joined products and its two others (a plain object: no parameters)."""
 
@@ -83,6 +113,9 @@ class _Parts:
         self.gate_up = _Weights([mlp.gate_proj, mlp.up_proj])
         self.down = _Weights([mlp.down_proj])
         self.qk_norm = hasattr(attn, "q_norm")
+
+    def products(self) -> list[_Weights]:
+        return [self.qkv, self.o, self.gate_up, self.down]
 
 
 def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
@@ -141,10 +174,10 @@ def fuse(model: nn.Module) -> tuple[int, int]:
     """Fuse every layer of ``model`` that ``_fusable`` takes (after ``mlx_kernels`` changed its
     linear layers' classes); (fused, layers)."""
     layers = getattr(getattr(model, "model", None), "layers", None) or []
-    fused = 0
-    for block in layers:
-        if _fusable(block):
-            block._turbospark_parts = _Parts(block)
-            block.__class__ = _fused_class(type(block))
-            fused += 1
-    return fused, len(layers)
+    fused = [block for block in layers if _fusable(block)]
+    parts = [_Parts(block) for block in fused]
+    _into_buffers([w for p in parts for w in p.products()])
+    for block, p in zip(fused, parts, strict=True):
+        block._turbospark_parts = p
+        block.__class__ = _fused_class(type(block))
+    return len(fused), len(layers)

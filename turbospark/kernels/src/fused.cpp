@@ -366,9 +366,7 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
       if (work < kParallelWork || parts == 1) {
         for (int u = 0; u < units; ++u) unit(u);
       } else {
-        team.run([&](int p) {
-          for (int u = units * p / parts; u < units * (p + 1) / parts; ++u) unit(u);
-        }, parts);
+        team.run(unit, units, parts);
       }
     });
   });

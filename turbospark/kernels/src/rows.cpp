@@ -261,7 +261,7 @@ std::atomic<int>& step_setting() {
 
 int step_parts() {
   const int n = step_setting().load(std::memory_order_relaxed);
-  return n > 0 ? std::min(n, pool().size()) : std::max(1, pool().size() - 1);
+  return n > 0 ? std::min(n, pool().size()) : pool().size();
 }
 
 size_t huge_pages(const std::vector<mx::array>& arrays) {
@@ -396,9 +396,8 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
       rows = isa->rows_q8;
     }
     auto& team = pool();
-    // A decode step's quantized products are bound by arithmetic, which one core less costs
-    // little and Python needs (step_parts); a prompt chunk's, and float weights (bound by
-    // reading memory), take every core.
+    // A decode step's quantized products take step_parts() threads (the whole team unless set
+    // otherwise); a prompt chunk's, and float weights (bound by reading memory), every core.
     int parts = weight_bytes < kParallelBytes ? 1 : bits != 0 && R < kPromptRows ? step_parts() : team.size();
     if (R >= kGemmRows && !x8_path && sgemm() != nullptr) {
       std::vector<float> block(size_t(kGemmBlock) * K);
@@ -410,13 +409,13 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
     } else if (parts == 1) {
       rows(job, 0, N);
     } else {
-      // equal shares of output rows, in fours
-      int quads = (N + 3) / 4;
-      team.run([&](int i) {
-        int o0 = std::min(N, 4 * (quads * i / parts));
-        int o1 = std::min(N, 4 * (quads * (i + 1) / parts));
+      // chunks of output rows, in fours, about eight a thread
+      const int quads = (N + 3) / 4, chunks = std::min(quads, 8 * parts);
+      team.run([&](int c) {
+        int o0 = std::min(N, 4 * (quads * c / chunks));
+        int o1 = std::min(N, 4 * (quads * (c + 1) / chunks));
         if (o0 < o1) rows(job, o0, o1);
-      }, parts);
+      }, chunks, parts);
     }
     if (has_bias) {
       const auto& b = in[bits == 0 ? 2 : 4];
