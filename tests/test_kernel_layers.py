@@ -7,7 +7,8 @@
 - Attention with its heads side by side gives exactly the transposed result.
 - Fused layers of llama, qwen2 (biased q/k/v) and qwen3 (q and k norms), float and 4-bit:
   exactly the logits of the same model with its layers unfused, over a prompt and decode
-  steps with a plain and a batch KV cache, and a decode step of 16 primitives a layer (29 unfused).
+  steps with a plain and a batch KV cache, and a decode step of 14 primitives a layer (29 unfused).
+- ``kv_write`` gives exactly mlx-lm's caches' slice updates and slices.
 """
 
 from __future__ import annotations
@@ -109,6 +110,40 @@ def test_attention_with_heads_side_by_side_is_the_transposed_attention(batch, q_
     np.testing.assert_array_equal(np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32)))
 
 
+@needs_kernels
+@ours
+@given(batch=st.integers(1, 3), heads=st.integers(1, 3), capacity=st.integers(1, 12), new=st.integers(1, 4),
+       dtype=floats, held=st.booleans(), strided=st.booleans(), seed=st.integers(0, 2**16))
+def test_kv_write_is_the_slice_updates_and_slices_of_mlx_lm_caches(batch, heads, capacity, new, dtype, held, strided,
+                                                                   seed) -> None:
+    """In place where the cache's buffers are donated; a copy where something still holds them
+    (then they keep their old rows)."""
+    rng = np.random.default_rng(seed)
+    cap, at = capacity + new, capacity - rng.integers(0, capacity + 1) // 2
+    old_k, old_v = (rng.standard_normal((batch, heads, cap, 8)).astype(np.float32) for _ in range(2))
+    k = mx.array(rng.standard_normal((batch, heads, new, 8)).astype(np.float32)).astype(dtype)
+    v = mx.array(rng.standard_normal((batch, new, heads, 8)).astype(np.float32)).astype(dtype).transpose(0, 2, 1, 3)
+    if not strided:
+        v = mx.contiguous(v)
+    keys, values = mx.array(old_k).astype(dtype), mx.array(old_v).astype(dtype)
+    mx.eval(keys, values)
+    before = np.array(keys.astype(mx.float32))
+    if held:
+        new_keys, new_values, k_view, v_view = kernels.kv_write(keys, values, k, v, at)
+    else:  # nothing but the op holds them: donated
+        args = [keys, values]
+        del keys, values
+        new_keys, new_values, k_view, v_view = kernels.kv_write(args.pop(0), args.pop(0), k, v, at)
+    want_k, want_v = np.array(mx.array(old_k).astype(dtype).astype(mx.float32)), np.array(mx.array(old_v).astype(dtype).astype(mx.float32))
+    want_k[:, :, at:at + new], want_v[:, :, at:at + new] = np.array(k.astype(mx.float32)), np.array(v.astype(mx.float32))
+    for got, want in ((new_keys, want_k), (new_values, want_v), (k_view, want_k[:, :, :at + new]),
+                      (v_view, want_v[:, :, :at + new])):
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(np.array(got.astype(mx.float32)), want)
+    if held:
+        np.testing.assert_array_equal(np.array(keys.astype(mx.float32)), before)
+
+
 def tiny(arch: str, seed: int):
     if arch != "qwen3":
         return tiny_llama(vocab=64, layers=2, seed=seed, arch=arch, hidden=64)
@@ -159,7 +194,7 @@ def test_fused_layers_give_the_unfused_layers_logits(arch, bits, batch_cache, mo
 
 
 @needs_kernels
-def test_a_fused_decode_step_is_16_primitives_a_layer(tmp_path) -> None:
+def test_a_fused_decode_step_is_14_primitives_a_layer(tmp_path) -> None:
     model = tiny_llama(vocab=64, layers=4, seed=6, hidden=64)
     mlx_kernels.install(model)
     cache = make_prompt_cache(model)
@@ -169,9 +204,10 @@ def test_a_fused_decode_step_is_16_primitives_a_layer(tmp_path) -> None:
     assert ops["RowsMatmul"] == 4 * 4 + 1  # q|k|v, o, gate|up, down a layer, and the head
     assert ops["TurbosparkSplitHeads"] == 4 and ops["TurbosparkAttention"] == 4
     assert "Transpose" not in ops and "Add" not in ops
-    # a layer: 4 products, 2 norms, split, 2 RoPEs, attention, and the cache's write and read (2 slice
-    # updates with their 2 reshapes, 2 slices); then the embedding, the final norm and the head
-    assert sum(ops.values()) <= 16 * 4 + 4
+    assert ops["TurbosparkKvWrite"] == 2 * 4 and "SliceUpdate" not in ops
+    # a layer: 4 products, 2 norms, split, 2 RoPEs, the cache's 2 writes and 2 reads (slices: views),
+    # attention; then the embedding, the final norm and the head
+    assert sum(ops.values()) <= 14 * 4 + 4
 
 
 @needs_kernels

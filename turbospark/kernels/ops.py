@@ -9,7 +9,7 @@ import os
 import mlx.core as mx
 
 __all__ = [
-    "MAX_FLOAT32_ROWS", "available", "describe", "huge_pages", "linear", "merged_attention", "native",
+    "MAX_FLOAT32_ROWS", "available", "describe", "huge_pages", "kv_write", "linear", "merged_attention", "native",
     "quantized_linear", "serve_fast_ops", "split_heads", "supports_quantized", "x_in_8_bits",
 ]
 
@@ -110,7 +110,7 @@ def rope(
 ) -> mx.array:
     if _on_cpu(stream) and a.dtype in _FLOATS and a.ndim >= 3:
         if not isinstance(offset, mx.array):
-            offset = mx.array(offset, mx.int32)
+            offset = mx.array([offset], mx.int32)  # one dimension: no reshape op in the graph
         return native.rope(a, dims, traditional, base, scale, offset, freqs)
     return _MLX_FAST["rope"](a, dims, traditional=traditional, base=base, scale=scale, offset=offset,
                              freqs=freqs, stream=stream)
@@ -126,6 +126,14 @@ def attention(
         if isinstance(mask, mx.array) and (mask.dtype == mx.bool_ or mask.dtype == q.dtype):
             return native.attention(q, k, v, scale, "array", mask, sinks)
     return _MLX_FAST["scaled_dot_product_attention"](q, k, v, scale=scale, mask=mask, sinks=sinks, stream=stream)
+
+
+def kv_write(keys: mx.array, values: mx.array, k: mx.array, v: mx.array, at: int) -> tuple[mx.array, ...]:
+    """A KV cache's ``keys[..., at:at + L, :] = k`` (and values'), in place where the buffers can
+    be donated as MLX's slice update does, and its first ``at + L`` rows as views (slices), from
+    one call: the new keys and values buffers and the two views."""
+    new_keys, new_values, k_view, v_view = native.kv_write(keys, values, k, v, at)
+    return new_keys, new_values, k_view, v_view
 
 
 def merged_attention(q: mx.array, k: mx.array, v: mx.array, *, scale: float,

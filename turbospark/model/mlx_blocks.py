@@ -1,14 +1,14 @@
-"""A decoder layer of mlx-lm's llama, qwen2 and qwen3 stacks as a dozen ops on the CPU kernels.
+"""A decoder layer of mlx-lm's llama, qwen2 and qwen3 stacks in 14 ops on the CPU kernels, not 29.
 
 mlx-lm's layer is ~29 ops on the CPU even with the kernels' products, RMSNorm, RoPE and
 attention (``mlx_kernels``): seven products, six reshapes and four transposes, the SwiGLU and
 two residual adds.  Each costs MLX ~3-6 us to dispatch and Python ~1-2 us to build, a step's
 fixed cost beside its products.  ``fuse`` changes the class of each such layer to one that
-computes the same thing in 13:
+computes the same thing in 14 (15 with a batch cache, whose offsets move by an add):
 
-    norm -> q|k|v product -> split heads (views) -> RoPE q, RoPE k -> the cache's write and read
-    (two slice updates, two slices) -> attention, heads side by side -> o product + residual
-    -> norm -> gate|up product with SwiGLU -> down product + residual
+    norm -> q|k|v product -> split heads (views) -> RoPE q, RoPE k -> the cache's writes (in
+    place) and reads (views) -> attention, heads side by side -> o product + residual -> norm
+    -> gate|up product with SwiGLU -> down product + residual
 
 q, k and v's weights become one matrix (rows one after the other), and so do gate's and up's:
 x is read and rounded to 8 bits once for each, and the layer's modules keep their weights as
@@ -26,6 +26,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.activations import swiglu
+from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from ..kernels import ops as kernels
 from . import mlx_kernels
@@ -128,11 +129,30 @@ def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.arr
         q, k = attn.q_norm(q), attn.k_norm(k)
     if cache is not None:
         q, k = attn.rope(q, offset=cache.offset), attn.rope(k, offset=cache.offset)
-        k, v = cache.update_and_fetch(k, v)
+        k, v = _update(cache, k, v)
     else:
         q, k = attn.rope(q), attn.rope(k)
     h = parts.o(kernels.merged_attention(q, k, v, scale=attn.scale, mask=mask), residual=x)
     return parts.down(parts.gate_up(self.post_attention_layernorm(h), swiglu_halves=True), residual=h)
+
+
+def _update(cache: Any, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
+    """``cache.update_and_fetch(k, v)`` in one call to the kernels (a write and a slice each for
+    keys and values, without Python's indexing) where the cache is mlx-lm's plain or batch KV
+    cache and the new rows fit in its buffers: the same state after as its own method leaves."""
+    kind, n = type(cache), k.shape[2]
+    if kind not in (KVCache, BatchKVCache) or cache.keys is None or k.dtype != cache.keys.dtype:
+        return cache.update_and_fetch(k, v)
+    at = cache._idx if kind is BatchKVCache else cache.offset
+    if at + n > cache.keys.shape[2]:
+        return cache.update_and_fetch(k, v)
+    if kind is BatchKVCache:
+        cache.offset = cache.offset + n
+        cache._idx += n
+    else:
+        cache.offset += n
+    cache.keys, cache.values, k, v = kernels.kv_write(cache.keys, cache.values, k, v, at)
+    return k, v
 
 
 _CLASSES: dict[type, type] = {}

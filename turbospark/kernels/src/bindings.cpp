@@ -59,6 +59,12 @@ NB_MODULE(_native, m) {
       "merged"_a = false,
       "mx.fast.scaled_dot_product_attention as one op on the CPU; merged: (B, L, H * D) out.");
   m.def(
+      "kv_write",
+      [](const mlx::core::array& keys, const mlx::core::array& values, const mlx::core::array& k,
+         const mlx::core::array& v, int at) { return tk::kv_write(keys, values, k, v, at); },
+      "keys"_a, "values"_a, "k"_a, "v"_a, "at"_a,
+      "A KV cache's write at `at` and read of its first at + L rows, one op: (keys, values, k view, v view).");
+  m.def(
       "split_heads", [](const mlx::core::array& qkv, int hq, int hkv) { return tk::split_heads(qkv, hq, hkv); },
       "qkv"_a, "hq"_a, "hkv"_a, "(B, L, (Hq + 2 Hkv) D) as q, k, v in (B, H, L, D): views, one op.");
   m.def("isas", &tk::isas, "The instruction sets this build has and this CPU runs, best first.");

@@ -1,6 +1,7 @@
 #include "fused.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -420,6 +421,88 @@ void SplitHeads::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::
     flags.contiguous = no_broadcast == span;
     out.copy_shared_buffer(x, strides, flags, span, first * D);
   }
+}
+
+// -------------------------------------------------------------------------------------- KV write
+
+std::vector<mx::array> kv_write(const mx::array& keys, const mx::array& values, const mx::array& k,
+                                const mx::array& v, int at, mx::StreamOrDevice s_) {
+  auto s = mx::to_stream(s_);
+  check_cpu(s, "[kv_write]");
+  if (keys.ndim() != 4 || values.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4)
+    throw std::invalid_argument("[kv_write] keys, values, k and v must be (B, H, L, D)");
+  const int L = k.shape(2);
+  if (at < 0 || at + L > keys.shape(2) || keys.shape(2) != values.shape(2) || v.shape(2) != L)
+    throw std::invalid_argument("[kv_write] the new rows do not fit in the cache");
+  for (int d : {0, 1, 3}) {
+    if (k.shape(d) != keys.shape(d) || v.shape(d) != values.shape(d))
+      throw std::invalid_argument("[kv_write] k and v must match the cache's batch, heads and head size");
+  }
+  if (k.dtype() != keys.dtype() || v.dtype() != values.dtype())
+    throw std::invalid_argument("[kv_write] k and v must have the cache's types");
+  std::vector<mx::array> out;
+  for (auto [cache, x] : {std::pair{keys, k}, std::pair{values, v}})
+    out.push_back(mx::array(cache.shape(), cache.dtype(), std::make_shared<KvWrite>(s, at), {cache, x}));
+  for (int i = 0; i < 2; ++i) {
+    auto stop = out[i].shape();
+    stop[2] = at + L;
+    out.push_back(mx::slice(out[i], mx::Shape{0, 0, 0, 0}, stop, s));
+  }
+  return out;
+}
+
+bool KvWrite::is_equivalent(const mx::Primitive& other) const {
+  return at_ == static_cast<const KvWrite&>(other).at_;
+}
+
+void KvWrite::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[TurbosparkKvWrite] runs on the CPU only");
+}
+
+void KvWrite::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  const auto& cache = inputs[0];
+  // in place where nothing else holds the cache's buffer (MLX's slice update does the same)
+  const bool whole = !(cache.is_donatable() && cache.flags().row_contiguous);
+  if (whole) out.set_data(mx::allocator::malloc(out.nbytes()));
+  else out.copy_shared_buffer(cache);
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  std::vector<mx::array> in;
+  for (auto& a : inputs) {
+    encoder.set_input_array(a);
+    in.push_back(mx::array::unsafe_weak_copy(a));
+  }
+  encoder.set_output_array(out);
+  encoder.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), at = at_, whole]() mutable {
+    const auto &cache = in[0], &x = in[1];
+    const size_t item = out.itemsize();
+    const int B = out.shape(0), H = out.shape(1), C = out.shape(2), D = out.shape(3), L = x.shape(2);
+    char* dst = out.data<char>();
+    if (whole) {  // not donated: the cache's rows first, then the new ones
+      if (cache.flags().row_contiguous) {
+        std::memcpy(dst, cache.data<char>(), out.nbytes());
+      } else {
+        View4 c = view4(cache);
+        for (int b = 0; b < B; ++b)
+          for (int h = 0; h < H; ++h)
+            for (int t = 0; t < C; ++t)
+              for (int d = 0; d < D; ++d)
+                std::memcpy(dst + (((size_t(b) * H + h) * C + t) * D + d) * item,
+                            c.data + (b * c.st[0] + h * c.st[1] + t * c.st[2] + d * c.st[3]) * int64_t(item), item);
+      }
+    }
+    View4 xv = view4(x);
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int t = 0; t < L; ++t) {
+          char* row = dst + ((size_t(b) * H + h) * C + at + t) * D * item;
+          const char* src = xv.data + (b * xv.st[0] + h * xv.st[1] + t * xv.st[2]) * int64_t(item);
+          if (xv.st[3] == 1) {
+            std::memcpy(row, src, D * item);
+          } else {
+            for (int d = 0; d < D; ++d) std::memcpy(row + d * item, src + d * xv.st[3] * int64_t(item), item);
+          }
+        }
+  });
 }
 
 } // namespace turbospark::kernels

@@ -89,6 +89,26 @@ class Attention : public mx::UnaryPrimitive {
   bool merged_;
 };
 
+// A KV cache's write and read: keys[..., at:at + L, :] = k and the same for values (one op each,
+// in place where the cache's buffer can be donated, as MLX's slice update does), then
+// keys[..., :at + L, :] and values[..., :at + L, :] (slices: views).  Returns the new keys and
+// values buffers and the two views.
+std::vector<mx::array> kv_write(const mx::array& keys, const mx::array& values, const mx::array& k,
+                                const mx::array& v, int at, mx::StreamOrDevice s = {});
+
+class KvWrite : public mx::UnaryPrimitive {
+ public:
+  KvWrite(mx::Stream stream, int at) : mx::UnaryPrimitive(stream), at_(at) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  const char* name() const override { return "TurbosparkKvWrite"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
+
+ private:
+  int at_;
+};
+
 class SplitHeads : public mx::Primitive {
  public:
   SplitHeads(mx::Stream stream, int hq, int hkv) : mx::Primitive(stream), hq_(hq), hkv_(hkv) {}
