@@ -79,6 +79,8 @@ NB_MODULE(_native, m) {
   m.def("set_step_threads", [](int n) { tk::step_setting().store(n); }, "n"_a,
         "Threads a decode step's work takes: n, or 0 for all but one (benchmarks).");
   m.def("threads", &tk::threads, "Threads a product is split over.");
+  m.def("set_spin_us", [](int us) { tk::pool().set_spin_us(us); }, "us"_a,
+        "How long idle workers spin before they sleep, in microseconds (benchmarks).");
   m.def("huge_pages", &tk::huge_pages, "arrays"_a,
         "Back the arrays' memory with transparent huge pages where possible; the bytes that are.");
 }

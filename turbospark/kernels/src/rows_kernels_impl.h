@@ -551,43 +551,27 @@ inline void q8_block(const RowsJob& job, const float* xsg, int o, int r) {
   __m256 acc[OB][RB];
   for (int i = 0; i < OB; ++i)
     for (int j = 0; j < RB; ++j) acc[i][j] = _mm256_setzero_ps();
-  const uint8_t* wrow[OB];
-  size_t srow[OB];
-  for (int i = 0; i < OB; ++i) {
-    wrow[i] = static_cast<const uint8_t*>(job.w) + size_t(o + i) * K / 2;
-    srow[i] = size_t(o + i) * groups;
-  }
-  const int8_t* xrow[RB];
-  const float* drow[RB];
-  for (int j = 0; j < RB; ++j) {
-    xrow[j] = job.x8 + size_t(r + j) * K;
-    drow[j] = job.d8 + size_t(r + j) * K / 8;
-  }
   for (int k = 0; k < K; k += 64) {
-    __m256i xe[RB], xo[RB];
-    __m256 d[RB];
-    for (int j = 0; j < RB; ++j) {
-      xe[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xrow[j] + k));
-      xo[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xrow[j] + k + 32));
-      d[j] = _mm256_loadu_ps(drow[j] + k / 8);
-    }
     for (int i = 0; i < OB; ++i) {
-      const uint8_t* w = wrow[i] + k / 2;
+      const uint8_t* w = static_cast<const uint8_t*>(job.w) + (size_t(o + i) * K + k) / 2;
       _mm_prefetch(reinterpret_cast<const char*>(w) + kAhead * K / 2, _MM_HINT_T0);
       const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
       const __m256i lo = _mm256_and_si256(packed, m4);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), m4);
-      const __m256 s = scale_pair<S>(job.scales, srow[i], k, G);
+      const __m256 s = scale_pair<S>(job.scales, size_t(o + i) * groups, k, G);
       for (int j = 0; j < RB; ++j) {
-        const __m256i sums = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xe[j]), _mm256_maddubs_epi16(hi, xo[j]));
+        const size_t at = size_t(r + j) * K + k;
+        const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(job.x8 + at));
+        const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(job.x8 + at + 32));
+        const __m256i sums = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xe), _mm256_maddubs_epi16(hi, xo));
         const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums, ones));
-        acc[i][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(s, d[j]), acc[i][j]);
+        acc[i][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(s, _mm256_loadu_ps(job.d8 + at / 8)), acc[i][j]);
       }
     }
   }
   for (int i = 0; i < OB; ++i)
     for (int j = 0; j < RB; ++j)
-      acc[i][j] = _mm256_add_ps(acc[i][j], bias_terms<S>(job.biases, srow[i], xsg + size_t(r + j) * groups, groups));
+      acc[i][j] = _mm256_add_ps(acc[i][j], bias_terms<S>(job.biases, size_t(o + i) * groups, xsg + size_t(r + j) * groups, groups));
   for (int j = 0; j < RB; ++j) {
     float* y = job.y + size_t(r + j) * job.N + o;
     if constexpr (OB == 4) {  // the four sums at once
