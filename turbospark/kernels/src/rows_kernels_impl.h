@@ -537,10 +537,6 @@ inline __m256 bias_terms(const void* biases, size_t row_at, const float* xsg, in
   return _mm256_add_ps(acc, _mm256_setr_ps(rest, 0, 0, 0, 0, 0, 0, 0));
 }
 
-// Weights are read this many rows ahead of the block being summed (software prefetch: the
-// hardware's alone left a 4-bit product at a third of one core's bandwidth).
-constexpr int kAhead = 8;
-
 // output rows o .. o + OB - 1 for rows r .. r + RB - 1 of x; OB * RB independent sums, so the
 // multiply-adds of one step do not wait on each other
 template <int OB, int RB, class S>
@@ -554,7 +550,6 @@ inline void q8_block(const RowsJob& job, const float* xsg, int o, int r) {
   for (int k = 0; k < K; k += 64) {
     for (int i = 0; i < OB; ++i) {
       const uint8_t* w = static_cast<const uint8_t*>(job.w) + (size_t(o + i) * K + k) / 2;
-      _mm_prefetch(reinterpret_cast<const char*>(w) + kAhead * K / 2, _MM_HINT_T0);
       const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
       const __m256i lo = _mm256_and_si256(packed, m4);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), m4);
@@ -599,7 +594,6 @@ inline void q8_block8(const RowsJob& job, const float* xsg, const float* usg, in
   for (int k = 0; k < K; k += 32) {
     for (int i = 0; i < OB; ++i) {
       const uint8_t* w = static_cast<const uint8_t*>(job.w) + size_t(o + i) * K + k;
-      _mm_prefetch(reinterpret_cast<const char*>(w) + kAhead * K, _MM_HINT_T0);
       const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), flip);
       const __m256i size = _mm256_abs_epi8(q);  // -128 gives 0x80: 128 read unsigned
       const __m256 s = _mm256_set1_ps(scale_at<S>(job.scales, size_t(o + i) * groups + k / G));
