@@ -5,12 +5,16 @@ bfloat16 and quantized products are scalar and single-threaded.  The primitives 
 ``x @ W.T`` for the few rows of a decode step (and any rows for bfloat16, float16 and quantized
 weights) with the weights read once per step, SIMD chosen at run time by the CPU's features
 (AVX2 + FMA + F16C on x86-64; otherwise portable code, NEON on aarch64), over every core the
-process is given (a decode step's work leaves one to Python, which builds the next step's graph
-meanwhile).  Quantized products round x to 8 bits per 32 values where the CPU has integer
+process is given (a job's chunks are taken as threads come, so Python, which builds the next
+step's graph meanwhile, can take a core without holding the step up).  Quantized products round x to 8 bits per 32 values where the CPU has integer
 dot products (AVX2), as llama.cpp's Q8_0 dot products do: 4-bit weights then cost about a third of
 their float path at one row (decision 0028 measures what it costs in likelihood);
 ``TURBOSPARK_KERNELS_EXACT=1`` keeps x in float32.  They are MLX primitives, so they sit in MLX's graph like its own ops: lazy,
 on the model thread's stream, in order with everything else.
+
+For the decoder layers ``model/mlx_blocks`` fuses there are products with a residual or SwiGLU
+epilogue, q, k and v split into heads as views, attention written heads side by side, and a KV
+cache's write in place (``kv_write``).
 
 ``serve_fast_ops`` puts one-op versions of ``mx.fast.rms_norm``, ``mx.fast.rope`` and
 ``mx.fast.scaled_dot_product_attention`` in place of MLX's own for arrays on the CPU, where MLX
