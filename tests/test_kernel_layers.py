@@ -178,7 +178,7 @@ def test_fused_layers_give_the_unfused_layers_logits(arch, bits, batch_cache, mo
         nn.quantize(plain, group_size=32, bits=bits)
         nn.quantize(fused, group_size=32, bits=bits)
     with monkeypatch.context() as patch:
-        patch.setattr(mlx_blocks, "fuse", lambda model: (0, len(model.model.layers)))
+        patch.setattr(mlx_blocks, "fuse", lambda model, ours: (0, len(model.model.layers)))
         assert "0 of 2 decoder layers fused" in mlx_kernels.install(plain)
     assert "2 of 2 decoder layers fused" in mlx_kernels.install(fused)
     assert all(type(layer).__name__ == "FusedTransformerBlock" for layer in fused.model.layers)

@@ -9,12 +9,17 @@ import os
 import mlx.core as mx
 
 __all__ = [
-    "MAX_FLOAT32_ROWS", "available", "describe", "huge_pages", "kv_write", "linear", "merged_attention", "native",
+    "MAX_FLOAT32_ROWS", "available", "describe", "few", "huge_pages", "kv_write", "linear", "merged_attention", "native",
     "quantized_linear", "serve_fast_ops", "split_heads", "supports_quantized", "x_in_8_bits",
 ]
 
 #: Up to this many rows a float32 product is ours; past it, MLX's BLAS GEMM is as fast or faster.
 MAX_FLOAT32_ROWS = 16
+
+
+def few(x: mx.array) -> bool:
+    """Whether x is few enough rows for a float32 product in the kernels (a decode step's)."""
+    return x.size <= MAX_FLOAT32_ROWS * x.shape[-1]
 
 
 def _load():

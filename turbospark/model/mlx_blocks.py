@@ -29,7 +29,6 @@ from mlx_lm.models.activations import swiglu
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from ..kernels import ops as kernels
-from . import mlx_kernels
 
 __all__ = ["fuse"]
 
@@ -71,7 +70,7 @@ class _Weights:
             return kernels.quantized_linear(x, self.weight, self.scales, self.biases, self.bias,
                                             group_size=self.group_size, bits=self.bits,
                                             residual=residual, swiglu=swiglu_halves)
-        if x.dtype == self.weight.dtype and (self.weight.dtype != mx.float32 or mlx_kernels.few(x)):
+        if x.dtype == self.weight.dtype and (self.weight.dtype != mx.float32 or kernels.few(x)):
             return kernels.linear(x, self.weight, self.bias, residual=residual, swiglu=swiglu_halves)
         y = x @ self.weight.T if self.bias is None else mx.addmm(self.bias, x, self.weight.T)
         if swiglu_halves:
@@ -164,9 +163,9 @@ def _fused_class(cls: type) -> type:
     return _CLASSES[cls]
 
 
-def _same_kind(modules: list[Any]) -> bool:
+def _same_kind(modules: list[Any], ours: tuple[type, ...]) -> bool:
     first = modules[0]
-    if type(first) not in (mlx_kernels.Linear, mlx_kernels.QuantizedLinear) or any(type(m) is not type(first) for m in modules):
+    if type(first) not in ours or any(type(m) is not type(first) for m in modules):
         return False
     if any(("bias" in m) != ("bias" in first) for m in modules):
         return False
@@ -176,7 +175,7 @@ def _same_kind(modules: list[Any]) -> bool:
     return all(m["weight"].dtype == first["weight"].dtype for m in modules)
 
 
-def _fusable(block: Any) -> bool:
+def _fusable(block: Any, ours: tuple[type, ...]) -> bool:
     attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
     if type(block).__module__ not in _LAYOUTS or type(block).__name__ != "TransformerBlock" or attn is None or mlp is None:
         return False
@@ -184,17 +183,17 @@ def _fusable(block: Any) -> bool:
         return False
     try:
         qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
-        return (_same_kind(qkv) and _same_kind([attn.o_proj]) and _same_kind([mlp.gate_proj, mlp.up_proj])
-                and _same_kind([mlp.down_proj]) and type(mlp).__call__.__qualname__ == "MLP.__call__")
+        return (_same_kind(qkv, ours) and _same_kind([attn.o_proj], ours) and _same_kind([mlp.gate_proj, mlp.up_proj], ours)
+                and _same_kind([mlp.down_proj], ours) and type(mlp).__call__.__qualname__ == "MLP.__call__")
     except AttributeError:
         return False
 
 
-def fuse(model: nn.Module) -> tuple[int, int]:
-    """Fuse every layer of ``model`` that ``_fusable`` takes (after ``mlx_kernels`` changed its
-    linear layers' classes); (fused, layers)."""
+def fuse(model: nn.Module, ours: tuple[type, ...]) -> tuple[int, int]:
+    """Fuse every layer of ``model`` that ``_fusable`` takes, ``ours`` the classes of the linear
+    layers the kernels read (``mlx_kernels`` changed theirs first); (fused, layers)."""
     layers = getattr(getattr(model, "model", None), "layers", None) or []
-    fused = [block for block in layers if _fusable(block)]
+    fused = [block for block in layers if _fusable(block, ours)]
     parts = [_Parts(block) for block in fused]
     _into_buffers([w for p in parts for w in p.products()])
     for block, p in zip(fused, parts, strict=True):

@@ -24,18 +24,14 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from ..kernels import ops as kernels
+from . import mlx_blocks
 
-__all__ = ["Linear", "QuantizedLinear", "few", "install"]
-
-
-def few(x: mx.array) -> bool:
-    """Whether x is few enough rows for a float32 product in the kernels (a decode step's)."""
-    return x.size <= kernels.MAX_FLOAT32_ROWS * x.shape[-1]
+__all__ = ["Linear", "QuantizedLinear", "install"]
 
 
 def _float_product(x: mx.array, weight: mx.array, bias: mx.array | None) -> mx.array | None:
     """The kernels' product, or None where MLX's own op serves better (or alone)."""
-    if x.dtype != weight.dtype or (weight.dtype == mx.float32 and not few(x)):
+    if x.dtype != weight.dtype or (weight.dtype == mx.float32 and not kernels.few(x)):
         return None
     return kernels.linear(x, weight, bias)
 
@@ -102,9 +98,7 @@ def install(model: nn.Module) -> str:
             ours += is_linear
             head = head or not is_linear
     tied = head and getattr(getattr(model, "args", None), "tie_word_embeddings", False)
-    from .mlx_blocks import fuse  # it reads this module's classes
-
-    fused, layers = fuse(model)
+    fused, layers = mlx_blocks.fuse(model, (Linear, QuantizedLinear))
     huge = kernels.huge_pages([a for _, a in tree_flatten(model.parameters())])
     return (f"{kernels.describe()}: {ours} of {linear} linear layers" + (" and the tied output head" if tied else "")
             + f", RMSNorm, RoPE and attention; {fused} of {layers} decoder layers fused"

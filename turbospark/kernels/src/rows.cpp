@@ -160,6 +160,9 @@ inline float round_to(float v) {
 // MLX's own exp on the CPU (mlx/backend/cpu/simd/math.h: Cephes' polynomial for 2^fraction),
 // so that SwiGLU's sigmoid gives the bits MLX's does.
 inline float mlx_exp(float x0) {
+  if (std::isnan(x0)) return x0;
+  if (x0 > 88.0f) return std::numeric_limits<float>::infinity();
+  if (x0 < -88.0f) return 0.0f;
   float x = x0 * 1.442695f;
   const float ipart = std::floor(x + 0.5f);
   const float fpart = x - ipart;
@@ -173,9 +176,6 @@ inline float mlx_exp(float x0) {
   const int32_t bits = (int32_t(ipart) + 127) << 23;
   float two;
   std::memcpy(&two, &bits, sizeof two);
-  if (std::isnan(x0)) return x0;
-  if (x0 > 88.0f) return std::numeric_limits<float>::infinity();
-  if (x0 < -88.0f) return 0.0f;
   return two * x;
 }
 
