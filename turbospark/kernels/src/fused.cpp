@@ -11,6 +11,7 @@
 #include "mlx/types/half_types.h"
 #include "enqueue.h"
 #include "pool.h"
+#include "round.h"
 #include "rows.h"
 #include "strided.h"
 #include "rows_kernels.h"
@@ -33,16 +34,6 @@ void by_type(mx::Dtype t, F&& f) {
     f(float16_t{});
   } else {
     throw std::invalid_argument("[turbospark kernels] expected float32, bfloat16 or float16");
-  }
-}
-
-// Rounds a float32 to T and back, as an MLX op whose output is T does.
-template <class T>
-inline float round_to(float v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else {
-    return static_cast<float>(static_cast<T>(v));
   }
 }
 

@@ -18,6 +18,7 @@
 #include "mlx/types/half_types.h"
 #include "enqueue.h"
 #include "pool.h"
+#include "round.h"
 #include "strided.h"
 #include "rows_kernels.h"
 
@@ -145,16 +146,6 @@ mx::array rows_op(const mx::array& x, std::vector<mx::array> weights, const std:
   auto epilogue = residual ? Epilogue::Residual : swiglu ? Epilogue::Swiglu : Epilogue::None;
   return mx::array(std::move(shape), x.dtype(), std::make_shared<RowsMatmul>(stream, group_size, bits, bool(bias), epilogue),
                    std::move(inputs));
-}
-
-// Rounds a float32 to T and back, as an MLX op whose output is T does.
-template <class T>
-inline float round_to(float v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else {
-    return static_cast<float>(static_cast<T>(v));
-  }
 }
 
 // MLX's own exp on the CPU (mlx/backend/cpu/simd/math.h: Cephes' polynomial for 2^fraction),
