@@ -144,6 +144,25 @@ def test_kv_write_is_the_slice_updates_and_slices_of_mlx_lm_caches(batch, heads,
         np.testing.assert_array_equal(np.array(keys.astype(mx.float32)), before)
 
 
+@needs_kernels
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_decode_step_product_gives_the_same_bits_on_one_thread_or_the_whole_team(bits) -> None:
+    """Chunks of output rows are taken by whichever thread comes (``pool.h``); each row is still
+    summed whole by one thread, so the result does not depend on how many took part."""
+    mx.random.seed(bits)
+    x = mx.random.normal((1, 3, 576)).astype(mx.float16)
+    w = weights(4099, 576, mx.float16, bits)  # past 64 KiB: split over the team
+    before = kernels.native.step_threads()
+    try:
+        kernels.native.set_step_threads(1)
+        one = np.array(product(x, w, None, bits).astype(mx.float32))
+        kernels.native.set_step_threads(0)
+        team = np.array(product(x, w, None, bits).astype(mx.float32))
+    finally:
+        kernels.native.set_step_threads(before if before != kernels.native.threads() else 0)
+    np.testing.assert_array_equal(one, team)
+
+
 def tiny(arch: str, seed: int):
     if arch != "qwen3":
         return tiny_llama(vocab=64, layers=2, seed=seed, arch=arch, hidden=64)

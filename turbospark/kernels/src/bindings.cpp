@@ -75,12 +75,10 @@ NB_MODULE(_native, m) {
   m.def("x_in_8_bits", &tk::x_in_8_bits, "Whether quantized products round x to 8 bits now (the setting, where the instruction set can).");
   m.def("set_activations_in_8_bits", [](bool on) { tk::activations_in_8_bits().store(on); }, "on"_a,
         "Round x to 8 bits in 4-bit products, or keep it float32 (tests, TURBOSPARK_KERNELS_EXACT).");
-  m.def("step_threads", &tk::step_parts, "Threads a decode step's work is split over (one core is left to Python).");
+  m.def("step_threads", &tk::step_parts, "Threads a decode step's work is split over (the whole team unless set otherwise).");
   m.def("set_step_threads", [](int n) { tk::step_setting().store(n); }, "n"_a,
-        "Threads a decode step's work takes: n, or 0 for all but one (benchmarks).");
+        "Threads a decode step's work takes: n, or 0 for the whole team (tests, benchmarks).");
   m.def("threads", &tk::threads, "Threads a product is split over.");
-  m.def("set_spin_us", [](int us) { tk::pool().set_spin_us(us); }, "us"_a,
-        "How long idle workers spin before they sleep, in microseconds (benchmarks).");
   m.def("huge_pages", &tk::huge_pages, "arrays"_a,
         "Back the arrays' memory with transparent huge pages where possible; the bytes that are.");
 }

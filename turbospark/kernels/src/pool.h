@@ -40,8 +40,6 @@ class Pool {
   ~Pool() = delete;
 
   int size() const { return size_; }
-  // How long idle workers spin before they sleep (TURBOSPARK_KERNEL_SPIN_US; benchmarks set it).
-  void set_spin_us(int us) { spin_us_.store(us, std::memory_order_relaxed); }
 
   // Runs f(0) .. f(chunks - 1), each once, on this thread and up to threads - 1 workers (all of
   // the team by default).  While another thread's job runs (two models on two streams), this
@@ -82,7 +80,7 @@ class Pool {
       while (generation_.load(std::memory_order_acquire) == seen) {
         cpu_relax();
         if (++spins % 64 != 0) continue;
-        if (std::chrono::steady_clock::now() - start < std::chrono::microseconds(spin_us_.load(std::memory_order_relaxed))) {
+        if (std::chrono::steady_clock::now() - start < std::chrono::microseconds(spin_us_)) {
           sched_yield();  // the core to Python's thread, if it is waiting for one
           continue;
         }
@@ -99,7 +97,7 @@ class Pool {
   }
 
   const int size_;
-  std::atomic<int> spin_us_;
+  const int spin_us_;
   std::vector<std::thread> workers_;
   std::mutex busy_;
   std::mutex m_;
