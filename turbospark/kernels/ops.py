@@ -9,17 +9,18 @@ import os
 import mlx.core as mx
 
 __all__ = [
-    "MAX_FLOAT32_ROWS", "available", "describe", "few", "huge_pages", "kv_write", "linear", "merged_attention", "native",
-    "quantized_linear", "serve_fast_ops", "split_heads", "supports_quantized", "x_in_8_bits",
+    "MAX_FLOAT32_ROWS", "available", "describe", "huge_pages", "kv_write", "linear", "merged_attention", "native",
+    "quantized_linear", "serve_fast_ops", "serves_float", "split_heads", "supports_quantized", "x_in_8_bits",
 ]
 
 #: Up to this many rows a float32 product is ours; past it, MLX's BLAS GEMM is as fast or faster.
 MAX_FLOAT32_ROWS = 16
 
 
-def few(x: mx.array) -> bool:
-    """Whether x is few enough rows for a float32 product in the kernels (a decode step's)."""
-    return x.size <= MAX_FLOAT32_ROWS * x.shape[-1]
+def serves_float(x: mx.array, weight: mx.array) -> bool:
+    """Whether ``linear`` serves ``x @ weight.T`` better than MLX's own op: x in the weight's type,
+    and for float32 weights only the few rows of a decode step (past them MLX's BLAS GEMM)."""
+    return x.dtype == weight.dtype and (weight.dtype != mx.float32 or x.size <= MAX_FLOAT32_ROWS * x.shape[-1])
 
 
 def _load():

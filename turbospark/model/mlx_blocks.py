@@ -70,7 +70,7 @@ class _Weights:
             return kernels.quantized_linear(x, self.weight, self.scales, self.biases, self.bias,
                                             group_size=self.group_size, bits=self.bits,
                                             residual=residual, swiglu=swiglu_halves)
-        if x.dtype == self.weight.dtype and (self.weight.dtype != mx.float32 or kernels.few(x)):
+        if kernels.serves_float(x, self.weight):
             return kernels.linear(x, self.weight, self.bias, residual=residual, swiglu=swiglu_halves)
         y = x @ self.weight.T if self.bias is None else mx.addmm(self.bias, x, self.weight.T)
         if swiglu_halves:

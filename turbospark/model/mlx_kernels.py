@@ -31,7 +31,7 @@ __all__ = ["Linear", "QuantizedLinear", "install"]
 
 def _float_product(x: mx.array, weight: mx.array, bias: mx.array | None) -> mx.array | None:
     """The kernels' product, or None where MLX's own op serves better (or alone)."""
-    if x.dtype != weight.dtype or (weight.dtype == mx.float32 and not kernels.few(x)):
+    if not kernels.serves_float(x, weight):
         return None
     return kernels.linear(x, weight, bias)
 

@@ -10,14 +10,15 @@
 
 namespace turbospark::kernels {
 
-// Allocates `out`, registers the arrays with the stream's command encoder and enqueues
-// `work(inputs, out)` on the stream's thread, in order with MLX's own ops (the arrays it gets
-// are weak copies: the encoder keeps the buffers alive).
+// Allocates `out` (unless eval_cpu gave it a buffer already: a donated input's), registers the
+// arrays with the stream's command encoder and enqueues `work(inputs, out)` on the stream's
+// thread, in order with MLX's own ops (the arrays it gets are weak copies: the encoder keeps the
+// buffers alive).
 template <class Work>
 void enqueue(const mlx::core::Stream& stream, const std::vector<mlx::core::array>& inputs, mlx::core::array& out,
              Work&& work) {
   namespace mx = mlx::core;
-  out.set_data(mx::allocator::malloc(out.nbytes()));
+  if (!out.data_shared_ptr()) out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream);
   std::vector<mx::array> in;
   for (auto& a : inputs) {

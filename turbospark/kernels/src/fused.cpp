@@ -454,16 +454,8 @@ void KvWrite::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const auto& cache = inputs[0];
   // in place where nothing else holds the cache's buffer (MLX's slice update does the same)
   const bool whole = !(cache.is_donatable() && cache.flags().row_contiguous);
-  if (whole) out.set_data(mx::allocator::malloc(out.nbytes()));
-  else out.copy_shared_buffer(cache);
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  std::vector<mx::array> in;
-  for (auto& a : inputs) {
-    encoder.set_input_array(a);
-    in.push_back(mx::array::unsafe_weak_copy(a));
-  }
-  encoder.set_output_array(out);
-  encoder.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), at = at_, whole]() mutable {
+  if (!whole) out.copy_shared_buffer(cache);
+  enqueue(stream(), inputs, out, [at = at_, whole](std::vector<mx::array>& in, mx::array& out) {
     const auto &cache = in[0], &x = in[1];
     const size_t item = out.itemsize();
     const int B = out.shape(0), H = out.shape(1), C = out.shape(2), D = out.shape(3), L = x.shape(2);
