@@ -153,3 +153,21 @@ async def test_the_openai_sdk_as_a_new_user_writes_it(voice_server) -> None:
     heard, answer, audio_bytes, status, reason = await trio.to_thread.run_sync(talk)
     assert heard_as(heard, QUESTION) and "paris" in words(answer) and audio_bytes > 48_000, (heard, answer)
     assert (status, reason) == ("cancelled", "turn_detected")
+
+
+async def test_a_transcription_session_hears_what_the_transcription_route_hears(voice_server) -> None:
+    """The spoken question, streamed to a ``?intent=transcription`` session in 0.1 s pieces and
+    committed, is transcribed by Whisper exactly as the same audio sent as a file."""
+    question = base64.b64decode(await _spoken(voice_server, QUESTION))
+    url = voice_server.url.replace("http://", "ws://") + "/v1/realtime?intent=transcription"
+    async with open_websocket_url(url, max_message_size=1 << 26) as ws:
+        c = Client(ws)
+        assert (await c.recv())["session"]["type"] == "transcription"
+        await c.send("session.update", session={"type": "transcription", "audio": {"input": {"turn_detection": None}}})
+        await c.until("session.updated")
+        for start in range(0, len(question), 4800):
+            await c.send("input_audio_buffer.append", audio=base64.b64encode(question[start:start + 4800]).decode())
+        await c.send("input_audio_buffer.commit")
+        completed = (await c.until("conversation.item.input_audio_transcription.completed"))[-1]
+    assert heard_as(completed["transcript"], QUESTION), completed
+    assert completed["transcript"] == (await _transcribe(voice_server, question)).strip()

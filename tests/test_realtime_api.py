@@ -20,8 +20,10 @@ import trio
 from openai.types.realtime import RealtimeServerEvent
 from trio_websocket import open_websocket_url
 
+from turbospark.audio import wav
 from turbospark.audio.engines import ScriptedSpeechToText, ScriptedTextToSpeech
 from turbospark.audio.realtime_api import (
+    InputBuffer,
     Sentences,
     SpeechStarted,
     SpeechStopped,
@@ -61,11 +63,40 @@ def test_g711_equals_the_standard_codec_on_every_sample() -> None:
 
 def test_audio_formats_in_and_out() -> None:
     second = (np.sin(np.arange(24000) / 10) * 8000).astype("<i2").tobytes()
-    pcm = decode_audio(base64.b64encode(second).decode(), "audio/pcm")
-    assert pcm.dtype == np.float32 and pcm.size == 16000  # 24 kHz in, 16 kHz for the model
+    pcm, rate = decode_audio(base64.b64encode(second).decode(), "audio/pcm")
+    assert pcm.dtype == np.float32 and (pcm.size, rate) == (24000, 24000)
     assert len(encode_audio(second, 24000, "audio/pcm")) == 48000
     assert len(encode_audio(second, 24000, "audio/pcmu")) == 8000  # G.711: 8 kHz, a byte a sample
-    assert decode_audio(base64.b64encode(b"\xff" * 800).decode(), "audio/pcmu").size == 1600
+    ulaw, rate = decode_audio(base64.b64encode(b"\xff" * 800).decode(), "audio/pcmu")
+    assert (ulaw.size, rate) == (800, 8000)
+
+
+def test_a_commit_reads_as_the_same_audio_sent_as_a_file() -> None:
+    """Chunks appended at any rate are resampled whole at commit, as the transcription route
+    resamples a WAV file: 16 kHz, the same samples."""
+    second = (np.sin(np.arange(48000) / 7) * 0.3).astype(np.float32)
+    buffer = InputBuffer()
+    for start in range(0, 48000, 4800):  # 0.2 s at a time, as a client streams it
+        buffer.append(second[start:start + 4800], 24000)
+    assert buffer.seconds == pytest.approx(2.0)
+    assert np.array_equal(buffer.take(), wav.resample(second, 24000))
+    assert buffer.seconds == 0 and buffer.take().size == 0
+    buffer.append(np.ones(8000, np.float32), 8000)  # the format changed: each run resampled whole
+    buffer.append(np.ones(24000, np.float32), 24000)
+    assert buffer.take().size == 32000
+
+
+def test_silence_before_speech_is_let_go() -> None:
+    buffer = InputBuffer()
+    for _ in range(50):
+        buffer.append(np.zeros(2400, np.float32), 24000)  # 0.1 s
+        buffer.trim(0.33)
+    assert buffer.seconds == pytest.approx(0.33, abs=1 / 24000)
+    buffer.append(np.ones(24000, np.float32), 24000)
+    buffer.trim(2.0)
+    assert buffer.seconds == pytest.approx(1.33, abs=1 / 24000)  # nothing to let go yet
+    taken = buffer.take()
+    assert taken.size == pytest.approx(1.33 * 16000, abs=2) and taken[-100:].mean() == pytest.approx(1, abs=0.01)
     with pytest.raises(RequestInvalid, match="odd number"):
         decode_audio(base64.b64encode(b"\0\0\0").decode(), "audio/pcm")
     with pytest.raises(RequestInvalid, match="base64"):
@@ -239,7 +270,8 @@ async def test_a_text_item_gets_a_spoken_answer(start_server) -> None:
 
 
 async def test_text_only_answers_and_a_forced_tool_call_round_trip(start_server) -> None:
-    server = await _audio_server(start_server)
+    backend = ScriptedBackend(script=SCRIPT)
+    server = await start_server(backends=[backend], audio=[ScriptedSpeechToText(), ScriptedTextToSpeech()])
     tools = [{"type": "function", "name": "get_weather", "description": "The weather in a city",
               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
     async with open_websocket_url(_url(server)) as ws:
@@ -260,6 +292,9 @@ async def test_text_only_answers_and_a_forced_tool_call_round_trip(start_server)
         await c.until("conversation.item.done")
         await c.send("response.create", response={"tool_choice": "none"})
         events = await c.until("response.done")
+    # the model read the call and its output (the last sequence the scripted model held)
+    read = backend.tokenizer.decode(backend._seen[-1])
+    assert "get_weather" in read and "Oslo" in read and '{"sky": "clear"}' in read, read
     text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
     assert text == SCRIPT and events[-1]["response"]["output"][0]["content"] == [
         {"type": "output_text", "text": SCRIPT}]
@@ -287,10 +322,13 @@ async def test_push_to_talk_transcribes_then_answers(start_server) -> None:
         assert (await c.until("response.done"))[-1]["response"]["status"] == "completed"
 
 
-async def test_speech_starts_a_turn_and_speech_over_the_answer_cancels_it(start_server) -> None:
-    server = await _audio_server(start_server, script=None, token_delay=0.02)  # endless text, paced
+async def test_speech_starts_a_turn_and_speech_over_the_answer_cancels_it(start_server, client) -> None:
+    backend = ScriptedBackend(token_delay=0.02)  # endless text, paced
+    server = await start_server(backends=[backend], audio=[ScriptedSpeechToText(), ScriptedTextToSpeech()])
     async with open_websocket_url(_url(server)) as ws:
         c = await _session(ws, audio={"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}})
+        for _ in range(30):  # a silent room: let go as it ages, never a turn's
+            await c.send("input_audio_buffer.append", audio=_silence(0.1))
         await c.send("input_audio_buffer.append", audio=_speech(0.6))
         await c.send("input_audio_buffer.append", audio=_silence(0.5))
         events = await c.until("response.output_audio.delta")  # the turn ended, the answer is spoken
@@ -298,9 +336,17 @@ async def test_speech_starts_a_turn_and_speech_over_the_answer_cancels_it(start_
         assert kinds[:3] == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
                              "input_audio_buffer.committed"]
         assert "response.created" in kinds
+        # the turn holds its 300 ms of padding, the speech and what VAD heard of the pause after it
+        [completed] = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
+        assert 0.9 <= completed["usage"]["seconds"] <= 1.5, completed
         await c.send("input_audio_buffer.append", audio=_speech(0.6))  # barge-in
         events = await c.until("response.done")
+        steps = backend.counters.decode_steps
+        await trio.sleep(0.3)
+        assert backend.counters.decode_steps - steps <= 1  # nothing decodes for the cancelled answer
     assert "input_audio_buffer.speech_started" in [e["type"] for e in events]
+    metrics = (await client.get(server.url + "/metrics")).text
+    assert re.search(r'turbospark_cancellations_total\{phase="decode"\} 1', metrics)
     response = events[-1]["response"]
     assert response["status"] == "cancelled" and response["status_details"] == {
         "type": "cancelled", "reason": "turn_detected"}
@@ -558,3 +604,75 @@ async def test_sessions_answer_in_the_same_batch_as_http_requests(start_server, 
         metrics = (await client.get(server.url + "/metrics")).text
         assert re.search(r'turbospark_batch_size\{model="scripted"\} 3', metrics), metrics[:2000]
         await http.aclose()
+
+
+async def test_tools_are_checked_as_chat_checks_them_and_the_other_events_answer(start_server) -> None:
+    """Tools refused at session.update (as chat refuses them), tool_choice naming one function,
+    max_output_tokens ending an answer as incomplete, G.711 both ways, clear and delete."""
+    server = await _audio_server(start_server)
+    weather = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}}, "required": ["city"]}}
+    time = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}
+    async with open_websocket_url(_url(server)) as ws:
+        c = await _session(ws)
+        for tools, wanted in (([weather] * 129, "at most 128 tools"), ([{**weather, "name": "no spaces"}], "name"),
+                              ([{**weather, "parameters": {"type": "object", "properties": 3}}], "parameters")):
+            await c.send("session.update", session={"type": "realtime", "tools": tools})
+            error = (await c.recv())["error"]
+            assert error["param"] == "tools" and wanted in error["message"], error
+        await c.send("session.update", session={"type": "realtime", "tools": [weather],
+                                                "tool_choice": {"type": "function", "name": "x"}})
+        assert "not among the tools" in (await c.recv())["error"]["message"]
+        await c.send("session.update", session={
+            "type": "realtime", "output_modalities": ["audio"], "tools": [weather, time],
+            "tool_choice": {"type": "function", "name": "get_time"},
+            "audio": {"input": {"format": {"type": "audio/pcmu"}, "turn_detection": None},
+                      "output": {"format": {"type": "audio/pcma"}}}})
+        assert (await c.recv())["type"] == "session.updated"
+        await c.say("What time is it?")
+        await c.send("response.create", response={"output_modalities": ["text"]})
+        done = (await c.until("response.done"))[-1]["response"]
+        assert [(o["type"], o["name"]) for o in done["output"]] == [("function_call", "get_time")]
+
+        await c.send("response.create", response={"tool_choice": "none", "max_output_tokens": 3})
+        events = await c.until("response.done")
+        done = events[-1]["response"]
+        assert done["status"] == "incomplete" and done["status_details"]["reason"] == "max_output_tokens"
+        assert done["usage"]["output_tokens"] == 3
+        audio = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
+        said = done["output"][0]["content"][0]["transcript"]
+        assert said and len(audio) == round(len(said) * 0.05 * 8000)  # A-law: a byte a sample at 8 kHz
+        await c.send("conversation.item.delete", item_id=done["output"][0]["id"])
+        assert (await c.recv()) == {**c.seen[-1], "type": "conversation.item.deleted", "item_id": done["output"][0]["id"]}
+
+        await c.send("input_audio_buffer.append", audio=base64.b64encode(b"\xff" * 1600).decode())  # 0.2 s of mu-law
+        await c.send("input_audio_buffer.clear")
+        assert (await c.recv())["type"] == "input_audio_buffer.cleared"
+        await c.send("input_audio_buffer.commit")
+        assert (await c.recv())["error"]["code"] == "input_audio_buffer_commit_empty"
+        await c.send("input_audio_buffer.append", audio=base64.b64encode(b"\xff" * 4000).decode())  # 0.5 s
+        await c.send("input_audio_buffer.commit")
+        completed = (await c.until("conversation.item.input_audio_transcription.completed"))[-1]
+        assert completed["transcript"] == "Scripted transcript of 0.50 s of audio."
+
+
+async def test_a_foreign_origin_is_refused_and_sessions_beyond_the_limit_get_a_429(start_server) -> None:
+    from contextlib import AsyncExitStack
+
+    from trio_websocket import ConnectionRejected
+
+    server = await _audio_server(start_server)
+    with pytest.raises(ConnectionRejected) as refused:
+        async with open_websocket_url(_url(server), extra_headers=[("origin", "https://evil.example")]):
+            pass
+    assert refused.value.status_code == 403
+    async with AsyncExitStack() as open_sessions:
+        for _ in range(8):  # the sessions the server holds at once, shared with the transcription socket
+            ws = await open_sessions.enter_async_context(open_websocket_url(_url(server)))
+            assert (await Client(ws).recv())["type"] == "session.created"
+        with pytest.raises(ConnectionRejected) as refused:
+            async with open_websocket_url(_url(server)):
+                pass
+        assert refused.value.status_code == 429
+    async with open_websocket_url(_url(server), extra_headers=[("origin", "http://localhost:3000")]) as ws:
+        assert (await Client(ws).recv())["type"] == "session.created"  # a slot is free again

@@ -394,13 +394,17 @@ async def test_a_conversation_is_heard_answered_aloud_and_interrupted(start_serv
         page.wait_for_function("""() => [...document.querySelectorAll('#talk-log li[data-status=cancelled]')]
             .some(li => li.querySelector('span').textContent.trim() !== '(interrupted)')""", timeout=45_000)
         shot(page, "conversation")
+        # the page told the server how much of the answer it played (conversation.item.truncate)
+        page.wait_for_selector("#talk-log li[data-role=assistant][data-truncated-ms]", timeout=10_000)
+        truncated = page.eval_on_selector_all("#talk-log li[data-truncated-ms]", "items => items.map(li => +li.dataset.truncatedMs)")
         lines = page.eval_on_selector_all("#talk-log li", "items => items.map(li => [li.dataset.role, li.textContent])")
         seconds = float(page.eval_on_selector("#talk-log", "ol => ol.dataset.audioSeconds || '0'"))
         page.click("#talk")
         page.wait_for_selector("#talk[aria-pressed=false]")
-        return lines, seconds
+        return lines, seconds, truncated
 
-    lines, seconds = await browse(server.url, drive, args=args, permissions=["microphone"])
+    lines, seconds, truncated = await browse(server.url, drive, args=args, permissions=["microphone"])
+    assert truncated and all(0 <= ms <= seconds * 1000 for ms in truncated), (truncated, seconds)
     user = [text for role, text in lines if role == "user"]
     answers = [text for role, text in lines if role == "assistant"]
     assert user and user[0].startswith("You: Scripted transcript of ")

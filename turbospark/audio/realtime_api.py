@@ -4,7 +4,10 @@
 
 - ``event``, ``new_id``, ``Invalid``: server events, their ids, and a refusal with the API's code.
 - ``decode_audio``/``encode_audio``: ``audio/pcm`` (24 kHz, 16-bit), ``audio/pcmu`` and
-  ``audio/pcma`` (G.711 at 8 kHz) in and out; the speech-to-text model reads 16 kHz float32.
+  ``audio/pcma`` (G.711 at 8 kHz) in and out.
+- ``InputBuffer``: the audio appended and not yet committed, at the rate it came in; a commit is
+  resampled whole to the 16 kHz float32 the speech-to-text model reads (as the transcription
+  route resamples a file), and silence before speech is let go as it ages.
 - ``TurnDetector``: server VAD over 30 ms frames: speech started, speech stopped.
 - ``Sentences``: text as it arrives, cut where speech can start (a sentence's end).
 - ``Spoken``: the text whose audio went out, so a cancelled or truncated answer keeps only what
@@ -24,10 +27,11 @@ import attrs
 import numpy as np
 
 from ..errors import RequestInvalid
-from .wav import SAMPLE_RATE
+from .wav import SAMPLE_RATE, resample
 
 __all__ = [
     "OUTPUT_RATE",
+    "InputBuffer",
     "Invalid",
     "Sentences",
     "Spoken",
@@ -116,8 +120,8 @@ def _alaw_encode(x: np.ndarray) -> np.ndarray:
 _ALAW_SEGMENT_ENDS = np.array([0x1F, 0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF])
 
 
-def decode_audio(b64: Any, fmt: str) -> np.ndarray:
-    """An ``input_audio_buffer.append``'s ``audio`` as 16 kHz mono float32."""
+def decode_audio(b64: Any, fmt: str) -> tuple[np.ndarray, int]:
+    """An ``input_audio_buffer.append``'s ``audio``: mono float32 samples and their rate."""
     if not isinstance(b64, str):
         raise RequestInvalid("audio must be a base64 string", param="audio")
     try:
@@ -127,11 +131,56 @@ def decode_audio(b64: Any, fmt: str) -> np.ndarray:
     if fmt == "audio/pcm":
         if len(raw) % 2:
             raise RequestInvalid("audio/pcm is 16-bit samples: an odd number of bytes", param="audio")
-        samples = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
-        return _resample(samples, OUTPUT_RATE, SAMPLE_RATE)
+        return np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0, OUTPUT_RATE
     data = np.frombuffer(raw, np.uint8)
-    samples = _ulaw_decode(data) if fmt == "audio/pcmu" else _alaw_decode(data)
-    return _resample(samples, _G711_RATE, SAMPLE_RATE)
+    return (_ulaw_decode(data) if fmt == "audio/pcmu" else _alaw_decode(data)), _G711_RATE
+
+
+def for_detection(samples: np.ndarray, rate: int) -> np.ndarray:
+    """Samples at 16 kHz for voice activity detection (linear: a chunk at a time, no edges)."""
+    return _resample(samples, rate, SAMPLE_RATE)
+
+
+class InputBuffer:
+    """Audio appended and not committed: chunks at the rate each came in.  ``seconds`` and
+    ``trim`` count time; ``take`` empties it and gives the whole at 16 kHz (polyphase, as
+    ``wav.decode`` resamples a file, so a commit reads as the same audio sent as a file)."""
+
+    def __init__(self) -> None:
+        self._chunks: list[tuple[np.ndarray, int]] = []
+        self.seconds = 0.0
+
+    def append(self, samples: np.ndarray, rate: int) -> None:
+        self._chunks.append((samples, rate))
+        self.seconds += samples.size / rate
+
+    def trim(self, keep_seconds: float) -> None:
+        """Keep only the last ``keep_seconds`` (silence before speech that can no longer be
+        part of a turn)."""
+        if self.seconds <= keep_seconds:
+            return
+        kept, total = [], 0.0
+        for samples, rate in reversed(self._chunks):
+            room = keep_seconds - total
+            if room <= 0:
+                break
+            if samples.size / rate > room:
+                samples = samples[samples.size - int(np.ceil(room * rate)):]
+            kept.append((samples, rate))
+            total += samples.size / rate
+        self._chunks = kept[::-1]
+        self.seconds = total
+
+    def take(self) -> np.ndarray:
+        runs: list[tuple[list[np.ndarray], int]] = []
+        for samples, rate in self._chunks:
+            if runs and runs[-1][1] == rate:
+                runs[-1][0].append(samples)
+            else:
+                runs.append(([samples], rate))
+        self._chunks, self.seconds = [], 0.0
+        parts = [resample(np.concatenate(chunks), rate) for chunks, rate in runs]
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
 
 def encode_audio(pcm16: bytes, rate: int, fmt: str) -> bytes:
@@ -205,6 +254,11 @@ class TurnDetector:
 
     def reset(self) -> None:
         self.speaking, self._voiced, self._silent = False, 0, 0
+
+    def lookback_ms(self) -> int:
+        """The recent audio, in ms, that a turn starting now would hold (its padding, the voiced
+        frames so far, the frame not yet classified); older audio is no turn's while silent."""
+        return self.prefix_ms + self._voiced + 30
 
 
 # --- speech out -------------------------------------------------------------------------------

@@ -34,7 +34,8 @@ from quart import Blueprint, websocket
 from ..audio.engines import check_voice
 from ..audio.messages import Transcribe, WorkDone, WorkFailed
 from ..audio.realtime_api import (
-    Invalid, SpeechStarted, Spoken, TurnDetector, decode_audio, error_event, event, new_id,
+    InputBuffer, Invalid, SpeechStarted, Spoken, TurnDetector, decode_audio, error_event, event,
+    for_detection, new_id,
 )
 from ..audio.realtime_state import Conversation, SessionConfig, check_items, check_response
 from ..audio.wav import SAMPLE_RATE
@@ -43,7 +44,7 @@ from ..web.app import system
 from ..wire.codec import parse_json
 from ._audio import receive, resolve_audio, submit
 from .audio_realtime import _limits, _vad_detector, observed, session_slot
-from .realtime_response import Response, respond
+from .realtime_response import Response, chat_tools, respond
 
 blueprint = Blueprint("realtime", __name__)
 log = logging.getLogger("turbospark")
@@ -103,8 +104,7 @@ class _Session:
         self.settings = system().settings
         self.out_send, self.out_recv = trio.open_memory_channel[dict[str, Any]](EVENTS_WAITING)
         self.commits_send, self.commits_recv = trio.open_memory_channel[tuple[str, np.ndarray, bool]](COMMITS_WAITING)
-        self.buffer: list[np.ndarray] = []
-        self.buffered = 0  # samples, 16 kHz
+        self.buffer = InputBuffer()
         self.audio_ms = 0  # audio received since the session began
         self.detector = self._detector()
         self.next_item = new_id("item")  # the user item the audio being spoken will become
@@ -200,6 +200,9 @@ class _Session:
         if session.get("output_modalities") == ["audio"] and self.voice is None:
             raise RequestInvalid("no text-to-speech model is attached: output_modalities must be ['text']",
                                  param="session.output_modalities")
+        if "tools" in session or "tool_choice" in session:  # refused now, not at the next response
+            chat_tools(session.get("tools", self.config.data.get("tools")),
+                       session.get("tool_choice", self.config.data.get("tool_choice")))
         detection = self.config.turn_detection
         self.config.update(session)
         if self.config.turn_detection != detection:  # a turn in progress survives other updates
@@ -209,40 +212,41 @@ class _Session:
     # --- input audio --------------------------------------------------------------------------
 
     async def input_audio_buffer_append(self, message: dict[str, Any]) -> None:
-        audio = decode_audio(message.get("audio"), self.config.input_format)
-        if (self.buffered + audio.size) / SAMPLE_RATE > MAX_BUFFERED_SECONDS:
+        audio, rate = decode_audio(message.get("audio"), self.config.input_format)
+        if self.buffer.seconds + audio.size / rate > MAX_BUFFERED_SECONDS:
             raise RequestInvalid(f"more than {MAX_BUFFERED_SECONDS:g} s of audio buffered; commit more often",
                                  param="audio")
-        self.buffer.append(audio)
-        self.buffered += audio.size
-        self.audio_ms += audio.size * 1000 // SAMPLE_RATE
+        self.buffer.append(audio, rate)
+        self.audio_ms += audio.size * 1000 // rate
         if self.detector is None:
             return
-        for change in self.detector.feed(audio):
+        for change in self.detector.feed(for_detection(audio, rate)):
             if isinstance(change, SpeechStarted):
-                await self.emit(event("input_audio_buffer.speech_started", audio_start_ms=change.audio_start_ms,
-                                      item_id=self.next_item))
                 detection = self.config.turn_detection or {}
                 if self.response is not None and detection.get("interrupt_response", True):
                     self.response.reason = "turn_detected"
-                    self.response.scope.cancel()  # barge-in
+                    self.response.scope.cancel()  # barge-in, before an event can wait for room
+                await self.emit(event("input_audio_buffer.speech_started", audio_start_ms=change.audio_start_ms,
+                                      item_id=self.next_item))
             else:
                 await self.emit(event("input_audio_buffer.speech_stopped", audio_end_ms=change.audio_end_ms,
                                       item_id=self.next_item))
                 await self.commit_buffer(auto=True)
+        if not self.detector.speaking:  # silence before speech is no turn's: let it go
+            self.buffer.trim(self.detector.lookback_ms() / 1000)
 
     async def input_audio_buffer_commit(self, message: dict[str, Any]) -> None:
         await self.commit_buffer(auto=False)
 
     async def commit_buffer(self, *, auto: bool) -> None:
-        if self.buffered < SAMPLE_RATE // 10:
+        if self.buffer.seconds < 0.1:
             raise Invalid(
                 f"Error committing input audio buffer: buffer too small. Expected at least 100ms of audio, "
-                f"but buffer only has {self.buffered * 1000 / SAMPLE_RATE:.2f}ms of audio.",
+                f"but buffer only has {self.buffer.seconds * 1000:.2f}ms of audio.",
                 code="input_audio_buffer_commit_empty")
         if self.stt is None:
             raise RequestInvalid("no speech-to-text model is attached: send text items instead", param="type")
-        if (self.queued + self.buffered) / SAMPLE_RATE > MAX_BUFFERED_SECONDS:
+        if self.queued / SAMPLE_RATE + self.buffer.seconds > MAX_BUFFERED_SECONDS:
             raise RequestInvalid(f"more than {MAX_BUFFERED_SECONDS:g} s of committed audio wait for their "
                                  "transcription; wait for them", param="type")
         item_id, self.next_item = self.next_item, new_id("item")
@@ -251,8 +255,7 @@ class _Session:
         if self.config.kind == "realtime":
             item, previous = self.conversation.add_input_audio(item_id)
             item_id = item["id"]
-        audio = np.concatenate(self.buffer)
-        self.buffer, self.buffered = [], 0
+        audio = self.buffer.take()
         self.queued += audio.size
         self.pending[item_id] = trio.Event()
         await self.emit(event("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id))
@@ -261,7 +264,7 @@ class _Session:
         await self.commits_send.send((item_id, audio, auto))
 
     async def input_audio_buffer_clear(self, message: dict[str, Any]) -> None:
-        self.buffer, self.buffered = [], 0
+        self.buffer.take()
         if self.detector is not None:
             self.detector.reset()
         await self.emit(event("input_audio_buffer.cleared"))

@@ -28,13 +28,34 @@ from ..turns.sampling import sampling
 from ..turns.structured import function_tools, grammar_for, select_tools
 from ..turns.turn_events import ArgumentsDelta, CallEnd, CallStart, Error, Finish, Text, Usage
 from ..web.app import system
+from ..wire.openai import MAX_TOOLS
 from ._audio import receive, submit
 from ._generation import Context
 from ._turn import TurnPlan, open_turn
 
-__all__ = ["Response", "Run", "respond"]
+__all__ = ["Response", "Run", "chat_tools", "respond"]
 
 log = logging.getLogger("turbospark")
+
+
+def chat_tools(flat: Any, choice: Any) -> tuple[tuple[dict[str, Any], ...], bool]:
+    """A session's or response's ``tools`` (the Realtime API's flat shape) and ``tool_choice``,
+    checked as chat checks its tools (at most ``MAX_TOOLS``, names, schemas): the tools in
+    play, in chat's shape, and whether a call is required."""
+    flat = flat or []
+    if not isinstance(flat, list):
+        raise RequestInvalid("tools must be an array", param="tools")
+    if len(flat) > MAX_TOOLS:
+        raise RequestInvalid(f"at most {MAX_TOOLS} tools, not {len(flat)}", param="tools")
+    nested = []
+    for i, tool in enumerate(flat):
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
+            raise RequestInvalid(f"tools[{i}]: only function tools are supported", param="tools")
+        nested.append({"type": "function", "function": {k: v for k, v in tool.items()
+                                                        if k in ("name", "description", "parameters")}})
+    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
+        choice = {"type": "function", "function": {"name": choice["name"]}}
+    return select_tools(function_tools(nested), choice)
 
 
 @attrs.define
@@ -88,18 +109,10 @@ class Run:
             messages = [{"role": "system", "content": s.settings.system_prompt}, *messages]
         if not messages:
             raise RequestInvalid("the conversation is empty: add an item or speak first", param="response")
-        flat = params.tools if params.tools is not None else cfg.get("tools") or []
-        nested = []
-        for i, tool in enumerate(flat):
-            if not isinstance(tool, dict) or tool.get("type", "function") != "function":
-                raise RequestInvalid(f"tools[{i}]: only function tools are supported", param="tools")
-            nested.append({"type": "function", "function": {k: v for k, v in tool.items()
-                                                            if k in ("name", "description", "parameters")}})
-        choice = params.tool_choice if params.tool_choice is not None else cfg.get("tool_choice")
-        if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
-            choice = {"type": "function", "function": {"name": choice["name"]}}
-        tools, required = select_tools(function_tools(nested), choice)
-        parallel = cfg.get("parallel_tool_calls") is not False
+        tools, required = chat_tools(params.tools if params.tools is not None else cfg.get("tools"),
+                                     params.tool_choice if params.tool_choice is not None else cfg.get("tool_choice"))
+        parallel = (params.parallel_tool_calls if params.parallel_tool_calls is not None
+                    else cfg.get("parallel_tool_calls")) is not False
         grammar = grammar_for(tools=tools, call_required=required, parallel=parallel)
         budget = max_tokens if isinstance(max_tokens, int) else s.chat.context_window
         temperature = params.temperature if params.temperature is not None else cfg.get("temperature")

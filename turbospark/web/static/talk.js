@@ -1,6 +1,7 @@
 // Conversation: the microphone into OpenAI's Realtime API (/v1/realtime, server VAD), the answer
 // spoken back as it arrives. Speaking over the answer interrupts it: playback stops at once and
-// the server cancels the answer within a step, keeping only what was said.
+// the server cancels the answer within a step; the page tells it how much of the answer was
+// played (conversation.item.truncate), and the conversation keeps only those words.
 import { el, openSocket } from "./api.js";
 
 const RATE = 24000;
@@ -58,7 +59,7 @@ async function call() {
   }
 }
 
-function play(b64) {
+function play(b64, itemId) {
   const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
   const pcm = new Int16Array(bytes.buffer, 0, bytes.length >> 1);
   const buffer = talk.context.createBuffer(1, pcm.length, RATE);
@@ -68,6 +69,8 @@ function play(b64) {
   source.connect(talk.context.destination);
   const at = Math.max(talk.context.currentTime, talk.playAt);
   source.start(at);
+  if (!talk.heard || talk.heard.item !== itemId) talk.heard = { item: itemId, pieces: [] };
+  talk.heard.pieces.push([at, buffer.duration]);
   talk.playAt = at + buffer.duration;
   talk.playing.push(source);
   source.onended = () => { if (talk) talk.playing = talk.playing.filter((s) => s !== source); };
@@ -75,10 +78,21 @@ function play(b64) {
     String(Number(document.getElementById("talk-log").dataset.audioSeconds || 0) + buffer.duration);
 }
 
+// The answer's audio the person heard, in ms: what each scheduled piece has played by now.
+function heardMs() {
+  const now = talk.context.currentTime;
+  return Math.floor(1000 * talk.heard.pieces.reduce((sum, [at, seconds]) => sum + Math.min(Math.max(now - at, 0), seconds), 0));
+}
+
 function silence() {
+  if (talk.playing.length && talk.heard) {  // the server keeps only the words that were heard
+    talk.ws.send(JSON.stringify({ type: "conversation.item.truncate", item_id: talk.heard.item,
+                                  content_index: 0, audio_end_ms: heardMs() }));
+  }
   for (const source of talk.playing) { try { source.stop(); } catch (err) { /* already ended */ } }
   talk.playing = [];
   talk.playAt = 0;
+  talk.heard = null;
 }
 
 function message(m) {
@@ -97,7 +111,7 @@ function message(m) {
       state("Answering…");
       break;
     case "response.output_audio.delta":
-      play(m.delta);
+      play(m.delta, m.item_id);
       break;
     case "response.done": {
       const item = (m.response.output || []).find((i) => i.type === "message");
@@ -110,6 +124,9 @@ function message(m) {
       if (m.response.status !== "cancelled") state("Listening… speak, then pause.");
       break;
     }
+    case "conversation.item.truncated":
+      line(m.item_id, "assistant").dataset.truncatedMs = String(m.audio_end_ms);
+      break;
     case "error":
       state(`Conversation: ${m.error.message}`);
       break;
