@@ -16,6 +16,10 @@ Every other ``sh``/``bash``/``shell``/``python`` block runs, in page order: the 
 page in one interpreter (a later block sees an earlier one's names), each shell block in
 ``bash -e -o pipefail``. A fence ``text output`` right after a block is what the block prints,
 compared as doctest compares (``...`` matches anything, whitespace runs are equal).
+
+Nothing escapes it unseen: every other fence must name a language that is only shown
+(``SHOWN_LANGUAGES``: text, configuration files), and an indented code block (which no fence
+marks) is refused, so an example cannot be written in a form that is never run.
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["RUN_LANGUAGES", "Block", "Page", "read_page"]
+__all__ = ["RUN_LANGUAGES", "SHOWN_LANGUAGES", "Block", "Page", "read_page"]
 
 RUN_LANGUAGES = {"sh": "shell", "bash": "shell", "shell": "shell", "python": "python"}
+SHOWN_LANGUAGES = {"text", "toml", "json", "yaml", "ini", "html"}  # shown, never run
+_LIST_ITEM = re.compile(r"^\s*([-*+]|\d+[.)])\s")
 
 _FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>```+|~~~+)\s*(?P<info>[^`]*)$")
 _COMMENT = re.compile(r"^\s*<!--\s*(?P<body>.*?)\s*-->\s*$")
@@ -84,6 +90,10 @@ def read_page(path: Path, text: str | None = None) -> Page:
             continue
         m = _FENCE.match(line)
         if not m:
+            if line.startswith("    ") and line.strip() and i and not lines[i - 1].strip():
+                before = next((b for b in reversed(lines[:i - 1]) if b.strip()), "")
+                if not before.startswith((" ", "\t", "|")) and not _LIST_ITEM.match(before):
+                    raise MarkupError(f"{path.name}:{i + 1}: an indented code block is never run: fence it")
             if line.strip():
                 pending, last = None, None
             i += 1
@@ -106,6 +116,10 @@ def read_page(path: Path, text: str | None = None) -> Page:
             pending = None
             continue
         if language is None:
+            if not info or info[0] not in SHOWN_LANGUAGES:
+                raise MarkupError(f"{path.name}:{start + 1}: a fence of {info[0] if info else 'no language'!r} "
+                                  f"is neither run ({', '.join(RUN_LANGUAGES)}) nor only shown "
+                                  f"({', '.join(sorted(SHOWN_LANGUAGES))})")
             if pending is not None:
                 raise MarkupError(f"{path.name}:{start + 1}: a marker before a block that never runs")
             last = None

