@@ -237,3 +237,28 @@ def test_a_quantized_kv_cache_takes_the_layers_own_ops() -> None:
     want = plain(tokens, cache=[c.to_quantized(group_size=32, bits=8) for c in make_prompt_cache(plain)])
     got = fused(tokens, cache=[c.to_quantized(group_size=32, bits=8) for c in make_prompt_cache(fused)])
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-3, atol=1e-3)
+
+
+@needs_kernels
+@pytest.mark.parametrize("mask", [None, "bool", "additive"])
+def test_heads_that_share_keys_are_read_together_and_give_mlxs_attention(mask) -> None:
+    """A decode step of many sequences takes the query heads of one key/value head together (each
+    key and value row read once for all of them); the same result as MLX's attention, and as the
+    heads one at a time (one sequence: too few units to share them out)."""
+    mx.random.seed(7)
+    batch, kv_heads, group, keys = 8, 3, 3, 45  # 24 units of 3 heads: grouped on any team
+    q = mx.random.normal((batch, kv_heads * group, 1, 64))
+    k, v = mx.random.normal((batch, kv_heads, keys, 64)), mx.random.normal((batch, kv_heads, keys, 64))
+    m = None
+    if mask == "bool":
+        m = mx.random.uniform(shape=(batch, 1, 1, keys)) > 0.3
+        m[..., -1] = True
+    elif mask == "additive":
+        m = mx.random.normal((batch, 1, 1, keys))
+    got = kernels.attention(q, k, v, scale=0.125, mask=m)
+    want = kernels._MLX_FAST["scaled_dot_product_attention"](q, k, v, scale=0.125, mask=m)
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-6)
+    for b in (0, batch - 1):  # one sequence alone: a head a unit, the same bits as in the batch
+        alone = kernels.attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], scale=0.125,
+                                  mask=None if m is None else m[b:b + 1])
+        assert np.array_equal(np.array(alone), np.array(got[b:b + 1]))

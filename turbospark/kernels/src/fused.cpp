@@ -253,7 +253,9 @@ std::vector<mx::Shape> Attention::output_shapes(const std::vector<mx::array>& in
 namespace {
 
 // One query row's attention: scores over the keys it may see, softmax in float32, the weighted
-// sum of values.  Rounds where the MLX fallback's ops round (their outputs are T).
+// sum of values.  Rounds where the MLX fallback's ops round (their outputs are T).  A unit is the
+// G query heads that share one key/value head (grouped-query attention), so each key and value
+// row is read once for all of them.
 template <class T>
 struct AttentionJob {
   View4 q, k, v, m;
@@ -265,9 +267,9 @@ struct AttentionJob {
   T* out;
   bool merged;  // out is (B, Lq, Hq * Dv), else (B, Hq, Lq, Dv)
 
-  // rows (b, h, i) for i in [i0, i1)
-  void run(int b, int h, int i0, int i1, const Isa& isa) const {
-    const int kvh = h / (Hq / Hkv);
+  // rows (b, h, i) for the G heads from h0 (all of one key/value head), i in [i0, i1)
+  void run(int b, int h0, int G, int i0, int i1, const Isa& isa) const {
+    const int kvh = h0 / (Hq / Hkv);
     thread_local std::vector<float> kf, vf, qf, scores, acc;
     // keys and values of this head as float32 rows (read in place where they already are)
     const float* kp;
@@ -289,39 +291,47 @@ struct AttentionJob {
     };
     rows_of(k, Lk, D, kf, kp, kst);
     rows_of(v, Lk, Dv, vf, vp, vst);
-    qf.resize(D);
-    scores.resize(Lk);
-    acc.resize(Dv);
+    qf.resize(size_t(G) * D);
+    scores.resize(size_t(G) * Lk);
+    acc.resize(size_t(G) * Dv);
     const float lowest = std::numeric_limits<float>::lowest();
     // finfo(T).min, what the fallback writes where the mask says no
     const float masked = std::is_same_v<T, float> ? lowest : std::is_same_v<T, bfloat16_t> ? -3.38953139e38f : -65504.0f;
     for (int i = i0; i < i1; ++i) {
-      for (int e = 0; e < D; ++e) qf[e] = round_to<T>(scale * static_cast<float>(q.at<T>(b, h, i, e)));
+      for (int g = 0; g < G; ++g)
+        for (int e = 0; e < D; ++e) qf[size_t(g) * D + e] = round_to<T>(scale * static_cast<float>(q.at<T>(b, h0 + g, i, e)));
       const int visible = causal ? std::min(Lk, i + 1 + (Lk - Lq)) : Lk;
-      float top = has_sinks ? static_cast<float>(sinks[h * sinks_stride]) : lowest;
-      isa.dots(qf.data(), kp, kst, visible, D, scores.data());
-      for (int j = 0; j < visible; ++j) {
-        float sc = round_to<T>(scores[j]);
-        if (has_mask) {
-          if (bool_mask) {
-            if (!m.at<bool>(b, h, i, j)) sc = masked;
-          } else {
-            sc = round_to<T>(sc + static_cast<float>(m.at<T>(b, h, i, j)));
+      isa.dots(qf.data(), G, D, kp, kst, visible, D, scores.data(), Lk);
+      for (int g = 0; g < G; ++g) {
+        const int h = h0 + g;
+        float* sg = scores.data() + size_t(g) * Lk;
+        float top = has_sinks ? static_cast<float>(sinks[h * sinks_stride]) : lowest;
+        for (int j = 0; j < visible; ++j) {
+          float sc = round_to<T>(sg[j]);
+          if (has_mask) {
+            if (bool_mask) {
+              if (!m.at<bool>(b, h, i, j)) sc = masked;
+            } else {
+              sc = round_to<T>(sc + static_cast<float>(m.at<T>(b, h, i, j)));
+            }
           }
+          sg[j] = sc;
+          top = std::max(top, sc);
         }
-        scores[j] = sc;
-        top = std::max(top, sc);
+        float total = has_sinks ? std::exp(static_cast<float>(sinks[h * sinks_stride]) - top) : 0.0f;
+        for (int j = 0; j < visible; ++j) {
+          sg[j] = std::exp(sg[j] - top);
+          total += sg[j];
+        }
+        for (int j = 0; j < visible; ++j) sg[j] = round_to<T>(sg[j] / total);
       }
-      float total = has_sinks ? std::exp(static_cast<float>(sinks[h * sinks_stride]) - top) : 0.0f;
-      for (int j = 0; j < visible; ++j) {
-        scores[j] = std::exp(scores[j] - top);
-        total += scores[j];
-      }
-      for (int j = 0; j < visible; ++j) scores[j] = round_to<T>(scores[j] / total);
       std::fill(acc.begin(), acc.end(), 0.0f);
-      isa.axpys(scores.data(), vp, vst, visible, Dv, acc.data());
-      T* o = merged ? out + ((size_t(b) * Lq + i) * Hq + h) * Dv : out + ((size_t(b) * Hq + h) * Lq + i) * Dv;
-      for (int e = 0; e < Dv; ++e) o[e] = static_cast<T>(acc[e]);
+      isa.axpys(scores.data(), G, Lk, vp, vst, visible, Dv, acc.data(), Dv);
+      for (int g = 0; g < G; ++g) {
+        const int h = h0 + g;
+        T* o = merged ? out + ((size_t(b) * Lq + i) * Hq + h) * Dv : out + ((size_t(b) * Hq + h) * Lq + i) * Dv;
+        for (int e = 0; e < Dv; ++e) o[e] = static_cast<T>(acc[size_t(g) * Dv + e]);
+      }
     }
   }
 };
@@ -343,18 +353,22 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
                           q.shape(1), k.shape(1), q.shape(2), k.shape(2), q.shape(3), v.shape(3), out.data<T>(),
                           merged};
       const int B = q.shape(0);
-      // units: (b, h, a block of up to 16 query rows)
+      // units: (b, the query heads of a key/value head, a block of up to 16 query rows), each
+      // key and value row read once for the heads that share it; one head a unit where that
+      // would leave too few units to share out (one sequence's decode step)
       const int blocks = (job.Lq + 15) / 16;
-      const int units = B * job.Hq * blocks;
+      auto& team = pool();
+      const int threads = job.Lq >= 16 ? team.size() : step_parts();
+      const int G = B * job.Hkv * blocks >= 4 * threads ? job.Hq / job.Hkv : 1;
+      const int groups = job.Hq / G;
+      const int units = B * groups * blocks;
       const Isa& isa = active_isa();
       auto unit = [&](int u) {
         int blk = u % blocks, bh = u / blocks;
-        job.run(bh / job.Hq, bh % job.Hq, blk * 16, std::min(job.Lq, blk * 16 + 16), isa);
+        job.run(bh / groups, (bh % groups) * G, G, blk * 16, std::min(job.Lq, blk * 16 + 16), isa);
       };
       size_t work = size_t(B) * job.Hq * job.Lq * job.Lk * (job.D + job.Dv);
-      auto& team = pool();
-      // a prompt's rows take the whole team, a decode step's leave one core to Python
-      const int parts = std::min(units, job.Lq >= 16 ? team.size() : step_parts());
+      const int parts = std::min(units, threads);
       if (work < kParallelWork || parts == 1) {
         for (int u = 0; u < units; ++u) unit(u);
       } else {

@@ -336,43 +336,86 @@ void rows_from(const Src& src, const RowsJob& job, int o0, int o1) {
   }
 }
 
-void dots(const float* q, const float* k, int64_t kst, int n, int d, float* out) {
-  for (int j = 0; j < n; ++j) {
-    const float* row = k + j * kst;
-    v8f acc0 = {}, acc1 = {};
-    int e = 0;
-    for (; e + 16 <= d; e += 16) {
-      acc0 += load8(q + e) * load8(row + e);
-      acc1 += load8(q + e + 8) * load8(row + e + 8);
+// Eight sums at once: lane i of the result is the sum of a[i]'s eight lanes.
+inline v8f hsum8(const v8f* a) {
+#if defined(__AVX2__)
+  const __m256 t0 = _mm256_hadd_ps(__m256(a[0]), __m256(a[1])), t1 = _mm256_hadd_ps(__m256(a[2]), __m256(a[3]));
+  const __m256 t2 = _mm256_hadd_ps(__m256(a[4]), __m256(a[5])), t3 = _mm256_hadd_ps(__m256(a[6]), __m256(a[7]));
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  // a0..a3 and a4..a7, per 128-bit half
+  return v8f(_mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
+#else
+  v8f out;
+  for (int i = 0; i < 8; ++i) out[i] = hsum_pairs(a[i]);
+  return out;
+#endif
+}
+
+// The scores of G query heads that share their keys (grouped-query attention), each key row
+// read from memory once for all of them: out[g * ost + j] = sum_e q[g * qst + e] * k[j * kst + e].
+// Eight keys at a time (one sum each, reduced together); d a multiple of 8 takes the vector path.
+void dots(const float* q, int G, int64_t qst, const float* k, int64_t kst, int n, int d, float* out, int64_t ost) {
+  int j = 0;
+  if (d % 8 == 0) {
+    for (; j + 8 <= n; j += 8) {
+      const float* kj = k + j * kst;
+      for (int g = 0; g < G; ++g) {  // the eight key rows stay in L1 across the heads
+        const float* qg = q + g * qst;
+        v8f acc[8] = {};
+        for (int e = 0; e < d; e += 8) {
+          const v8f qv = load8(qg + e);
+          for (int t = 0; t < 8; ++t) acc[t] += qv * load8(kj + t * kst + e);
+        }
+        const v8f sums = hsum8(acc);
+        std::memcpy(out + g * ost + j, &sums, sizeof sums);
+      }
     }
-    for (; e + 8 <= d; e += 8) acc0 += load8(q + e) * load8(row + e);
-    float s = hsum(acc0 + acc1);
-    for (; e < d; ++e) s += q[e] * row[e];
-    out[j] = s;
+  }
+  for (; j < n; ++j) {
+    const float* row = k + j * kst;
+    for (int g = 0; g < G; ++g) {
+      const float* qg = q + g * qst;
+      v8f acc = {};
+      int e = 0;
+      for (; e + 8 <= d; e += 8) acc += load8(qg + e) * load8(row + e);
+      float s = hsum_pairs(acc);
+      for (; e < d; ++e) s += qg[e] * row[e];
+      out[g * ost + j] = s;
+    }
   }
 }
 
-void axpys(const float* p, const float* v, int64_t vst, int n, int d, float* acc) {
-  if (d == 64) {  // the usual head size: the sum stays in registers
-    v8f a[8];
-    for (int e = 0; e < 8; ++e) a[e] = load8(acc + 8 * e);
-    for (int j = 0; j < n; ++j) {
-      if (p[j] == 0.0f) continue;
-      const float* row = v + j * vst;
-      for (int e = 0; e < 8; ++e) a[e] += p[j] * load8(row + 8 * e);
+// acc[g * ast + e] += sum_j p[g * pst + j] * v[j * vst + e] for the G heads that share the values,
+// a block of value rows at a time (kept in L1 while each head's sum passes over it; rows whose
+// p is 0 skipped).
+void axpys(const float* p, int G, int64_t pst, const float* v, int64_t vst, int n, int d, float* acc, int64_t ast) {
+  constexpr int kBlock = 32;
+  for (int j0 = 0; j0 < n; j0 += kBlock) {
+    const int j1 = std::min(n, j0 + kBlock);
+    for (int g = 0; g < G; ++g) {
+      const float* pg = p + g * pst;
+      float* ag = acc + g * ast;
+      if (d == 64) {  // the usual head size: the sum stays in registers
+        v8f a[8];
+        for (int e = 0; e < 8; ++e) a[e] = load8(ag + 8 * e);
+        for (int j = j0; j < j1; ++j) {
+          if (pg[j] == 0.0f) continue;
+          const float* row = v + j * vst;
+          for (int e = 0; e < 8; ++e) a[e] += pg[j] * load8(row + 8 * e);
+        }
+        std::memcpy(ag, a, sizeof a);
+        continue;
+      }
+      for (int j = j0; j < j1; ++j) {
+        if (pg[j] == 0.0f) continue;
+        const float* row = v + j * vst;
+        int e = 0;
+        for (; e + 8 <= d; e += 8) {
+          v8f t = load8(ag + e) + pg[j] * load8(row + e);
+          std::memcpy(ag + e, &t, sizeof t);
+        }
+        for (; e < d; ++e) ag[e] += pg[j] * row[e];
+      }
     }
-    std::memcpy(acc, a, sizeof a);
-    return;
-  }
-  for (int j = 0; j < n; ++j) {
-    if (p[j] == 0.0f) continue;
-    const float* row = v + j * vst;
-    int e = 0;
-    for (; e + 8 <= d; e += 8) {
-      v8f t = load8(acc + e) + p[j] * load8(row + e);
-      std::memcpy(acc + e, &t, sizeof t);
-    }
-    for (; e < d; ++e) acc[e] += p[j] * row[e];
   }
 }
 
