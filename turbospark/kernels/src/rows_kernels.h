@@ -53,7 +53,8 @@ struct Isa {
   // Affine 4- and 8-bit weights times rows of x rounded to 8 bits per 32 values (as llama.cpp's
   // Q8_0 dot products do), for K a multiple of 64; nullptr where the set has no integer dot
   // products.  `quantize` writes, once a call, x8 (R x K; for 4-bit weights (`pairs`), each 64
-  // values as their 32 even then 32 odd ones), d8 (R x K/8: each 32 values' scale, four times),
+  // values as their 32 even then 32 odd ones), d8 (R x K/8: each 32 values' scale, four times, in
+  // the order of the kernel that reads them),
   // xsg and, for 8-bit weights, usg (R x K/G, RowsJob).
   RowsFn rows_q8;
   void (*quantize)(const float* x, int R, int K, int G, bool pairs, int8_t* x8, float* d8, float* xsg, float* usg);

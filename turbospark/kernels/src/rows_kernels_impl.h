@@ -517,7 +517,9 @@ void quantize(const float* x, int R, int K, int G, bool pairs, int8_t* x8, float
       __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
       b = _mm256_permutevar8x32_epi32(b, order);  // the 32 values in order
       const int half = (k / 32) % 2;              // where these 32 go in their 64
-      for (int i = 0; i < 4; ++i) d8[(at - 32 * half) / 8 + 4 * half + i] = m / 127.0f;
+      // each 64's eight scales: 4-bit weights d0 d0 d0 d0 d1 d1 d1 d1 (q8_block's lanes), 8-bit
+      // weights d0 d0 d1 d1 d0 d0 d1 d1 (q8_block8's)
+      for (int i = 0; i < 4; ++i) d8[(at - 32 * half) / 8 + (pairs ? 4 * half + i : 2 * half + i % 2 + 4 * (i / 2))] = m / 127.0f;
       const size_t g = size_t(r) * (K / G) + k / G;
       xsg[g] += hsum(v8f(sum));
       if (!pairs) {  // 8-bit weights: 128 * d * sum(x8) per group (q8_block8)
@@ -625,7 +627,18 @@ inline void q8_block(const RowsJob& job, const float* xsg, int o, int r) {
 // |q - 128| unsigned beside x8 with (q - 128)'s sign (at most 2 * 128 * 127, no saturation), so
 //   y = sum over 32s of d * s * (sum((q - 128) * x8) + 128 * sum(x8))  +  sum over groups of b * sum(x)
 // the 128 * sum(x8) part joining the bias terms as a dot product of the row's scales.  x8 is in
-// its own order here.
+// its own order here.  Two 32s at a time: their eight sums of four products each are paired up
+// (_mm256_hadd_epi32: lanes 0, 1, 4, 5 the first 32's, 2, 3, 6, 7 the second's), so one
+// conversion and one multiply-add serve 64 weights, against d8's d0 d0 d1 d1 d0 d0 d1 d1.
+
+// the scales of the 32 weights at k and of the 32 after them, in hadd_epi32's lanes
+template <class S>
+inline __m256 scale_pair8(const void* p, size_t row_at, int k, int G) {
+  if (G == 32)
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(two_at<S>(p, row_at + k / 32)), _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1));
+  return _mm256_set1_ps(scale_at<S>(p, row_at + k / G));
+}
+
 template <int OB, int RB, class S>
 inline void q8_block8(const RowsJob& job, const float* xsg, const float* usg, int o, int r) {
   const int K = job.K, G = job.group, groups = K / G;
@@ -634,18 +647,21 @@ inline void q8_block8(const RowsJob& job, const float* xsg, const float* usg, in
   __m256 acc[OB][RB];
   for (int i = 0; i < OB; ++i)
     for (int j = 0; j < RB; ++j) acc[i][j] = _mm256_setzero_ps();
-  for (int k = 0; k < K; k += 32) {
+  for (int k = 0; k < K; k += 64) {
     for (int i = 0; i < OB; ++i) {
       const uint8_t* w = static_cast<const uint8_t*>(job.w) + size_t(o + i) * K + k;
-      const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), flip);
-      const __m256i size = _mm256_abs_epi8(q);  // -128 gives 0x80: 128 read unsigned
-      const __m256 s = _mm256_set1_ps(scale_at<S>(job.scales, size_t(o + i) * groups + k / G));
+      const __m256i q0 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), flip);
+      const __m256i q1 = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 32)), flip);
+      const __m256i size0 = _mm256_abs_epi8(q0), size1 = _mm256_abs_epi8(q1);  // -128 gives 0x80: 128 unsigned
+      const __m256 s = scale_pair8<S>(job.scales, size_t(o + i) * groups, k, G);
       for (int j = 0; j < RB; ++j) {
         const size_t at = size_t(r + j) * K + k;
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(job.x8 + at));
-        const __m256i prods = _mm256_maddubs_epi16(size, _mm256_sign_epi8(x, q));
-        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(prods, ones));
-        acc[i][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(s, _mm256_broadcast_ss(job.d8 + at / 8)), acc[i][j]);
+        const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(job.x8 + at));
+        const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(job.x8 + at + 32));
+        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(size0, _mm256_sign_epi8(x0, q0)), ones);
+        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(size1, _mm256_sign_epi8(x1, q1)), ones);
+        const __m256 p = _mm256_cvtepi32_ps(_mm256_hadd_epi32(p0, p1));
+        acc[i][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(s, _mm256_loadu_ps(job.d8 + at / 8)), acc[i][j]);
       }
     }
   }
