@@ -13,6 +13,8 @@ affine weights with K a multiple of 64 are computed with x rounded to 8 bits per
 products may differ from MLX's by up to ``|s * q| @ half-steps`` more, exactly that bound (``TURBOSPARK_KERNELS_EXACT=1`` keeps x in float32: the float tolerance alone,
 tested too).
 
+A SwiGLU epilogue's exp (eight at a time where the set has FMA) is MLX's own: the same bits.
+
 Then a model: ``install`` routes a tiny llama's products through the kernels and its logits stay
 within float32 rounding of MLX's own; where the kernels are off, nothing changes and the line
 says why.
@@ -28,6 +30,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mlx_lm.models.activations import swiglu
 
 from turbospark.kernels import ops as kernels
 from turbospark.model import mlx_kernels
@@ -340,3 +343,18 @@ def test_fast_ops_are_one_op_on_the_cpu_and_mlx_own_where_the_kernels_do_not_ser
     given = kernels.rms_norm(x, None, 1e-5, stream=mx.cpu)
     assert "Turbospark" not in primitives(given, tmp_path) and "Rsqrt" in primitives(given, tmp_path)
     np.testing.assert_array_equal(np.array(given), np.array(kernels._MLX_FAST["rms_norm"](x, None, 1e-5)))
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.float16])
+def test_the_swiglu_epilogue_takes_mlxs_exp_over_its_whole_range(isa, dtype) -> None:
+    """The gate's exp, eight at a time and in a row's tail, is MLX's own on every instruction
+    set: the same bits from -100 to 100 and at the clamps (+-88)."""
+    h = 13  # 8 at a time, then 5 one by one
+    gate = np.concatenate([np.linspace(-100, 100, 4001), [88.0, 88.00001, -88.0, -88.00001, 0.0, -0.0, 1e-30]])
+    gate = np.concatenate([gate, np.zeros((-len(gate)) % h)]).astype(np.float32).reshape(1, -1, h)
+    x = mx.array(gate).astype(dtype)
+    eye = mx.eye(h, 16)  # the inner dimension a multiple of 8: x's last 3 columns are 0
+    w = mx.concatenate([eye, eye]).astype(dtype)  # gate and up are x itself
+    got = kernels.linear(mx.pad(x, [(0, 0), (0, 0), (0, 3)]), w, swiglu=True)
+    np.testing.assert_array_equal(np.array(got.astype(mx.float32)), np.array(swiglu(x, x).astype(mx.float32)))

@@ -318,11 +318,15 @@ struct AttentionJob {
           sg[j] = sc;
           top = std::max(top, sc);
         }
-        float total = has_sinks ? std::exp(static_cast<float>(sinks[h * sinks_stride]) - top) : 0.0f;
-        for (int j = 0; j < visible; ++j) {
-          sg[j] = std::exp(sg[j] - top);
-          total += sg[j];
+        float total = 0.0f;
+        if (has_sinks) {
+          float sink = static_cast<float>(sinks[h * sinks_stride]) - top;
+          isa.exps(&sink, 1);
+          total = sink;
         }
+        for (int j = 0; j < visible; ++j) sg[j] -= top;
+        isa.exps(sg, visible);  // MLX's own exp, as its softmax takes it
+        for (int j = 0; j < visible; ++j) total += sg[j];
         for (int j = 0; j < visible; ++j) sg[j] = round_to<T>(sg[j] / total);
       }
       std::fill(acc.begin(), acc.end(), 0.0f);

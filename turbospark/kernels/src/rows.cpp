@@ -148,36 +148,6 @@ mx::array rows_op(const mx::array& x, std::vector<mx::array> weights, const std:
                    std::move(inputs));
 }
 
-// MLX's own exp on the CPU (mlx/backend/cpu/simd/math.h: Cephes' polynomial for 2^fraction),
-// so that SwiGLU's sigmoid gives the bits MLX's does.
-inline float mlx_exp(float x0) {
-  if (std::isnan(x0)) return x0;
-  if (x0 > 88.0f) return std::numeric_limits<float>::infinity();
-  if (x0 < -88.0f) return 0.0f;
-  float x = x0 * 1.442695f;
-  const float ipart = std::floor(x + 0.5f);
-  const float fpart = x - ipart;
-  x = 1.535336188319500e-4f;
-  x = std::fma(x, fpart, 1.339887440266574e-3f);
-  x = std::fma(x, fpart, 9.618437357674640e-3f);
-  x = std::fma(x, fpart, 5.550332471162809e-2f);
-  x = std::fma(x, fpart, 2.402264791363012e-1f);
-  x = std::fma(x, fpart, 6.931472028550421e-1f);
-  x = std::fma(x, fpart, 1.000000000000000f);
-  const int32_t bits = (int32_t(ipart) + 127) << 23;
-  float two;
-  std::memcpy(&two, &bits, sizeof two);
-  return two * x;
-}
-
-// mx.sigmoid of a value of type T as MLX's CPU backend computes it (unary_ops.h): exp rounded
-// to T, the rest in float32, the result rounded to T.
-template <class T>
-inline float mlx_sigmoid(float x) {
-  const float y = 1.0f / (1.0f + round_to<T>(mlx_exp(std::fabs(x))));
-  return round_to<T>(x < 0 ? y : 1.0f - y);
-}
-
 // Writes y (R x N, float32) into out, in out's type, through the epilogue (rows.h).
 template <class T>
 void finish(const float* y, int R, int N, Epilogue epilogue, const mx::array* residual, mx::array& out) {
@@ -191,13 +161,22 @@ void finish(const float* y, int R, int N, Epilogue epilogue, const mx::array* re
         o[size_t(r) * N + n] = static_cast<T>(static_cast<float>(res[n * s1]) + round_to<T>(y[size_t(r) * N + n]));
     }
   } else if (epilogue == Epilogue::Swiglu) {
+    // mx.sigmoid of the gate as MLX's CPU backend computes it (unary_ops.h): exp of |g| rounded
+    // to T, the rest in float32, the result rounded to T; then g * sigmoid(g) * up, each rounded
     const int H = N / 2;
-    for (int r = 0; r < R; ++r)
+    std::vector<float> e(H);
+    const Isa& isa = active_isa();
+    for (int r = 0; r < R; ++r) {
+      const float* yr = y + size_t(r) * N;
+      for (int i = 0; i < H; ++i) e[i] = std::fabs(round_to<T>(yr[i]));
+      isa.exps(e.data(), H);
       for (int i = 0; i < H; ++i) {
-        const float g = round_to<T>(y[size_t(r) * N + i]), u = round_to<T>(y[size_t(r) * N + H + i]);
-        const float sig = mlx_sigmoid<T>(g);
+        const float g = round_to<T>(yr[i]), u = round_to<T>(yr[H + i]);
+        const float s = 1.0f / (1.0f + round_to<T>(e[i]));
+        const float sig = round_to<T>(g < 0 ? s : 1.0f - s);
         o[size_t(r) * H + i] = static_cast<T>(round_to<T>(g * sig) * u);
       }
+    }
   } else {
     for (size_t i = 0; i < size_t(R) * N; ++i) o[i] = static_cast<T>(y[i]);
   }
