@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from turbospark.model.lookup import Lookup, Pace
+from turbospark.model.lookup import Backoff, Lookup, Pace
 
 
 def test_the_draft_follows_the_longest_ngram_that_ends_the_text_at_its_last_occurrence() -> None:
@@ -42,3 +42,24 @@ def test_pace_grows_on_full_acceptance_and_halves_on_none() -> None:
     assert pace.k == 1
     pace.record(0, 0)  # nothing drafted says nothing
     assert (pace.k, pace.drafted, pace.accepted) == (1, 31, 17)
+
+
+def test_looks_for_drafts_wait_longer_after_each_that_kept_nothing() -> None:
+    looks = Backoff(most=8)
+    pattern = []
+    for _ in range(30):
+        if looks.due():
+            pattern.append("L")
+            looks.record(kept=False)
+        else:
+            pattern.append(".")
+    # waits of 1, 2, 4, then 8 plain steps between looks
+    assert "".join(pattern) == "L.L..L....L........L........L."
+    looks.record(kept=True)
+    assert looks.due() and looks.due()  # a look that kept a token: look every step again
+    looks.record(kept=False)
+    assert not looks.due() and looks.due()
+    looks.record(kept=False)
+    looks.reset()  # a new sequence
+    assert looks.due()
+

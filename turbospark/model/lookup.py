@@ -11,13 +11,19 @@ decoding one token at a time gives.
 ``Pace`` chooses how many tokens to draft from how many were accepted: it grows by one after a
 step that accepted the whole draft and halves after one that accepted nothing, between 1 and
 ``most``, so a sequence whose drafts keep failing pays little for them.
+
+``Backoff`` chooses when to look for drafts at all.  A look costs a step its overlap: the token
+each sequence sampled last must be known first, so the next step's graph cannot be built while
+that step computes (measured on free prose, one stream: 12-14 % of the decode speed when the
+drafts keep nothing).  After a look that kept no token the next one waits 1, 2, 4 then 8 plain
+steps; a look that kept one resets the wait.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["Lookup", "Pace"]
+__all__ = ["Backoff", "Lookup", "Pace"]
 
 
 class Lookup:
@@ -66,3 +72,27 @@ class Pace:
             self.k = min(self.most, self.k + 1)
         elif accepted == 0:
             self.k = max(1, self.k // 2)
+
+
+class Backoff:
+    """Whether to look for drafts this step, from what the last looks kept."""
+
+    def __init__(self, most: int = 8) -> None:
+        self.most = most
+        self.gap = self.wait = 0  # the wait after the last look; the plain steps still to take
+
+    def due(self) -> bool:
+        """True when this step should look (else one plain step of the wait is taken)."""
+        if self.wait > 0:
+            self.wait -= 1
+            return False
+        return True
+
+    def record(self, kept: bool) -> None:
+        """A look ended: it kept a drafted token or it did not (no draft counts as not)."""
+        self.gap = 0 if kept else min(self.most, max(1, 2 * self.gap))
+        self.wait = self.gap
+
+    def reset(self) -> None:
+        """Look at the next step (a new sequence: its prompt may have drafts to give)."""
+        self.gap = self.wait = 0

@@ -14,6 +14,8 @@ are thread-local): loading, the prefix cache, prefill and decode.
 - While at most ``speculate_up_to`` sequences decode and none reads a prompt, a step checks
   drafts instead (``mlx_speculate``): several exact tokens a step.  Drafts come from each
   sequence's own prompt and output (prompt lookup), or from a draft model (``mlx_draft``).
+  A look for drafts reads back the pending tokens, so it costs the step its pipelining: after a
+  look that kept nothing, the next waits a few plain steps (``lookup.Backoff``).
 - Decode is pipelined (step n+1 is dispatched before token n is read back).
 - Samplers and logits processors are per sequence (``mlx_sampling``).  One that raises fails its
   own sequence only: the error is recorded, the step goes on with a harmless stand-in, and the
@@ -40,7 +42,7 @@ from mlx_lm.utils import load_model
 
 from .backend import PrefillProgress, SamplingParams, StepOutput
 from .mlx_load import context_window, generation_defaults, kv_sizes, model_fingerprint
-from .lookup import Lookup, Pace
+from .lookup import Backoff, Lookup, Pace
 from .pacing import JoinPacer
 from .pipeline import pipeline
 from .constraint import Matcher
@@ -137,6 +139,7 @@ class MlxBackend:
         self.pacer = self.join_pacer()
         self.decode_steps = 0  # tokens decoded, all sequences together (tests, benchmarks)
         self.drafted = self.accepted = 0  # draft tokens checked and kept (benchmarks)
+        self.looks = Backoff()  # when a step looks for drafts (a look is a sync: lookup.py)
         self.engine_steps = 0
         self.fused_steps = 0  # steps run as one pass with a prompt chunk or joining layers (tests)
         self._running: dict[int, _Running] = {}
@@ -223,6 +226,7 @@ class MlxBackend:
             matcher=matcher,
         )
         self._by_uid[uid] = seq
+        self.looks.reset()
 
     def _guard(self, seq: int, fn: Callable[..., mx.array], stand_in: Callable[..., mx.array]) -> Callable[..., mx.array]:
         """``fn`` for one sequence; if it raises, the sequence is marked failed and the step goes
@@ -300,7 +304,7 @@ class MlxBackend:
         if None in seqs:
             return None
         runs = [self._running[s] for s in seqs]  # type: ignore[index]
-        if all(r.drafter is None for r in runs) or not can_speculate(batch):
+        if all(r.drafter is None for r in runs) or not can_speculate(batch) or not self.looks.due():
             return None
         with mx.stream(self.stream):
             drafts = []
@@ -316,9 +320,11 @@ class MlxBackend:
                     draft = draft[:max(0, run.matcher.allows([y, *draft]) - 1)]
                 drafts.append(draft)
             if not any(drafts):
+                self.looks.record(kept=False)
                 return None
             before = [r.matcher.consumed if r.matcher else 0 for r in runs]
             emitted, dists = verify(batch, drafts, [r.sampler for r in runs])
+            self.looks.record(kept=any(len(out) > 1 for out in emitted))
             for run, was, out in zip(runs, before, emitted, strict=True):
                 if run.matcher is not None:  # it consumed the pending token and the whole draft
                     run.matcher.rollback(run.matcher.consumed - was - len(out))
