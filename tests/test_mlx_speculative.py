@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 
+import mlx.core as mx
 import pytest
 import trio
 
 from turbospark.config import Settings
+from turbospark.kernels import ops as kernels
 from turbospark.messages import Generated
 from turbospark.model.backend import BackendSpec, SamplingParams
 from turbospark.server import serve
@@ -47,6 +49,9 @@ def test_greedy_text_is_the_same_with_speculation_alone_and_in_a_batch() -> None
 
     stored = smollm2_store()
     backend = MlxBackend(stored.path, model_id=stored.name, cache_entries=0)
+    # by default one sequence speculates on the CPU kernels (a verifying row costs what a token
+    # does there), up to 4 on MLX's own ops (decision 0025)
+    assert backend.speculate_up_to == (1 if kernels.available() and mx.default_device() == mx.cpu else 4)
     tok = backend.tokenizer
     copy, story = (tok.encode(tok.render_chat(m)) for m in (COPY, STORY))
     plain = greedy(backend, [copy, story], 24, speculate=0)

@@ -11,9 +11,10 @@ are thread-local): loading, the prefix cache, prefill and decode.
   tokens stays under twice their usual one.  For llama-stack models, a step that decodes and
   reads one prompt is one forward pass (``mlx_fused``), and a newcomer's KV joins the batch's a
   few layers a step (``mlx_joining``) instead of in one copy of the whole batch.
-- While at most ``speculate_up_to`` sequences decode and none reads a prompt, a step checks
-  drafts instead (``mlx_speculate``): several exact tokens a step.  Drafts come from each
-  sequence's own prompt and output (prompt lookup), or from a draft model (``mlx_draft``).
+- While at most ``speculate_up_to`` sequences decode (4; 1 on the CPU kernels) and none reads a
+  prompt, a step checks drafts instead (``mlx_speculate``): several exact tokens a step.  Drafts
+  come from each sequence's own prompt and output (prompt lookup), or from a draft model
+  (``mlx_draft``).
   A look for drafts reads back the pending tokens, so it costs the step its pipelining: after a
   look that kept nothing, the next waits a few plain steps (``lookup.Backoff``).
 - Decode is pipelined (step n+1 is dispatched before token n is read back).
@@ -51,6 +52,7 @@ from .mlx_draft import ModelDrafter, check_vocabularies
 from .mlx_fused import can_fuse, fusable, fused_next
 from .mlx_joining import settle
 from .mlx_kernels import install as install_kernels
+from .mlx_kernels import serves as kernels_serve
 from .mlx_speculate import can_speculate, pending_tokens, verify
 from .prefix_cache import PrefixCache, trimmable
 from .prompt_files import PromptFiles, tokenizer_digest
@@ -89,7 +91,7 @@ class MlxBackend:
         shard: str = "tensor",
         prompt_cache_dir: Path | None = None,
         prompt_cache_bytes: int = 4 << 30,
-        speculate_up_to: int = 4,
+        speculate_up_to: int | None = None,
         draft_path: Path | None = None,
     ) -> None:
         self.model_id = model_id
@@ -132,7 +134,10 @@ class MlxBackend:
         with mx.stream(self.stream):
             self.prefix_cache.restore()
         # Speculation runs while at most this many sequences decode (0: never); measured in
-        # decision 0025: past 4 streams it costs the ones that have nothing to draft.
+        # decision 0025: with MLX's own ops past 4 streams it costs the ones that have nothing to
+        # draft, with the CPU kernels (whose steps cost by the row) past one.
+        if speculate_up_to is None:
+            speculate_up_to = 1 if kernels_serve(self.model) else 4
         self.speculate_up_to = speculate_up_to
         # A step that decodes and reads a prompt runs as one forward pass (``mlx_fused``).
         self.fuse = group is None and fusable(self.model)

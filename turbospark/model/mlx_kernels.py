@@ -26,7 +26,7 @@ from mlx.utils import tree_flatten
 from ..kernels import ops as kernels
 from . import mlx_blocks
 
-__all__ = ["Linear", "QuantizedLinear", "install"]
+__all__ = ["Linear", "QuantizedLinear", "install", "serves"]
 
 
 def _float_product(x: mx.array, weight: mx.array, bias: mx.array | None) -> mx.array | None:
@@ -103,3 +103,9 @@ def install(model: nn.Module) -> str:
     return (f"{kernels.describe()}: {ours} of {linear} linear layers" + (" and the tied output head" if tied else "")
             + f", RMSNorm, RoPE and attention; {fused} of {layers} decoder layers fused"
             + f"; weights in huge pages: {huge >> 20} MiB")
+
+
+def serves(model: nn.Module) -> bool:
+    """Whether ``install`` sent any of ``model``'s matrix products to the kernels."""
+    return any(isinstance(m, (Linear, QuantizedLinear)) for _, m in model.named_modules())
+
