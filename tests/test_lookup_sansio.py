@@ -62,4 +62,3 @@ def test_looks_for_drafts_wait_longer_after_each_that_kept_nothing() -> None:
     looks.record(kept=False)
     looks.reset()  # a new sequence
     assert looks.due()
-
