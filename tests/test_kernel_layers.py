@@ -262,3 +262,23 @@ def test_heads_that_share_keys_are_read_together_and_give_mlxs_attention(mask) -
         alone = kernels.attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], scale=0.125,
                                   mask=None if m is None else m[b:b + 1])
         assert np.array_equal(np.array(alone), np.array(got[b:b + 1]))
+
+
+@needs_kernels
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_keys_a_batch_caches_left_padding_hides_are_skipped_with_the_same_bits(q_len) -> None:
+    """A batch KV cache pads shorter sequences on the left and its boolean mask hides the
+    padding: attention skips those keys (their weight is exactly 0), giving each sequence the bits
+    it gets over its own keys alone, and MLX's attention."""
+    mx.random.seed(11)
+    pads, keys = [0, 37, 120], 200
+    q = mx.random.normal((3, 9, q_len, 64))
+    k, v = mx.random.normal((3, 3, keys, 64)), mx.random.normal((3, 3, keys, 64))
+    cols, rows = mx.arange(keys), mx.arange(q_len)[:, None] + keys - q_len
+    m = mx.stack([(cols >= p) & (cols <= rows) for p in pads])[:, None]  # (B, 1, q_len, keys)
+    got = kernels.attention(q, k, v, scale=0.125, mask=m)
+    want = kernels._MLX_FAST["scaled_dot_product_attention"](q, k, v, scale=0.125, mask=m)
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=1e-6)
+    for b, p in enumerate(pads):
+        alone = kernels.attention(q[b:b + 1], k[b:b + 1, :, p:], v[b:b + 1, :, p:], scale=0.125, mask=m[b:b + 1, ..., p:])
+        assert np.array_equal(np.array(alone), np.array(got[b:b + 1]))

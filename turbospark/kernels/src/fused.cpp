@@ -301,12 +301,24 @@ struct AttentionJob {
       for (int g = 0; g < G; ++g)
         for (int e = 0; e < D; ++e) qf[size_t(g) * D + e] = round_to<T>(scale * static_cast<float>(q.at<T>(b, h0 + g, i, e)));
       const int visible = causal ? std::min(Lk, i + 1 + (Lk - Lq)) : Lk;
-      isa.dots(qf.data(), G, D, kp, kst, visible, D, scores.data(), Lk);
+      // keys a boolean mask hides from every head of the unit before the first it shows (a
+      // batch cache's left padding) weigh exactly 0: they are skipped, the result the same bits
+      int from = 0;
+      if (has_mask && bool_mask) {
+        from = visible;
+        for (int g = 0; g < G; ++g) {
+          int j = 0;
+          while (j < from && !m.at<bool>(b, h0 + g, i, j)) ++j;
+          from = j;
+        }
+        if (from == visible) from = 0;  // none shown: the whole row, as MLX weighs it
+      }
+      isa.dots(qf.data(), G, D, kp + from * kst, kst, visible - from, D, scores.data() + from, Lk);
       for (int g = 0; g < G; ++g) {
         const int h = h0 + g;
         float* sg = scores.data() + size_t(g) * Lk;
         float top = has_sinks ? static_cast<float>(sinks[h * sinks_stride]) : lowest;
-        for (int j = 0; j < visible; ++j) {
+        for (int j = from; j < visible; ++j) {
           float sc = round_to<T>(sg[j]);
           if (has_mask) {
             if (bool_mask) {
@@ -324,13 +336,13 @@ struct AttentionJob {
           isa.exps(&sink, 1);
           total = sink;
         }
-        for (int j = 0; j < visible; ++j) sg[j] -= top;
-        isa.exps(sg, visible);  // MLX's own exp, as its softmax takes it
-        for (int j = 0; j < visible; ++j) total += sg[j];
-        for (int j = 0; j < visible; ++j) sg[j] = round_to<T>(sg[j] / total);
+        for (int j = from; j < visible; ++j) sg[j] -= top;
+        isa.exps(sg + from, visible - from);  // MLX's own exp, as its softmax takes it
+        for (int j = from; j < visible; ++j) total += sg[j];
+        for (int j = from; j < visible; ++j) sg[j] = round_to<T>(sg[j] / total);
       }
       std::fill(acc.begin(), acc.end(), 0.0f);
-      isa.axpys(scores.data(), G, Lk, vp, vst, visible, Dv, acc.data(), Dv);
+      isa.axpys(scores.data() + from, G, Lk, vp + from * vst, vst, visible - from, Dv, acc.data(), Dv);
       for (int g = 0; g < G; ++g) {
         const int h = h0 + g;
         T* o = merged ? out + ((size_t(b) * Lq + i) * Hq + h) * Dv : out + ((size_t(b) * Hq + h) * Lq + i) * Dv;
