@@ -79,7 +79,7 @@ class Backoff:
 
     def __init__(self, most: int = 8) -> None:
         self.most = most
-        self.gap = self.wait = 0  # the wait after the last look; the plain steps still to take
+        self.reset()
 
     def due(self) -> bool:
         """True when this step should look (else one plain step of the wait is taken)."""
@@ -95,4 +95,4 @@ class Backoff:
 
     def reset(self) -> None:
         """Look at the next step (a new sequence: its prompt may have drafts to give)."""
-        self.gap = self.wait = 0
+        self.gap = self.wait = 0  # the wait after the last look; the plain steps still to take
