@@ -78,3 +78,31 @@ def test_serve_interrupted_while_loading_exits_promptly() -> None:
     assert code in (0, 130), err
     assert ("while loading models, exiting" in err) == (code == 130)
     assert not list(cached_store().root.glob(".tmp-*"))
+
+
+_ENDED_MID_CLEANUP = """
+import atexit, os, signal, sys, time
+from turbospark.cli.interrupt import _raise, interruptible, leaving
+signal.signal(signal.SIGTERM, _raise)  # as python -m turbospark does from its first line
+with interruptible():
+    print("turbospark: the model is refused", file=sys.stderr, flush=True)
+    if sys.argv[1] == "leaving":
+        leaving()
+atexit.register(lambda: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(5)))  # the launcher's
+sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize("how", ["leaving", "not leaving"])
+def test_a_process_that_said_why_it_ends_is_ended_by_sigterm_quietly(how: str) -> None:
+    """What mlx.launch does once one rank exits: SIGTERM the others, which may be in their own
+    clean-up by then (an atexit callback, a ``__del__``). After ``leaving`` that ends them with
+    SIGTERM's default action and their one line; without it, Python prints the
+    ``KeyboardInterrupt`` raised inside the clean-up as a traceback."""
+    proc = subprocess.run([sys.executable, "-c", _ENDED_MID_CLEANUP, how], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    if how == "leaving":
+        assert proc.returncode == -signal.SIGTERM
+        assert proc.stderr == "turbospark: the model is refused\n"
+    else:
+        assert "Traceback" in proc.stderr and "KeyboardInterrupt: SIGTERM" in proc.stderr

@@ -22,4 +22,5 @@ if __name__ == "__main__":
     except KeyboardInterrupt:
         print("turbospark: interrupted while starting", file=sys.stderr)
         code = 130
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # ending now: quietly, even mid-atexit
     sys.exit(code)

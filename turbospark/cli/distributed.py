@@ -21,6 +21,7 @@ from typing import Any
 
 from ..config import Settings
 from .attach import ModelSetupError, stored_model
+from .interrupt import leaving
 from .lifeline import Lifeline, beat, rank_zero_host
 
 __all__ = ["distributed_group", "follow_rank", "sharded_spec"]
@@ -104,6 +105,7 @@ def follow_rank(settings: Settings, group: Any) -> int:
     except RuntimeError as exc:  # one line, as on rank 0 (lifeline.py), not a traceback
         what = "lost another rank" if peer_lost(exc) else "failed"
         print(f"turbospark: rank {group.rank()} of {group.size()} {what} ({exc}), exiting", file=sys.stderr, flush=True)
+        leaving()  # mlx.launch ends the ranks left once one has exited: quietly, mid-cleanup
         return 1
     return 0
 

@@ -17,7 +17,7 @@ from ..model.backend import BackendSpec
 from ..model.encoder import EncoderSpec
 from ..audio.engines import AudioSpec
 from ..config import Settings
-from .interrupt import interruptible
+from .interrupt import interruptible, leaving
 
 __all__ = ["main"]
 
@@ -112,7 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "the model store", file=sys.stderr)
         return 130
     except ModelSetupError as exc:
-        print(f"turbospark: {exc}", file=sys.stderr)
+        print(f"turbospark: {exc}", file=sys.stderr, flush=True)
+        leaving()  # other ranks' launcher may end this one now
         return 1
     except BaseExceptionGroup as group:
         setup, rest = group.split(lambda exc: isinstance(exc, ModelSetupError) or _bind_error(exc))
@@ -120,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         for exc in _leaves(setup):
             print(_cannot_listen(settings.host, settings.port, exc) if _bind_error(exc) else f"turbospark: {exc}", file=sys.stderr)
+        leaving()
         return 1
     return 0
 
