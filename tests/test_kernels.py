@@ -242,6 +242,21 @@ def test_without_the_kernels_a_model_keeps_mlx_ops_and_the_line_says_why(monkeyp
                if isinstance(m, (nn.Linear, nn.Embedding)))
 
 
+
+def test_on_the_cpu_mlx_keeps_few_freed_buffers_kernels_or_not(monkeypatch) -> None:
+    """A freed KV cache goes back to the allocator rather than into MLX's cache for reuse."""
+    monkeypatch.setattr(kernels, "native", None)
+    monkeypatch.setattr(kernels, "_why_not", "not built (test)")
+    before = mx.set_cache_limit(1 << 40)
+    try:
+        mlx_kernels.install(tiny_llama(vocab=64, layers=1, seed=3))
+        big = mx.zeros((16 << 20,))  # 64 MiB
+        mx.eval(big)
+        del big
+        assert mx.get_cache_memory() <= mlx_kernels.CPU_CACHE_BYTES
+    finally:
+        mx.set_cache_limit(before)
+
 # --- RMSNorm, RoPE and attention against mx.fast's own (MLX's fallbacks on the CPU) -----------
 # Tolerances, absolute on outputs of size ~1: float32 1e-5 (sums in another order; the sines and
 # cosines of another libm), float16 and bfloat16 one unit in the last place of the output

@@ -13,6 +13,11 @@ It also makes ``mx.fast``'s RMSNorm, RoPE and attention one op each on the CPU
 
 Only on the CPU: on a GPU, or where the kernels are not built, nothing changes and the line that
 ``install`` returns says so.
+
+On the CPU, built or not, it also bounds the buffers MLX keeps for reuse once freed
+(``CPU_CACHE_BYTES``): by default MLX keeps them all, and a server that holds KV caches of recent
+prompts (the prefix cache) and grows others (a cache grows by copying) kept ~35 MB more at its
+peak for no measurable speed (``docs/performance.md``).
 """
 
 from __future__ import annotations
@@ -26,7 +31,11 @@ from mlx.utils import tree_flatten
 from ..kernels import ops as kernels
 from . import mlx_blocks
 
-__all__ = ["Linear", "QuantizedLinear", "install", "serves"]
+__all__ = ["CPU_CACHE_BYTES", "Linear", "QuantizedLinear", "install", "serves"]
+
+#: Freed buffers MLX keeps for reuse on the CPU: a decode step's own (what it allocates is reused
+#: by the next) fit; a freed KV cache does not, and goes back to the allocator.
+CPU_CACHE_BYTES = 16 << 20
 
 
 def _float_product(x: mx.array, weight: mx.array, bias: mx.array | None) -> mx.array | None:
@@ -82,6 +91,7 @@ def install(model: nn.Module) -> str:
     which kernels serve it (for the startup report)."""
     if mx.default_device().type != mx.cpu:
         return "MLX's own ops (on the GPU)"
+    mx.set_cache_limit(CPU_CACHE_BYTES)
     if not kernels.available():
         return kernels.describe()
     kernels.serve_fast_ops()
