@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from mlx_lm.generate import BatchGenerator
 
-from turbospark.model import mlx_joining
+from turbospark.kernels import ops as kernels
+from turbospark.model import mlx_joining, mlx_kernels
 from turbospark.model.mlx_fused import can_fuse, fusable, fused_next
 from turbospark.model.mlx_joining import JoiningKVCache, joining, settle
 from turbospark.model.mlx_sampling import greedy
@@ -106,6 +107,24 @@ def test_qwen2s_layer_stack_is_read_the_same_way() -> None:
     qwen2 = tiny_llama(VOCAB, layers=4, seed=2, arch="qwen2")  # biased q/k/v projections
     assert fusable(qwen2)
     same({3: join(NEWCOMER), 20: leave(0)}, model=qwen2)
+
+
+@pytest.mark.skipif(not kernels.available(), reason=f"kernels: {kernels.describe()}")
+def test_layers_the_cpu_kernels_fused_run_their_joined_products_in_the_pass_too(monkeypatch) -> None:
+    """4-bit weights with x in 8 bits: a row's result does not depend on the rows beside it, so
+    the one pass gives exactly the engine's own steps' tokens through the layers' fused
+    products (q, k and v in one; gate and up in one, SwiGLU and the residuals in the products)."""
+    import mlx.nn as nn
+
+    model = tiny_llama(VOCAB, layers=4, seed=3, hidden=64)
+    nn.quantize(model, group_size=32, bits=4)
+    assert "4 of 4 decoder layers fused" in mlx_kernels.install(model)
+    joined = []
+    qkv = type(model.model.layers[0]._turbospark_parts.qkv)
+    call = qkv.__call__
+    monkeypatch.setattr(qkv, "__call__", lambda self, x, **kw: joined.append(x.shape[1]) or call(self, x, **kw))
+    same({3: join(NEWCOMER), 20: leave(0)}, model=model)
+    assert max(joined) > len(RUNNING)  # some passes held decode rows and a chunk of the prompt
 
 
 def test_a_newcomer_read_in_one_pass_gives_every_sequence_the_same_tokens() -> None:

@@ -113,6 +113,9 @@ class _Parts:
         self.gate_up = _Weights([mlp.gate_proj, mlp.up_proj])
         self.down = _Weights([mlp.down_proj])
         self.qk_norm = hasattr(attn, "q_norm")
+        # where the joined q, k and v product splits into q, k and v (``mlx_fused``)
+        q_out = attn.q_proj["weight"].shape[0]
+        self.qkv_splits = [q_out, q_out + attn.k_proj["weight"].shape[0]]
 
     def products(self) -> list[_Weights]:
         return [self.qkv, self.o, self.gate_up, self.down]

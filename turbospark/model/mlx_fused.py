@@ -9,7 +9,8 @@ is merged into the batch's in one copy of every row's KV.
 
 Here the decode rows and the chunk are packed into one sequence of ``rows + chunk`` positions:
 the embedding, every projection, the MLP, the norms and the output head run once over all of
-them (the weights are read once); only attention runs apart, the decode rows against the
+them (the weights are read once; a layer the CPU kernels fused runs its joined products, as its
+own step does: ``mlx_blocks``); only attention runs apart, the decode rows against the
 batch's KV cache and the chunk against the newcomer's.  The chunk that ends the prompt takes its
 last token too, and the newcomer's first token is sampled from that same pass, so it enters the
 decode batch without a pass of its own; its KV joins the batch's layer by layer over the next
@@ -104,7 +105,11 @@ def forward(model: Any, rows: mx.array, rows_cache: list[Any], chunk: mx.array |
     for layer, c, cc in zip(inner.layers, rows_cache, chunk_cache or rows_cache, strict=True):
         attn = layer.self_attn
         x = layer.input_layernorm(h)
-        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        fused = getattr(layer, "_turbospark_parts", None)  # a layer the CPU kernels fused (mlx_blocks)
+        if fused is not None:  # its joined products: one for q, k and v
+            q, k, v = mx.split(fused.qkv(x), fused.qkv_splits, axis=-1)
+        else:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
         outs, start, parts = [], 0, _parts(c)
         for i, part in enumerate(parts):
             n = part.offset.shape[0]
@@ -120,8 +125,13 @@ def forward(model: Any, rows: mx.array, rows_cache: list[Any], chunk: mx.array |
             start += n
         if C:
             outs.append(_attend(attn, q[:, B:], k[:, B:], v[:, B:], cc, chunk_mask))
-        h = h + attn.o_proj(outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=1))
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        attended = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=1)
+        if fused is not None:  # and one for gate and up, the residuals and SwiGLU in the products
+            h = fused.o(attended, residual=h)
+            h = fused.down(fused.gate_up(layer.post_attention_layernorm(h), swiglu_halves=True), residual=h)
+        else:
+            h = h + attn.o_proj(attended)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
     wanted = mx.concatenate([h[:, :B], h[:, -1:]], axis=1) if last else h[:, :B]
     out = inner.norm(wanted)
     logits = inner.embed_tokens.as_linear(out) if model.args.tie_word_embeddings else model.lm_head(out)
