@@ -13,7 +13,8 @@ affine weights with K a multiple of 64 are computed with x rounded to 8 bits per
 products may differ from MLX's by up to ``|s * q| @ half-steps`` more, exactly that bound (``TURBOSPARK_KERNELS_EXACT=1`` keeps x in float32: the float tolerance alone,
 tested too).
 
-A SwiGLU epilogue's exp (eight at a time where the set has FMA) is MLX's own: the same bits.
+A SwiGLU epilogue's exp (eight at a time where the set has FMA) is MLX's own: the same bits; so
+is ``logsumexp`` over a last axis (the engine's normalization of a step's logits).
 
 Then a model: ``install`` routes a tiny llama's products through the kernels and its logits stay
 within float32 rounding of MLX's own; where the kernels are off, nothing changes and the line
@@ -206,6 +207,7 @@ def test_a_model_through_the_kernels_gives_mlx_logits_within_rounding() -> None:
     last = model(tokens[:, -1:])
     line = mlx_kernels.install(model)
     assert line.startswith(kernels.describe() + ": 14 of 14 linear layers and the tied output head")
+    assert mx.fast.rms_norm is kernels.rms_norm and mx.logsumexp is kernels.logsumexp  # every caller's
     assert all(type(m).__module__ == mlx_kernels.__name__
                for _, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Embedding)))
     np.testing.assert_allclose(np.array(model(tokens)), np.array(want), rtol=1e-4, atol=1e-4)
@@ -373,3 +375,40 @@ def test_the_swiglu_epilogue_takes_mlxs_exp_over_its_whole_range(isa, dtype) -> 
     w = mx.concatenate([eye, eye]).astype(dtype)  # gate and up are x itself
     got = kernels.linear(mx.pad(x, [(0, 0), (0, 0), (0, 3)]), w, swiglu=True)
     np.testing.assert_array_equal(np.array(got.astype(mx.float32)), np.array(swiglu(x, x).astype(mx.float32)))
+
+
+@needs_kernels
+@ours
+@given(rows=st.integers(1, 17), width=st.sampled_from([1, 7, 8, 513, 4096]), batch=st.booleans(),
+       transposed=st.booleans(), keepdims=st.booleans(), seed=st.integers(0, 2**16))
+def test_logsumexp_over_the_last_axis_is_mlxs_own_bits(isa, rows, width, batch, transposed, keepdims, seed) -> None:
+    """The engine's normalization of a step's logits: MLX's maximum, its exp (eight at a time,
+    then the tail) and its in-order sum, so the same bits, for rows side by side or strided."""
+    mx.random.seed(seed)
+    x = mx.random.normal((width, rows)).T if transposed else mx.random.normal((rows, width))
+    x = (x * 20).reshape(1, rows, width) if batch else x * 20
+    got = kernels.logsumexp(x, axis=-1, keepdims=keepdims)
+    want = kernels._MLX_LOGSUMEXP(x, axis=-1, keepdims=keepdims)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(np.array(got), np.array(want))
+
+
+@needs_kernels
+def test_logsumexp_keeps_mlxs_answers_at_the_edges_and_its_own_op_elsewhere(tmp_path) -> None:
+    """A vocabulary's width, rows of -inf (every token masked), +inf and NaN as MLX answers them;
+    another axis, another type or an explicit stream take MLX's own op, and an empty row is
+    MLX's own error."""
+    mx.random.seed(1)
+    vocab = mx.random.normal((3, 49152)) * 30
+    np.testing.assert_array_equal(np.array(kernels.logsumexp(vocab, axis=-1)),
+                                  np.array(kernels._MLX_LOGSUMEXP(vocab, axis=-1)))
+    inf = float("inf")
+    edges = mx.array([[-inf] * 9, [1.0] * 8 + [inf], [float("nan")] + [1.0] * 8, [-inf] * 8 + [2.0]])
+    got, want = kernels.logsumexp(edges, axis=1, keepdims=True), kernels._MLX_LOGSUMEXP(edges, axis=1, keepdims=True)
+    np.testing.assert_array_equal(np.array(got), np.array(want))
+    assert "TurbosparkLogSumExp" in primitives(kernels.logsumexp(vocab, axis=[-1]), tmp_path)
+    for other in (kernels.logsumexp(vocab, axis=0), kernels.logsumexp(vocab.astype(mx.bfloat16), axis=-1),
+                  kernels.logsumexp(vocab, axis=-1, stream=mx.cpu), kernels.logsumexp(vocab)):
+        assert "Turbospark" not in primitives(other, tmp_path)
+    with pytest.raises(ValueError, match="empty"):
+        kernels.logsumexp(mx.zeros((2, 0)), axis=-1)

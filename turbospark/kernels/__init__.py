@@ -19,7 +19,10 @@ cache's write in place (``kv_write``).
 ``serve_fast_ops`` puts one-op versions of ``mx.fast.rms_norm``, ``mx.fast.rope`` and
 ``mx.fast.scaled_dot_product_attention`` in place of MLX's own for arrays on the CPU, where MLX
 builds each from a graph of 6 to 20 small ops (about 3.5-5 us each to dispatch); every model's
-layers call them there, whatever its architecture or RoPE scaling.  Anything else (a GPU stream,
+layers call them there, whatever its architecture or RoPE scaling.  It also puts one in place of
+``mx.logsumexp`` over a float32 last axis: the engine normalizes every step's logits with it,
+over the whole vocabulary, and MLX's own takes its exp one value at a time (the same bits here,
+eight at a time).  Anything else (a GPU stream,
 an explicit ``stream=``, types or masks the kernels do not take) goes to MLX's own.
 
 The module is optional.  Where it was not built (no compiler, another platform), was built

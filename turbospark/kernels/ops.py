@@ -9,7 +9,8 @@ import os
 import mlx.core as mx
 
 __all__ = [
-    "MAX_FLOAT32_ROWS", "available", "describe", "huge_pages", "kv_write", "linear", "merged_attention", "native",
+    "MAX_FLOAT32_ROWS", "available", "describe", "huge_pages", "kv_write", "linear", "logsumexp", "merged_attention",
+    "native",
     "quantized_linear", "serve_fast_ops", "serves_float", "split_heads", "supports_quantized", "x_in_8_bits",
 ]
 
@@ -97,6 +98,7 @@ def split_heads(qkv: mx.array, heads: int, kv_heads: int) -> tuple[mx.array, mx.
 
 
 _MLX_FAST = {name: getattr(mx.fast, name) for name in ("rms_norm", "rope", "scaled_dot_product_attention")}
+_MLX_LOGSUMEXP = mx.logsumexp
 _FLOATS = (mx.float32, mx.bfloat16, mx.float16)
 
 
@@ -155,9 +157,26 @@ def merged_attention(q: mx.array, k: mx.array, v: mx.array, *, scale: float,
     return out.transpose(0, 2, 1, 3).reshape(q.shape[0], q.shape[2], -1)
 
 
+def logsumexp(a: mx.array, axis: int | list[int] | tuple[int, ...] | None = None, keepdims: bool = False, *,
+              stream: object = None) -> mx.array:
+    """``mx.logsumexp``, over the last axis of float32 ``a`` as one op with MLX's bits (its
+    exp 8 values at a time: the engine's normalization of every step's logits); MLX's own
+    otherwise."""
+    last = a.ndim - 1 if isinstance(a, mx.array) else None
+    if isinstance(axis, (list, tuple)) and len(axis) == 1:
+        axis = axis[0]
+    if (_on_cpu(stream) and last is not None and a.dtype == mx.float32 and a.ndim >= 1
+            and (axis in (-1, last) or (axis is None and last == 0))):
+        out = native.logsumexp(a)
+        return out if keepdims else out.squeeze(-1)
+    return _MLX_LOGSUMEXP(a, axis=axis, keepdims=keepdims, stream=stream)
+
+
 def serve_fast_ops() -> None:
     """Make ``mx.fast.rms_norm``, ``rope`` and ``scaled_dot_product_attention`` one op each on the
-    CPU, for every caller in this process (idempotent).  Needs the kernels."""
+    CPU, and ``mx.logsumexp`` over a last axis, for every caller in this process (idempotent).
+    Needs the kernels."""
     mx.fast.rms_norm = rms_norm
     mx.fast.rope = rope
     mx.fast.scaled_dot_product_attention = attention
+    mx.logsumexp = logsumexp

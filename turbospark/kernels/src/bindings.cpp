@@ -41,6 +41,8 @@ NB_MODULE(_native, m) {
         return tk::rms_norm(x, weight, eps);
       },
       "x"_a, "weight"_a.none(), "eps"_a, "mx.fast.rms_norm as one op on the CPU.");
+  m.def("logsumexp", [](const mlx::core::array& x) { return tk::logsumexp(x); }, "x"_a,
+        "mx.logsumexp(x, axis=-1, keepdims=True) for float32 x as one op on the CPU, with MLX's bits.");
   m.def(
       "rope",
       [](const mlx::core::array& x, int dims, bool traditional, std::optional<float> base, float scale,

@@ -394,6 +394,72 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   });
 }
 
+// ------------------------------------------------------------------------------------- LogSumExp
+
+mx::array logsumexp(const mx::array& x, mx::StreamOrDevice s_) {
+  auto s = mx::to_stream(s_);
+  check_cpu(s, "[logsumexp]");
+  if (x.ndim() == 0 || x.dtype() != mx::float32)
+    throw std::invalid_argument("[logsumexp] expected float32 x of at least 1 dimension");
+  if (x.size() == 0) throw std::invalid_argument("[logsumexp] Received empty array.");  // as MLX's
+  auto shape = x.shape();
+  shape.back() = 1;
+  return mx::array(std::move(shape), mx::float32, std::make_shared<LogSumExp>(s), {x});
+}
+
+std::vector<mx::Shape> LogSumExp::output_shapes(const std::vector<mx::array>& inputs) {
+  auto shape = inputs[0].shape();
+  shape.back() = 1;
+  return {shape};
+}
+
+void LogSumExp::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[TurbosparkLogSumExp] runs on the CPU only");
+}
+
+void LogSumExp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  enqueue(stream(), inputs, out, [](std::vector<mx::array>& in, mx::array& out) {
+    const auto& x = in[0];
+    const int M = x.shape(-1);
+    const int L = M == 0 ? 0 : int(x.size() / M);
+    const int64_t s1 = x.strides().back();
+    const float* xp = x.data<float>();
+    float* op = out.data<float>();
+    const Isa& isa = active_isa();
+    auto row = [&](int r) {
+      const float* p = xp + row_offset(x, r);
+      constexpr float kLeast = -std::numeric_limits<float>::infinity();
+      float m[4] = {kLeast, kLeast, kLeast, kLeast};  // the maximum is exact in any order
+      int i = 0;
+      for (; i + 4 <= M; i += 4)
+        for (int j = 0; j < 4; ++j) m[j] = std::max(m[j], p[(i + j) * s1]);
+      for (; i < M; ++i) m[0] = std::max(m[0], p[i * s1]);
+      const float maximum = std::max(std::max(m[0], m[1]), std::max(m[2], m[3]));
+      if (std::isinf(maximum)) {
+        op[r] = maximum;
+        return;
+      }
+      constexpr int kChunk = 512;
+      float e[kChunk];
+      float normalizer = 0;
+      for (int i0 = 0; i0 < M; i0 += kChunk) {
+        const int n = std::min(kChunk, M - i0);
+        for (int j = 0; j < n; ++j) e[j] = p[(i0 + j) * s1] - maximum;
+        isa.exps(e, n);
+        for (int j = 0; j < n; ++j) normalizer += e[j];  // in order, as MLX adds them
+      }
+      op[r] = std::log(normalizer) + maximum;
+    };
+    auto& team = pool();
+    const int parts = std::min(L, team.size());
+    if (parts <= 1 || size_t(L) * M < kParallelWork) {
+      for (int r = 0; r < L; ++r) row(r);
+    } else {
+      team.run(row, L, parts);
+    }
+  });
+}
+
 // ------------------------------------------------------------------------------------ Split heads
 
 std::vector<mx::array> split_heads(const mx::array& qkv, int hq, int hkv, mx::StreamOrDevice s_) {
