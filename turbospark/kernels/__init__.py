@@ -12,8 +12,8 @@ their float path at one row (decision 0028 measures what it costs in likelihood)
 ``TURBOSPARK_KERNELS_EXACT=1`` keeps x in float32.  They are MLX primitives, so they sit in MLX's graph like its own ops: lazy,
 on the model thread's stream, in order with everything else.
 
-For the decoder layers ``model/mlx_blocks`` fuses there are products with a residual or SwiGLU
-epilogue, q, k and v split into heads as views, attention written heads side by side, and a KV
+For the decoder layers ``model/mlx_blocks`` fuses there are products with an RMSNorm prologue
+and a residual or SwiGLU epilogue, q, k and v split into heads as views, attention written heads side by side, and a KV
 cache's write in place (``kv_write``).
 
 ``serve_fast_ops`` puts one-op versions of ``mx.fast.rms_norm``, ``mx.fast.rope`` and

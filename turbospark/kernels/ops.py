@@ -73,21 +73,23 @@ def huge_pages(arrays: list[mx.array]) -> int:
 
 
 def linear(x: mx.array, weight: mx.array, bias: mx.array | None = None, *, residual: mx.array | None = None,
-           swiglu: bool = False) -> mx.array:
+           swiglu: bool = False, norm: mx.array | None = None, eps: float = 0.0) -> mx.array:
     """``x @ weight.T (+ bias)``; weight (N, K) in float32, bfloat16 or float16, K a multiple of 8.
     Then ``residual + y`` (rounded as the two ops would), or, for a gate's and an up
-    projection's rows one after the other, ``swiglu(y[..., :N/2], y[..., N/2:])``: one op."""
-    return native.rows_matmul(x, weight, bias, residual=residual, swiglu=swiglu)
+    projection's rows one after the other, ``swiglu(y[..., :N/2], y[..., N/2:])``; with ``norm``,
+    x is first ``rms_norm(x, norm, eps)`` (the same bits): one op."""
+    return native.rows_matmul(x, weight, bias, residual=residual, swiglu=swiglu, norm=norm, eps=eps)
 
 
 def quantized_linear(
     x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, bias: mx.array | None = None,
     *, group_size: int, bits: int, residual: mx.array | None = None, swiglu: bool = False,
+    norm: mx.array | None = None, eps: float = 0.0,
 ) -> mx.array:
-    """``x @ dequantize(weight).T (+ bias)`` for MLX's affine layout (transposed); ``residual``
-    and ``swiglu`` as in ``linear``."""
+    """``x @ dequantize(weight).T (+ bias)`` for MLX's affine layout (transposed); ``residual``,
+    ``swiglu`` and ``norm`` as in ``linear``."""
     return native.rows_quantized_matmul(x, weight, scales, biases, bias, group_size=group_size, bits=bits,
-                                        residual=residual, swiglu=swiglu)
+                                        residual=residual, swiglu=swiglu, norm=norm, eps=eps)
 
 
 def split_heads(qkv: mx.array, heads: int, kv_heads: int) -> tuple[mx.array, mx.array, mx.array]:

@@ -20,20 +20,24 @@ NB_MODULE(_native, m) {
   m.def(
       "rows_matmul",
       [](const mlx::core::array& x, const mlx::core::array& w, const std::optional<mlx::core::array>& bias,
-         const std::optional<mlx::core::array>& residual, bool swiglu) {
-        return tk::rows_matmul(x, w, bias, residual, swiglu);
+         const std::optional<mlx::core::array>& residual, bool swiglu, const std::optional<mlx::core::array>& norm,
+         float eps) {
+        return tk::rows_matmul(x, w, bias, residual, swiglu, tk::Prologue{norm, eps});
       },
-      "x"_a, "w"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false,
+      "x"_a, "w"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false, "norm"_a = nb::none(),
+      "eps"_a = 0.0f,
       "x @ w.T (+ bias) for float weights, on the CPU; then + residual, or swiglu of its two halves.");
   m.def(
       "rows_quantized_matmul",
       [](const mlx::core::array& x, const mlx::core::array& w, const mlx::core::array& scales,
          const mlx::core::array& biases, const std::optional<mlx::core::array>& bias, int group_size, int bits,
-         const std::optional<mlx::core::array>& residual, bool swiglu) {
-        return tk::rows_quantized_matmul(x, w, scales, biases, bias, group_size, bits, residual, swiglu);
+         const std::optional<mlx::core::array>& residual, bool swiglu, const std::optional<mlx::core::array>& norm,
+         float eps) {
+        return tk::rows_quantized_matmul(x, w, scales, biases, bias, group_size, bits, residual, swiglu,
+                                         tk::Prologue{norm, eps});
       },
       "x"_a, "w"_a, "scales"_a, "biases"_a, "bias"_a = nb::none(), "group_size"_a = 64, "bits"_a = 4,
-      "residual"_a = nb::none(), "swiglu"_a = false,
+      "residual"_a = nb::none(), "swiglu"_a = false, "norm"_a = nb::none(), "eps"_a = 0.0f,
       "x @ dequantize(w).T (+ bias) for MLX's affine 4- and 8-bit weights, on the CPU; then + residual, or swiglu.");
   m.def(
       "rms_norm",

@@ -120,9 +120,28 @@ mx::array row_major(const mx::array& a, const mx::Stream& s) {
   return mx::contiguous(a, false, s);
 }
 
+// RMSNorm of each row of xf (R x K, x's values widened from T) in place, as the kernels' RmsNorm
+// computes it (fused.cpp): the sum of squares in order, the row scaled and rounded to T, times the
+// weight, rounded to T.
+template <class T>
+void rms_norm_rows(float* xf, int R, int K, const mx::array& weight, float eps) {
+  const T* wp = weight.data<T>();
+  for (int r = 0; r < R; ++r) {
+    float* row = xf + size_t(r) * K;
+    float ss = 0;
+    for (int d = 0; d < K; ++d) ss += row[d] * row[d];
+    const float inv = 1.0f / std::sqrt(ss / float(K) + eps);
+    for (int d = 0; d < K; ++d) {
+      float y = round_to<T>(row[d] * inv);
+      y *= static_cast<float>(wp[d]);
+      row[d] = static_cast<float>(static_cast<T>(y));
+    }
+  }
+}
+
 mx::array rows_op(const mx::array& x, std::vector<mx::array> weights, const std::optional<mx::array>& bias,
                   int N, int K, int group_size, int bits, const std::optional<mx::array>& residual, bool swiglu,
-                  mx::StreamOrDevice s) {
+                  const Prologue& prologue, mx::StreamOrDevice s) {
   auto stream = mx::to_stream(s);
   check_float(x, "x");
   if (x.ndim() < 1 || x.shape(-1) != K)
@@ -143,8 +162,15 @@ mx::array rows_op(const mx::array& x, std::vector<mx::array> weights, const std:
     if (residual->shape() != shape) throw std::invalid_argument("[rows_matmul] the residual must have the output's shape");
     inputs.push_back(mx::astype(*residual, x.dtype(), stream));
   }
+  if (prologue.norm) {
+    const auto& w = *prologue.norm;
+    if (w.ndim() != 1 || w.shape(0) != K) throw std::invalid_argument("[rows_matmul] the norm's weight must be (K,)");
+    inputs.push_back(row_major(mx::astype(w, x.dtype(), stream), stream));
+  }
   auto epilogue = residual ? Epilogue::Residual : swiglu ? Epilogue::Swiglu : Epilogue::None;
-  return mx::array(std::move(shape), x.dtype(), std::make_shared<RowsMatmul>(stream, group_size, bits, bool(bias), epilogue),
+  return mx::array(std::move(shape), x.dtype(),
+                   std::make_shared<RowsMatmul>(stream, group_size, bits, bool(bias), epilogue, bool(prologue.norm),
+                                                prologue.eps),
                    std::move(inputs));
 }
 
@@ -271,16 +297,17 @@ size_t huge_pages(const std::vector<mx::array>& arrays) {
 }
 
 mx::array rows_matmul(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
-                      const std::optional<mx::array>& residual, bool swiglu, mx::StreamOrDevice s) {
+                      const std::optional<mx::array>& residual, bool swiglu, const Prologue& prologue,
+                      mx::StreamOrDevice s) {
   check_float(w, "w");
   if (w.ndim() != 2) throw std::invalid_argument("[rows_matmul] w must be (N, K)");
-  return rows_op(x, {w}, bias, w.shape(0), w.shape(1), 0, 0, residual, swiglu, s);
+  return rows_op(x, {w}, bias, w.shape(0), w.shape(1), 0, 0, residual, swiglu, prologue, s);
 }
 
 mx::array rows_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                                 const mx::array& biases, const std::optional<mx::array>& bias,
                                 int group_size, int bits, const std::optional<mx::array>& residual, bool swiglu,
-                                mx::StreamOrDevice s) {
+                                const Prologue& prologue, mx::StreamOrDevice s) {
   if (bits != 4 && bits != 8) throw std::invalid_argument("[rows_quantized_matmul] bits must be 4 or 8");
   if (group_size != 32 && group_size != 64 && group_size != 128)
     throw std::invalid_argument("[rows_quantized_matmul] group_size must be 32, 64 or 128");
@@ -291,7 +318,7 @@ mx::array rows_quantized_matmul(const mx::array& x, const mx::array& w, const mx
   int N = w.shape(0), K = w.shape(1) * 32 / bits;
   if (scales.shape() != mx::Shape{N, K / group_size} || biases.shape() != scales.shape())
     throw std::invalid_argument("[rows_quantized_matmul] scales and biases must be (N, K / group_size)");
-  return rows_op(x, {w, scales, biases}, bias, N, K, group_size, bits, residual, swiglu, s);
+  return rows_op(x, {w, scales, biases}, bias, N, K, group_size, bits, residual, swiglu, prologue, s);
 }
 
 void RowsMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
@@ -300,7 +327,8 @@ void RowsMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 
 bool RowsMatmul::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const RowsMatmul&>(other);
-  return group_size_ == o.group_size_ && bits_ == o.bits_ && has_bias_ == o.has_bias_ && epilogue_ == o.epilogue_;
+  return group_size_ == o.group_size_ && bits_ == o.bits_ && has_bias_ == o.has_bias_ && epilogue_ == o.epilogue_ &&
+         has_norm_ == o.has_norm_ && eps_ == o.eps_;
 }
 
 std::vector<mx::Shape> RowsMatmul::output_shapes(const std::vector<mx::array>& inputs) {
@@ -310,8 +338,8 @@ std::vector<mx::Shape> RowsMatmul::output_shapes(const std::vector<mx::array>& i
 }
 
 void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  auto work = [bits = bits_, group = group_size_, has_bias = has_bias_, epilogue = epilogue_](
-                  std::vector<mx::array>& in, mx::array& out) {
+  auto work = [bits = bits_, group = group_size_, has_bias = has_bias_, epilogue = epilogue_, has_norm = has_norm_,
+               eps = eps_](std::vector<mx::array>& in, mx::array& out) {
     const auto& x = in[0];
     const int K = x.shape(-1), N = in[1].shape(0);
     const int R = K == 0 ? 0 : int(x.size() / K);
@@ -320,12 +348,15 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
     switch (x.dtype()) {
       case mx::float32:
         widen<float>(x, R, K, xf.data());
+        if (has_norm) rms_norm_rows<float>(xf.data(), R, K, in.back(), eps);
         break;
       case mx::bfloat16:
         widen<mx::bfloat16_t>(x, R, K, xf.data());
+        if (has_norm) rms_norm_rows<mx::bfloat16_t>(xf.data(), R, K, in.back(), eps);
         break;
       default:
         widen<mx::float16_t>(x, R, K, xf.data());
+        if (has_norm) rms_norm_rows<mx::float16_t>(xf.data(), R, K, in.back(), eps);
     }
     std::vector<float> yf;
     float* y = out.data<float>();
@@ -395,7 +426,7 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
       }
     }
     if (!direct) {
-      const mx::array* residual = epilogue == Epilogue::Residual ? &in.back() : nullptr;
+      const mx::array* residual = epilogue == Epilogue::Residual ? &in[in.size() - 1 - has_norm] : nullptr;
       if (out.dtype() == mx::float32) finish<float>(y, R, N, epilogue, residual, out);
       else if (out.dtype() == mx::bfloat16) finish<mx::bfloat16_t>(y, R, N, epilogue, residual, out);
       else finish<mx::float16_t>(y, R, N, epilogue, residual, out);

@@ -21,23 +21,33 @@ namespace mx = mlx::core;
 // values swiglu(T(y[:H]), T(y[H:])) = silu(gate) * up, as mlx-lm's MLP computes them.
 enum class Epilogue : int { None = 0, Residual = 1, Swiglu = 2 };
 
+// A product may first normalize x as mx.fast.rms_norm(x, norm, eps) does (kernels' RmsNorm, the
+// same bits: x normalized in float32, rounded to x's type, times the weight, rounded): a decoder
+// layer's norm and the product that reads it, in one op.
+struct Prologue {
+  std::optional<mx::array> norm;  // (K,), x's type
+  float eps = 0.0f;
+};
+
 // x @ w.T (+ bias), as nn.Linear computes it: x (..., K), w (N, K).
 mx::array rows_matmul(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
                       const std::optional<mx::array>& residual = std::nullopt, bool swiglu = false,
-                      mx::StreamOrDevice s = {});
+                      const Prologue& prologue = {}, mx::StreamOrDevice s = {});
 
 // x @ dequantize(w, scales, biases).T (+ bias), as nn.QuantizedLinear computes it (affine mode,
 // transposed): w (N, K * bits / 32) uint32, scales and biases (N, K / group_size).
 mx::array rows_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                                 const mx::array& biases, const std::optional<mx::array>& bias,
                                 int group_size, int bits, const std::optional<mx::array>& residual = std::nullopt,
-                                bool swiglu = false, mx::StreamOrDevice s = {});
+                                bool swiglu = false, const Prologue& prologue = {}, mx::StreamOrDevice s = {});
 
 class RowsMatmul : public mx::UnaryPrimitive {
  public:
   // bits 0: float weights; 4 or 8: affine quantized.
-  RowsMatmul(mx::Stream stream, int group_size, int bits, bool has_bias, Epilogue epilogue = Epilogue::None)
-      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), has_bias_(has_bias), epilogue_(epilogue) {}
+  RowsMatmul(mx::Stream stream, int group_size, int bits, bool has_bias, Epilogue epilogue = Epilogue::None,
+             bool has_norm = false, float eps = 0.0f)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), has_bias_(has_bias), epilogue_(epilogue),
+        has_norm_(has_norm), eps_(eps) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -50,6 +60,8 @@ class RowsMatmul : public mx::UnaryPrimitive {
   int bits_;
   bool has_bias_;
   Epilogue epilogue_;
+  bool has_norm_;  // the last input: RMSNorm's weight (Prologue)
+  float eps_;
 };
 
 // The instruction sets this build has and this CPU runs, best first; which one the kernels use.
