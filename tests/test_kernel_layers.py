@@ -1,13 +1,14 @@
 """A decoder layer in a dozen ops (``model/mlx_blocks``) and the kernels' pieces it is made of.
 
 - A product's residual epilogue gives exactly ``residual + product`` (the same two roundings).
+- Its RMSNorm prologue gives exactly the product of the norm's own op's output.
 - Its SwiGLU epilogue, over a gate's and an up projection's rows one after the other, gives
   exactly mlx-lm's ``swiglu`` of the two halves (MLX's own exp and roundings).
 - ``split_heads`` gives exactly the reshapes and transposes of mlx-lm's attention, as views.
 - Attention with its heads side by side gives exactly the transposed result.
 - Fused layers of llama, qwen2 (biased q/k/v) and qwen3 (q and k norms), float and 4-bit:
   exactly the logits of the same model with its layers unfused, over a prompt and decode
-  steps with a plain and a batch KV cache, and a decode step of 14 primitives a layer (29 unfused).
+  steps with a plain and a batch KV cache, and a decode step of 12 primitives a layer (29 unfused).
 - ``kv_write`` gives exactly mlx-lm's caches' slice updates and slices.
 """
 
@@ -60,6 +61,27 @@ def test_a_residual_epilogue_is_exactly_the_add_after_the_product(rows, dtype, b
     got = product(x, w, b, bits, residual=r)
     assert got.dtype == dtype and got.shape == (1, rows, 24)
     np.testing.assert_array_equal(np.array(got.astype(mx.float32)), np.array((r + product(x, w, b, bits)).astype(mx.float32)))
+
+
+@needs_kernels
+@ours
+@given(rows=st.integers(1, 40), dtype=floats, bits=st.sampled_from([0, 4, 8]), bias=st.booleans(),
+       then=st.sampled_from(["", "residual", "swiglu"]), eps=st.sampled_from([1e-5, 1e-6]),
+       seed=st.integers(0, 2**16))
+def test_an_rms_norm_prologue_is_exactly_the_norm_before_the_product(rows, dtype, bits, bias, then, eps, seed) -> None:
+    """A layer's norm and the product reading it, one op: the kernels' RmsNorm (MLX's arithmetic)
+    then the product, the same bits, with any epilogue after."""
+    mx.random.seed(seed)
+    x = (mx.random.normal((1, rows, 64)) * 4).astype(dtype)
+    norm = (1 + mx.random.normal((64,)) / 4).astype(dtype)
+    w = weights(48, 64, dtype, bits)
+    b = mx.random.normal((48,)).astype(dtype) if bias else None
+    epilogue = {"residual": {"residual": mx.random.normal((1, rows, 48)).astype(dtype)},
+                "swiglu": {"swiglu": True}}.get(then, {})
+    got = product(x, w, b, bits, norm=norm, eps=eps, **epilogue)
+    want = product(kernels.rms_norm(x, norm, eps), w, b, bits, **epilogue)
+    assert got.dtype == dtype and got.shape == want.shape
+    np.testing.assert_array_equal(np.array(got.astype(mx.float32)), np.array(want.astype(mx.float32)))
 
 
 @needs_kernels
@@ -213,7 +235,7 @@ def test_fused_layers_give_the_unfused_layers_logits(arch, bits, batch_cache, mo
 
 
 @needs_kernels
-def test_a_fused_decode_step_is_14_primitives_a_layer(tmp_path) -> None:
+def test_a_fused_decode_step_is_12_primitives_a_layer(tmp_path) -> None:
     model = tiny_llama(vocab=64, layers=4, seed=6, hidden=64)
     mlx_kernels.install(model)
     cache = make_prompt_cache(model)
@@ -224,9 +246,10 @@ def test_a_fused_decode_step_is_14_primitives_a_layer(tmp_path) -> None:
     assert ops["TurbosparkSplitHeads"] == 4 and ops["TurbosparkAttention"] == 4
     assert "Transpose" not in ops and "Add" not in ops
     assert ops["TurbosparkKvWrite"] == 2 * 4 and "SliceUpdate" not in ops
-    # a layer: 4 products, 2 norms, split, 2 RoPEs, the cache's 2 writes and 2 reads (slices: views),
-    # attention; then the embedding, the final norm and the head
-    assert sum(ops.values()) <= 14 * 4 + 4
+    assert ops["TurbosparkRmsNorm"] == 1  # the final norm; a layer's two are its products' prologues
+    # a layer: 4 products (two of them with the norms), split, 2 RoPEs, the cache's 2 writes and 2
+    # reads (slices: views), attention; then the embedding, the final norm and the head
+    assert sum(ops.values()) <= 12 * 4 + 4
 
 
 @needs_kernels

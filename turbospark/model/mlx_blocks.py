@@ -1,19 +1,20 @@
-"""A decoder layer of mlx-lm's llama, qwen2 and qwen3 stacks in 14 ops on the CPU kernels, not 29.
+"""A decoder layer of mlx-lm's llama, qwen2 and qwen3 stacks in 12 ops on the CPU kernels, not 29.
 
 mlx-lm's layer is ~29 ops on the CPU even with the kernels' products, RMSNorm, RoPE and
 attention (``mlx_kernels``): seven products, six reshapes and four transposes, the SwiGLU and
 two residual adds.  Each costs MLX ~3-6 us to dispatch and Python ~1-2 us to build, a step's
 fixed cost beside its products.  ``fuse`` changes the class of each such layer to one that
-computes the same thing in 14 (15 with a batch cache, whose offsets move by an add):
+computes the same thing in 12 (13 with a batch cache, whose offsets move by an add):
 
-    norm -> q|k|v product -> split heads (views) -> RoPE q, RoPE k -> the cache's writes (in
-    place) and reads (views) -> attention, heads side by side -> o product + residual -> norm
-    -> gate|up product with SwiGLU -> down product + residual
+    norm and q|k|v product -> split heads (views) -> RoPE q, RoPE k -> the cache's writes (in
+    place) and reads (views) -> attention, heads side by side -> o product + residual
+    -> norm and gate|up product with SwiGLU -> down product + residual
 
 q, k and v's weights become one matrix (rows one after the other), and so do gate's and up's:
 x is read and rounded to 8 bits once for each, and the layer's modules keep their weights as
-views of those matrices (no byte is held twice).  The residual adds and the SwiGLU round where
-mlx-lm's ops round (``kernels.linear``), so the layer's arithmetic is the unfused one's.
+views of those matrices (no byte is held twice).  The two norms run inside the products that
+read them, and the residual adds and the SwiGLU after them, each rounding where the separate
+ops round (``kernels.linear``), so the layer's arithmetic is the unfused one's (decision 0033).
 
 Anything the kernels do not take goes the module's own way: a quantized KV cache, layers of
 other classes (an adapter's, a sharded model's) or of mixed kinds, another architecture.
@@ -65,13 +66,22 @@ class _Weights:
                 start += piece.size
             at[pieces[0].dtype] = start
 
-    def __call__(self, x: mx.array, *, residual: mx.array | None = None, swiglu_halves: bool = False) -> mx.array:
+    def __call__(self, x: mx.array, *, residual: mx.array | None = None, swiglu_halves: bool = False,
+                 norm: nn.RMSNorm | None = None) -> mx.array:
+        """The product, after ``norm`` (a layer's RMSNorm: in the same op where the kernels take
+        x, with the same bits as the norm's own op)."""
+        weight, eps = (norm.weight, norm.eps) if norm is not None and norm.weight.dtype == x.dtype else (None, 0.0)
+        if norm is not None and weight is None:
+            x, norm = norm(x), None
         if self.quantized:
             return kernels.quantized_linear(x, self.weight, self.scales, self.biases, self.bias,
                                             group_size=self.group_size, bits=self.bits,
-                                            residual=residual, swiglu=swiglu_halves)
+                                            residual=residual, swiglu=swiglu_halves, norm=weight, eps=eps)
         if kernels.serves_float(x, self.weight):
-            return kernels.linear(x, self.weight, self.bias, residual=residual, swiglu=swiglu_halves)
+            return kernels.linear(x, self.weight, self.bias, residual=residual, swiglu=swiglu_halves,
+                                  norm=weight, eps=eps)
+        if norm is not None:
+            x = norm(x)
         y = x @ self.weight.T if self.bias is None else mx.addmm(self.bias, x, self.weight.T)
         if swiglu_halves:
             gate, up = mx.split(y, 2, axis=-1)
@@ -126,7 +136,7 @@ def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.arr
     if hasattr(cache, "bits") or x.ndim != 3:  # a quantized KV cache: the layer's own ops
         return super(type(self), self).__call__(x, mask, cache)
     attn = self.self_attn
-    q, k, v = kernels.split_heads(parts.qkv(self.input_layernorm(x)), attn.n_heads, attn.n_kv_heads)
+    q, k, v = kernels.split_heads(parts.qkv(x, norm=self.input_layernorm), attn.n_heads, attn.n_kv_heads)
     if parts.qk_norm:
         q, k = attn.q_norm(q), attn.k_norm(k)
     if cache is not None:
@@ -135,7 +145,7 @@ def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.arr
     else:
         q, k = attn.rope(q), attn.rope(k)
     h = parts.o(kernels.merged_attention(q, k, v, scale=attn.scale, mask=mask), residual=x)
-    return parts.down(parts.gate_up(self.post_attention_layernorm(h), swiglu_halves=True), residual=h)
+    return parts.down(parts.gate_up(h, swiglu_halves=True, norm=self.post_attention_layernorm), residual=h)
 
 
 def _update(cache: Any, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:

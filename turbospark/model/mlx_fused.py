@@ -104,11 +104,11 @@ def forward(model: Any, rows: mx.array, rows_cache: list[Any], chunk: mx.array |
     # (without a chunk, ``cc`` is the rows' own cache again, unread)
     for layer, c, cc in zip(inner.layers, rows_cache, chunk_cache or rows_cache, strict=True):
         attn = layer.self_attn
-        x = layer.input_layernorm(h)
         fused = getattr(layer, "_turbospark_parts", None)  # a layer the CPU kernels fused (mlx_blocks)
-        if fused is not None:  # its joined products: one for q, k and v
-            q, k, v = mx.split(fused.qkv(x), fused.qkv_splits, axis=-1)
+        if fused is not None:  # its joined products: the norm and one product for q, k and v
+            q, k, v = mx.split(fused.qkv(h, norm=layer.input_layernorm), fused.qkv_splits, axis=-1)
         else:
+            x = layer.input_layernorm(h)
             q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
         outs, start, parts = [], 0, _parts(c)
         for i, part in enumerate(parts):
@@ -128,7 +128,7 @@ def forward(model: Any, rows: mx.array, rows_cache: list[Any], chunk: mx.array |
         attended = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=1)
         if fused is not None:  # and one for gate and up, the residuals and SwiGLU in the products
             h = fused.o(attended, residual=h)
-            h = fused.down(fused.gate_up(layer.post_attention_layernorm(h), swiglu_halves=True), residual=h)
+            h = fused.down(fused.gate_up(h, swiglu_halves=True, norm=layer.post_attention_layernorm), residual=h)
         else:
             h = h + attn.o_proj(attended)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
