@@ -70,9 +70,9 @@ class _Weights:
                  norm: nn.RMSNorm | None = None) -> mx.array:
         """The product, after ``norm`` (a layer's RMSNorm: in the same op where the kernels take
         x, with the same bits as the norm's own op)."""
-        weight, eps = (norm.weight, norm.eps) if norm is not None and norm.weight.dtype == x.dtype else (None, 0.0)
-        if norm is not None and weight is None:
+        if norm is not None and norm.weight.dtype != x.dtype:  # not the prologue's case: the norm's own op
             x, norm = norm(x), None
+        weight, eps = (norm.weight, norm.eps) if norm is not None else (None, 0.0)
         if self.quantized:
             return kernels.quantized_linear(x, self.weight, self.scales, self.biases, self.bias,
                                             group_size=self.group_size, bits=self.bits,

@@ -10,6 +10,7 @@
 #include "mlx/ops.h"
 #include "mlx/types/half_types.h"
 #include "enqueue.h"
+#include "norm.h"
 #include "pool.h"
 #include "round.h"
 #include "rows.h"
@@ -100,18 +101,9 @@ void RmsNorm::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
       T* op = out.data<T>();
       for (int r = 0; r < R; ++r) {
         const T* row = xp + row_offset(x, r);
-        float ss = 0;
-        for (int d = 0; d < D; ++d) {
-          float v = static_cast<float>(row[d * s1]);
-          ss += v * v;
-        }
-        float inv = 1.0f / std::sqrt(ss / float(D) + eps);
         T* o = op + size_t(r) * D;
-        for (int d = 0; d < D; ++d) {
-          float y = round_to<T>(static_cast<float>(row[d * s1]) * inv);
-          if (wp) y *= static_cast<float>(wp[d * ws]);
-          o[d] = static_cast<T>(y);
-        }
+        rms_norm_row<T>(D, eps, wp, ws, [&](int d) { return static_cast<float>(row[d * s1]); },
+                        [&](int d, T v) { o[d] = v; });
       }
     });
   });

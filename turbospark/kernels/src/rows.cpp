@@ -17,6 +17,7 @@
 #include "mlx/ops.h"
 #include "mlx/types/half_types.h"
 #include "enqueue.h"
+#include "norm.h"
 #include "pool.h"
 #include "round.h"
 #include "strided.h"
@@ -120,22 +121,13 @@ mx::array row_major(const mx::array& a, const mx::Stream& s) {
   return mx::contiguous(a, false, s);
 }
 
-// RMSNorm of each row of xf (R x K, x's values widened from T) in place, as the kernels' RmsNorm
-// computes it (fused.cpp): the sum of squares in order, the row scaled and rounded to T, times the
-// weight, rounded to T.
+// The norm prologue (rows.h): each row of xf (R x K, x's values widened from T) in place.
 template <class T>
 void rms_norm_rows(float* xf, int R, int K, const mx::array& weight, float eps) {
-  const T* wp = weight.data<T>();
   for (int r = 0; r < R; ++r) {
     float* row = xf + size_t(r) * K;
-    float ss = 0;
-    for (int d = 0; d < K; ++d) ss += row[d] * row[d];
-    const float inv = 1.0f / std::sqrt(ss / float(K) + eps);
-    for (int d = 0; d < K; ++d) {
-      float y = round_to<T>(row[d] * inv);
-      y *= static_cast<float>(wp[d]);
-      row[d] = static_cast<float>(static_cast<T>(y));
-    }
+    rms_norm_row<T>(K, eps, weight.data<T>(), 1, [row](int d) { return row[d]; },
+                    [row](int d, T v) { row[d] = static_cast<float>(v); });
   }
 }
 
