@@ -44,7 +44,7 @@ def test_a_point_armed_with_a_rate_fails_about_that_share_of_passes(monkeypatch)
 
 
 def test_every_point_is_named_and_unknown_points_are_refused() -> None:
-    assert set(GENERATION_POINTS) | {"encoder batch", "audio job", "resolver load", "observer write"} == set(
+    assert set(GENERATION_POINTS) | {"encoder batch", "audio job", "image job", "resolver load", "observer write"} == set(
         errors.FAULT_POINTS)
     with pytest.raises(ValueError):
         errors.arm("nowhere")
@@ -95,10 +95,10 @@ async def _faults_counted(client, url: str, actor: str) -> None:
     the server is healthy and live."""
     assert (await client.get(f"{url}/health")).json()["status"] == "ok"
     live = (await client.get(f"{url}/health/live")).json()
-    assert live == {"status": "live", "faults": {a: int(a == actor) for a in ("model", "encoder", "audio", "observer")}}
+    assert live == {"status": "live", "faults": {a: int(a == actor) for a in ("model", "encoder", "audio", "image", "observer")}}
     metrics = (await client.get(f"{url}/metrics")).text
     assert f'turbospark_faults{{actor="{actor}"}} 1.0' in metrics
-    assert len(re.findall(r'^turbospark_faults\{actor="\w+"\} 0\.0$', metrics, re.M)) == 3
+    assert len(re.findall(r'^turbospark_faults\{actor="\w+"\} 0\.0$', metrics, re.M)) == 4
 
 
 async def test_a_fault_in_an_encoder_batch_fails_that_batch_and_the_encoder_carries_on(start_server, client) -> None:

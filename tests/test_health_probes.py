@@ -37,7 +37,7 @@ def _get(path: str, port: int) -> bytes:
 async def test_live_and_ready_say_what_a_balancer_needs(start_server, client: httpx.AsyncClient) -> None:
     server = await start_server(api_key="s3cret")  # probes are never authenticated
     r = await client.get(f"{server.url}/health/live")
-    assert (r.status_code, r.json()) == (200, {"status": "live", "faults": {"model": 0, "encoder": 0, "audio": 0, "observer": 0}})
+    assert (r.status_code, r.json()) == (200, {"status": "live", "faults": {"model": 0, "encoder": 0, "audio": 0, "image": 0, "observer": 0}})
     r = await client.get(f"{server.url}/health/ready")
     assert r.status_code == 200
     assert r.json() == {"status": "ready", "models": ["scripted"], "queue": {}}

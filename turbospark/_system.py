@@ -7,6 +7,8 @@
     ├── audio_actor         inbox: ResolveAudio, SubmitAudio, jobs, AttachModel/DetachModel;
     │                       runs the attached audio models' worker threads and queues, and the
     │                       async jobs (started when an audio model may be served)
+    ├── images_actor        inbox: AttachImages/DetachImages, SubmitImage; runs the attached image
+    │                       models' threads and queues (started with a model store)
     ├── pulls               inbox: Pull (with a model store); one job per model pulled
     ├── parser              inbox: ParseJson, DumpJson; JSON too big for the loop, in a child process
     └── resolver            inbox: Resolve, Unload, Running, Refresh, Adopt; notes (unbounded,
@@ -17,14 +19,13 @@
                 unloaded when idle; the models handed to ``serve`` loaded at start and kept):
                 ├── model_actor       a generation model; Take goes to the queue
                 ├── embedding_model   an embedding actor and its inbox (on the model's entry)
-                └── attached_audio    an audio model, attached to the audio actor meanwhile
+                ├── attached_audio    an audio model, attached to the audio actor meanwhile
+                └── attached_images   an image model, attached to the images actor meanwhile
 
-Shutdown begins with ``System.stop_models``: the models' scope is cancelled (each model actor's,
-its thread notices at its next ``check_cancelled`` (one step) and answers every sequence it holds
-``ShuttingDown``; the queue, told by ``Retire``, answers the jobs still waiting.  Embedding actors
-are cancelled the same way: the encoder thread answers what it holds, the actor what waits in its
-inbox; so is the audio actor.  The rest of the tree keeps serving the routes until the root
-nursery (``server.serve``) ends after HTTP has.
+Shutdown begins with ``System.stop_models``: the models' scope is cancelled (each model thread
+answers what it holds ``ShuttingDown`` within a step; the queue, told by ``Retire``, what waits),
+and so are the embedding, audio and images actors'.  The rest of the tree keeps serving the routes
+until the root nursery (``server.serve``) ends after HTTP has.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ from .actors._audio_life import attached_audio
 from .actors._mailbox import call
 from .actors.audio import AudioMessage, audio_actor
 from .actors.embedding import embedding_model
+from .actors.images import ImageMessage, attached_images, images_actor
+from .images.files import ImageFiles
 from .actors.generation import QueueMessage, generation_queue
 from .actors.models import model_actor
 from .actors.pulls import Pull, pulls
@@ -79,11 +82,14 @@ class System:
     published: Published = attrs.field(factory=Published)
     #: cancelled at shutdown: every model actor (the resolver's nursery) and every load
     models_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
-    #: cancelled at shutdown with it: the audio actor's own scope
+    #: cancelled at shutdown with it: the audio and images actors' own scopes
     model_scopes: tuple[trio.CancelScope, ...] = ()
     responses: ResponseStore = attrs.field(factory=ResponseStore)  # for previous_response_id
     #: the audio jobs actor's inbox (None: no audio model may be served, no audio routes)
     audio: trio.MemorySendChannel[AudioMessage] | None = None
+    #: the images actor's inbox (None: no image model may be served); the images kept for URLs
+    images: trio.MemorySendChannel[ImageMessage] | None = None
+    image_files: ImageFiles = attrs.field(factory=ImageFiles)
     #: the model store routes manage (pull, delete, copy); None when the server has none
     shelf: Any = None
     #: the pulls actor's inbox (with a model store): every /api/pull is one of its jobs
@@ -186,9 +192,8 @@ class System:
         await self.queue.send(Submit(job))
 
     def fail(self, error: TurboSparkError) -> None:
-        """The server can serve nothing more (a rank of its sharded model is lost): every job
-        a route still reads is answered ``error`` now, whoever holds it (its model thread may
-        never answer again), and every new request gets it (``web/app.py``)."""
+        """The server can serve nothing more (a rank of its sharded model is lost): every job a
+        route still reads is answered ``error`` now, and every new request gets it (``web/app.py``)."""
         self.failure.append(error)
         for job in list(self.jobs):
             try:
@@ -205,8 +210,7 @@ class System:
 
     def embed(self, model: ModelEntry, job: EmbeddingJob) -> None:
         """Hand ``job`` to embedding model ``model`` (its loaded entry), or refuse it at once:
-        ``QueueFull`` when ``max_queue`` jobs already wait, ``ShuttingDown`` when the model has
-        stopped."""
+        ``QueueFull`` when ``max_queue`` jobs already wait, ``ShuttingDown`` when it has stopped."""
         if model.inbox is None:
             raise ShuttingDown()
         try:
@@ -295,6 +299,12 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
             scopes.append(scope := trio.CancelScope())
             await nursery.start(_in_scope, scope, partial(audio_actor, (), audio_recv, obs.emit))
 
+        images_send = None
+        if library is not tuple or any(p.kind == "text-to-image" for p in pinned):  # a store, or one given
+            images_send, images_recv = trio.open_memory_channel[ImageMessage](256)
+            scopes.append(scope := trio.CancelScope())
+            await nursery.start(_in_scope, scope, partial(images_actor, images_recv, obs.emit, queue_size=settings.max_queue))
+
         limits = Limits(settings.max_batch, settings.kv_budget, settings.special_tokens_in_content)
         room = embedding_queue(settings)
         embedding_limits = EmbeddingLimits(settings.embedding_batch, room)
@@ -306,6 +316,8 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
             elif loadable.kind == "embedding":
                 await embedding_model(loadable.id, loadable.make, obs.emit, embedding_limits,
                                       task_status=task_status)
+            elif loadable.kind == "text-to-image":
+                await attached_images(images_send, loadable.id, loadable.make, task_status=task_status)
             else:
                 spec = AudioSpec(loadable.id, _AUDIO_TASK[loadable.kind], loadable.make)
                 await attached_audio(audio_send, spec, task_status=task_status)
@@ -345,6 +357,7 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
                 models_scope=models_scope,
                 model_scopes=tuple(scopes),
                 audio=audio_send,
+                images=images_send,
                 shelf=spec.shelf,
                 pulls=pulls_send,
                 parser=parse_send,
@@ -356,8 +369,8 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
 #: how many Resolve, Unload, Running, Refresh and Adopt may wait for the resolver (a route's
 #: send waits when it is full; lease bookkeeping has its own channel)
 RESOLVER_INBOX = 1024
-#: how many Submit, Take and Open may wait for the queue (Withdraw too: one dropped on a full
-#: inbox only costs the queue a place until the model thread finds its reply channel closed)
+#: how many Submit, Take and Open may wait for the queue (Withdraw too: one dropped on a full inbox
+#: only costs a place until the model thread finds its reply channel closed)
 QUEUE_INBOX = 1024
 
 #: the audio task of each audio kind
@@ -377,9 +390,8 @@ def _pinned(spec: BackendSpec | EncoderSpec | AudioSpec | Loadable) -> Loadable:
 
 
 def embedding_queue(settings: Settings) -> int:
-    """Embedding jobs allowed to wait per model (and held by its thread at once): ``max_queue``,
-    or a forward pass's worth of single-input requests if that is more: many small concurrent
-    requests are what batching is for."""
+    """Embedding jobs allowed to wait per model (and held by its thread at once): ``max_queue``, or
+    a forward pass's worth of single-input requests if more (what batching is for)."""
     return max(settings.max_queue, settings.embedding_batch)
 
 

@@ -269,7 +269,7 @@ class GenerationFailed(TurboSparkError):
 
 FAULT_POINTS = (
     "admission", "prefill chunk", "decode step", "delivery", "stop", "prefix-cache store",
-    "encoder batch", "audio job", "resolver load", "observer write",
+    "encoder batch", "audio job", "image job", "resolver load", "observer write",
 )
 _armed: dict[str, int] = {}
 _random = random.Random(0)  # the same faults for the same run

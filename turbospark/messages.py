@@ -296,7 +296,7 @@ class JobFault:
 
 
 #: the actors whose faults are counted apart (``/health``'s ``faults``, ``turbospark_faults``)
-FAULT_ACTORS = ("model", "encoder", "audio", "observer")
+FAULT_ACTORS = ("model", "encoder", "audio", "image", "observer")
 
 
 @attrs.frozen

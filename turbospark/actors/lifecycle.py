@@ -48,11 +48,12 @@ FOREVER = math.inf
 
 
 #: What a model does, as the store's manifests say it.
-Kind = Literal["generation", "embedding", "speech-to-text", "text-to-speech"]
-KINDS: tuple[Kind, ...] = ("generation", "embedding", "speech-to-text", "text-to-speech")
+Kind = Literal["generation", "embedding", "speech-to-text", "text-to-speech", "text-to-image"]
+KINDS: tuple[Kind, ...] = ("generation", "embedding", "speech-to-text", "text-to-speech", "text-to-image")
 #: The registry capability of each kind that is not a generation model.
 _CAPABILITY: dict[str, Capability] = {
     "embedding": "embedding", "speech-to-text": "speech_to_text", "text-to-speech": "text_to_speech",
+    "text-to-image": "text_to_image",
 }
 
 
@@ -138,6 +139,10 @@ def entry_for(loadable: Loadable, info: Any | None = None, *, now: float) -> Mod
             id=loadable.id, context_window=info.max_tokens, capabilities=loadable.capabilities,
             created=created, fingerprint=info.fingerprint, dimensions=info.dimensions, inbox=info.inbox,
             matryoshka=info.matryoshka,
+        )
+    if loadable.kind == "text-to-image":  # routes reach it through the images actor
+        return ModelEntry(
+            id=loadable.id, context_window=0, capabilities=loadable.capabilities, created=created, image=info,
         )
     if not generative:  # an audio model: routes reach it through the audio actor
         return ModelEntry(

@@ -32,17 +32,20 @@ from ..errors import ModelNotFound, NoModel, RequestInvalid
 
 __all__ = ["Capability", "ModelEntry", "Registry", "alias_for", "untagged"]
 
-Capability = Literal["chat", "completion", "embedding", "speech_to_text", "text_to_speech"]
+Capability = Literal["chat", "completion", "embedding", "speech_to_text", "text_to_speech", "text_to_image"]
 
 #: Ollama's default tag: ``name:latest`` is ``name``.
 LATEST = ":latest"
 
 _WHAT = {  # Ollama's words, and the audio tasks'
     "chat": "chat", "completion": "generate", "embedding": "embeddings",
-    "speech_to_text": "speech-to-text", "text_to_speech": "text-to-speech",
+    "speech_to_text": "speech-to-text", "text_to_speech": "text-to-speech", "text_to_image": "image generation",
 }
-_AUDIO = ("speech_to_text", "text_to_speech")
-_A_KIND = {"embedding": "an embedding", "speech_to_text": "a speech-to-text", "text_to_speech": "a text-to-speech"}
+_AUDIO = ("speech_to_text", "text_to_speech", "text_to_image")
+_A_KIND = {
+    "embedding": "an embedding", "speech_to_text": "a speech-to-text", "text_to_speech": "a text-to-speech",
+    "text_to_image": "an image",
+}
 
 
 def alias_for(model_id: str) -> str:
@@ -75,6 +78,8 @@ class ModelEntry:
     inbox: Any = attrs.field(default=None, eq=False, hash=False, repr=False)
     #: A loaded audio model's ``AudioInfo`` (its task, voices and sample rate).
     audio: Any = attrs.field(default=None, eq=False, hash=False)
+    #: A loaded image model's ``ImageInfo`` (its sizes, steps and whether it edits).
+    image: Any = attrs.field(default=None, eq=False, hash=False)
     #: What computes a loaded MLX model's layers (``mlx_kernels.install``), for the startup lines.
     kernels: str = attrs.field(default="", eq=False, hash=False)
 

@@ -96,7 +96,10 @@ def shelf_for(settings: Settings) -> StoreShelf | None:
 
 def store_loaders():  # type: ignore[no-untyped-def]
     """How each kind of stored model other than a generation one (``load_mlx``) is loaded."""
-    return {"embedding": _load_encoder, "speech-to-text": _load_whisper, "text-to-speech": _load_piper}
+    return {
+        "embedding": _load_encoder, "speech-to-text": _load_whisper, "text-to-speech": _load_piper,
+        "text-to-image": _load_images,
+    }
 
 
 def backend_specs(settings: Settings, *, models: bool = True) -> list[BackendSpec | EncoderSpec | Loadable]:
@@ -213,6 +216,12 @@ def _load_encoder(path: Path, model_id: str):  # type: ignore[no-untyped-def]
     from ..model.bert import BertEncoder
 
     return _load("embedding model", BertEncoder, path, model_id)
+
+
+def _load_images(path: Path, model_id: str):  # type: ignore[no-untyped-def]
+    from ..images.pipeline import ZImagePipeline
+
+    return _load("image model", ZImagePipeline, path, model_id)
 
 
 # --- audio ---------------------------------------------------------------------------------------

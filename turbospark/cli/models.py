@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     imp = commands.add_parser(
         "import",
         help="import a GGUF file, a Hugging Face or MLX directory, a model in Ollama's store (ollama:NAME[:TAG]), "
-        "or an installed package carrying a GGUF",
+        "a Diffusers image pipeline's directory (Z-Image), or an installed package carrying a GGUF",
     )
     imp.add_argument(
         "source", help="path to a .gguf file or model directory, ollama:NAME[:TAG], or a package name"

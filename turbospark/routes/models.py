@@ -3,10 +3,10 @@ answer even while every resolution slot is taken.  The list reads the library (t
 first, as ``/api/tags`` does, so a model stored since (a pull from another process) is listed.
 
 Every known model is listed, loaded or not, whatever its kind (chat, completion, embedding,
-speech-to-text, text-to-speech), each name it answers to on a row of its own.  Besides OpenAI's
+speech-to-text, text-to-speech, image), each name it answers to on a row of its own.  Besides OpenAI's
 ``id``, ``object``, ``created`` and ``owned_by``, a row says what the model's files say
 (``store/card.py``): ``capabilities`` (``completion``, ``tools``, ``thinking``, ``embedding``,
-``speech_to_text``, ``text_to_speech``), ``context_window``, and where known ``architecture``,
+``speech_to_text``, ``text_to_speech``, ``text_to_image``, ``image_to_image``), ``context_window``, and where known ``architecture``,
 ``parameters`` (the exact count), ``quantization``; an audio model's row also has its ``task``.
 """
 
@@ -38,7 +38,7 @@ def capabilities(entry: ModelEntry, loadable: Loadable | None) -> list[str]:
     its registry entry says."""
     if loadable is not None and loadable.card.capabilities:
         return list(loadable.card.capabilities)
-    for only in ("embedding", *_AUDIO):
+    for only in ("embedding", *_AUDIO, "text_to_image"):
         if only in entry.capabilities:
             return [only]
     return ["completion"]

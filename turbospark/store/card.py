@@ -13,7 +13,8 @@ when the resolver's library is read, so that the routes only format it.
 - **capabilities** (Ollama's words): a generation model ``completion``, ``tools`` when its chat
   template handles tools, ``thinking`` when it has thinking markers (``<think>``,
   ``enable_thinking``, ``reasoning_content``); an embedding model ``embedding``; audio models
-  their task (``speech_to_text``, ``text_to_speech``);
+  their task (``speech_to_text``, ``text_to_speech``); an image pipeline ``text_to_image`` and
+  ``image_to_image`` (its parameters: every component's, from ``*/*.safetensors``);
 - Ollama's ``model_info`` keys (``general.architecture``, ``general.parameter_count``,
   ``<arch>.context_length``, ``<arch>.embedding_length``, ...), and ``parameters`` (its
   sampling defaults, as Ollama's ``name value`` lines).
@@ -155,6 +156,8 @@ def _capabilities(kind: str, template: str) -> tuple[str, ...]:
         return ("embedding",)
     if kind in _AUDIO_CAPABILITY:
         return (_AUDIO_CAPABILITY[kind],)
+    if kind == "text-to-image":  # every Z-Image pipeline edits too (its VAE encodes)
+        return ("text_to_image", "image_to_image")
     out = ["completion"]
     if "tools" in template:
         out.append("tools")
@@ -183,7 +186,8 @@ def card_for(stored: StoredModel) -> ModelCard:
     inner = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     settings = {**inner, **config}
     template = chat_template(path) if stored.kind == "generation" else ""
-    params, stored_as = count_parameters(weights_of(path), settings.get("quantization"))
+    weights = weights_of(path) if stored.kind != "text-to-image" else sorted(path.glob("*/*.safetensors"))
+    params, stored_as = count_parameters(weights, settings.get("quantization"))
     arch = str(manifest.get("architecture") or config.get("model_type") or "")
     context = int(manifest.get("context_length") or settings.get("max_position_embeddings") or 0)
     info: dict[str, Any] = {"general.architecture": arch, "general.parameter_count": params}

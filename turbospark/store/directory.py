@@ -45,8 +45,8 @@ class StoredModel:
         return str(self.manifest.get("kind", "generation"))
 
     def disk_size(self) -> int:
-        """Bytes used by the model's files."""
-        return sum(f.stat().st_size for f in self.path.iterdir() if f.is_file())
+        """Bytes used by the model's files (an image pipeline's component folders included)."""
+        return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
 
 
 def check_name(name: str) -> str:

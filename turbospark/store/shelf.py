@@ -42,6 +42,7 @@ __all__ = ["Loader", "StoreShelf", "loadable_from", "parameter_size"]
 Loader = Callable[[Path, str], Any]
 _CAPABILITY: dict[str, Capability] = {
     "embedding": "embedding", "speech-to-text": "speech_to_text", "text-to-speech": "text_to_speech",
+    "text-to-image": "text_to_image",
 }
 
 

@@ -30,7 +30,9 @@ _HF_REQUIRED = ("config.json", "tokenizer.json", "tokenizer_config.json")
 class Source:
     """A resolved import source."""
 
-    format: str  #: "gguf", "hf", "encoder" (a Hugging Face BERT sentence encoder) or "ollama"
+    #: "gguf", "hf", "encoder" (a Hugging Face BERT sentence encoder), "ollama" or "diffusers" (an
+    #: image pipeline's directory)
+    format: str
     #: gguf: the file, or its parts in order; hf and encoder: the directory; ollama: the GGUF blob
     paths: tuple[Path, ...]
     label: str  #: recorded as manifest["source"]
@@ -68,6 +70,8 @@ def resolve(source: str | Path) -> Source:
     if path.is_file():
         return Source("gguf", (path.resolve(),), str(path.resolve()), slug(path.stem))
     if path.is_dir():
+        if (path / "model_index.json").is_file():
+            return Source("diffusers", (path.resolve(),), str(path.resolve()), slug(path.resolve().name))
         if is_embedding(path):
             missing = [f for f in ("tokenizer.json",) if not (path / f).is_file()]
             if not any(path.glob("model*.safetensors")):

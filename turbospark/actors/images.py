@@ -1,0 +1,227 @@
+"""The images actor: owns the loaded image models, their threads and their queues.
+
+Inbox: ``AttachImages``, ``DetachImages`` (from a model's life, which the resolver runs) and
+``SubmitImage`` (from routes).
+
+    images_actor (its own nursery)
+    └── worker × models   each starts one pinned thread (trio.to_thread.run_sync, never
+                          abandoned) that loads the pipeline, then runs the model's jobs one at a
+                          time from its bounded queue (``queue_size``, the server's --max-queue;
+                          full: the retryable 503 chat answers, with Retry-After)
+
+A route's job goes straight on to the model's queue; the thread answers the route on the job's
+reply channel, whose receive end the route holds in its request scope: a client that leaves
+closes it, and the thread drops the job before it starts or stops it before its next denoising
+step.  Which image models are attached is the resolver's to decide (decision 0016): a model's
+life attaches it when a request names it and detaches it when idle (answered once its thread has
+ended), so every model kind shares one LRU budget and keep-alive.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import attrs
+import trio
+
+from ..errors import ModelLoadFailed, QueueFull, ShuttingDown, TurboSparkError
+from ..images.messages import ImageBusyEvent, ImageFailed, ImageInfo, ImageJob, ImageModelsChanged
+from ..images.worker import serve_images
+from ._mailbox import answer, call
+
+__all__ = ["AttachImages", "DetachImages", "ImageMessage", "SubmitImage", "attached_images", "images_actor"]
+
+log = logging.getLogger("turbospark.images")
+
+#: how long an unloaded image model's thread may take to stop (its step) before its slot is freed
+DETACH_WAIT = 30.0
+
+
+@attrs.frozen
+class AttachImages:
+    """Load an image model on a thread of its own (``make`` builds its pipeline there);
+    answered with its ``ImageInfo`` or the error."""
+
+    id: str
+    make: Callable[[], Any]
+    reply: trio.MemorySendChannel[ImageInfo | TurboSparkError]
+
+
+@attrs.frozen
+class DetachImages:
+    """Stop ``model``'s thread; answered (None) once it has ended."""
+
+    model: str
+    reply: trio.MemorySendChannel[None]
+
+
+@attrs.frozen
+class SubmitImage:
+    job: ImageJob
+
+
+ImageMessage = AttachImages | DetachImages | SubmitImage
+
+
+@attrs.define(eq=False)
+class _Model:
+    info: ImageInfo
+    queue: trio.MemorySendChannel[ImageJob]
+    scope: trio.CancelScope
+    ended: trio.Event
+
+
+def info_of(model_id: str, pipeline: Any) -> ImageInfo:
+    return ImageInfo(
+        id=model_id, created=int(time.time()), multiple=pipeline.multiple, patch=pipeline.multiple,
+        can_edit=pipeline.can_edit, default_steps=pipeline.default_steps, default_size=pipeline.default_size,
+        max_prompt_tokens=pipeline.max_prompt_tokens,
+    )  # fmt: skip
+
+
+async def images_actor(
+    inbox: trio.MemoryReceiveChannel[ImageMessage],
+    emit: Callable[[object], None],
+    *,
+    queue_size: int = 8,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve image jobs until cancelled."""
+    models: dict[str, _Model] = {}
+    attaching: dict[str, trio.Event] = {}  # set once the attach has ended
+
+    def changed() -> None:
+        emit(ImageModelsChanged(len(models)))
+
+    async def run_worker(model_id: str, make: Callable[[], Any], *, task_status: trio.TaskStatus[ImageInfo]) -> None:
+        queue_send, queue_recv = trio.open_memory_channel[ImageJob](queue_size)
+        ready_send, ready_recv = trio.open_memory_channel[Any](1)
+        scope = trio.CancelScope()
+        ended = trio.Event()
+
+        async def take() -> ImageJob | None:
+            try:
+                return await queue_recv.receive()
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                return None
+
+        with scope, queue_recv, ready_recv:
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(
+                        partial(
+                            trio.to_thread.run_sync, serve_images, make, take, emit, ready_send.send_nowait,
+                            thread_name=f"images:{model_id}", abandon_on_cancel=False,
+                        )
+                    )  # fmt: skip
+                    info = info_of(model_id, await ready_recv.receive())
+                    models[model_id] = _Model(info, queue_send, scope, ended)
+                    changed()
+                    task_status.started(info)
+            finally:
+                entry = models.get(model_id)
+                if entry is not None and entry.scope is scope:
+                    del models[model_id]
+                    changed()
+                queue_send.close()
+                while True:  # nobody will run these any more
+                    try:
+                        job = queue_recv.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                        break
+                    answer(job.reply, ImageFailed(ShuttingDown()))
+                ended.set()
+
+    def submit(job: ImageJob) -> None:
+        entry = models.get(job.model)
+        try:
+            if entry is None:
+                raise ShuttingDown()  # its life ended between the route's lease and now
+            entry.queue.send_nowait(job)
+        except trio.WouldBlock:
+            emit(ImageBusyEvent(job.model))
+            answer(job.reply, ImageFailed(QueueFull(job.model, queue_size)))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            answer(job.reply, ImageFailed(ShuttingDown()))
+        except TurboSparkError as exc:
+            answer(job.reply, ImageFailed(exc))
+
+    async def attach(msg: AttachImages, nursery: trio.Nursery) -> None:
+        attaching[msg.id] = done = trio.Event()
+        try:
+            if msg.id in models:
+                raise RuntimeError(f"two image models answer to the name '{msg.id}'")
+            result: ImageInfo | TurboSparkError = await nursery.start(run_worker, msg.id, msg.make)
+        except TurboSparkError as exc:
+            result = exc
+        except Exception:
+            log.exception("loading image model %s failed", msg.id)
+            result = ModelLoadFailed()
+        finally:
+            del attaching[msg.id]
+            done.set()
+        answer(msg.reply, result)
+
+    async def detach(model_id: str, reply: trio.MemorySendChannel[None]) -> None:
+        try:
+            if (loading := attaching.get(model_id)) is not None:
+                await loading.wait()  # an attach its asker left: what it loaded goes too
+            entry = models.pop(model_id, None)
+            if entry is not None:
+                entry.scope.cancel()
+                changed()
+                await entry.ended.wait()
+        finally:
+            answer(reply, None)
+
+    async with trio.open_nursery() as nursery:
+        changed()
+        task_status.started()
+        with inbox:
+            try:
+                async for msg in inbox:
+                    if isinstance(msg, SubmitImage):
+                        submit(msg.job)
+                    elif isinstance(msg, AttachImages):
+                        nursery.start_soon(attach, msg, nursery)
+                    elif isinstance(msg, DetachImages):
+                        nursery.start_soon(detach, msg.model, msg.reply)
+            finally:
+                while True:  # what still waits is answered: the server is stopping
+                    try:
+                        msg = inbox.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                        break
+                    if isinstance(msg, SubmitImage):
+                        answer(msg.job.reply, ImageFailed(ShuttingDown()))
+                    elif isinstance(msg, DetachImages):
+                        answer(msg.reply, None)
+                    else:
+                        answer(msg.reply, ShuttingDown())
+        nursery.cancel_scope.cancel()
+
+
+async def attached_images(
+    inbox: trio.MemorySendChannel[ImageMessage] | None, model_id: str, make: Callable[[], Any],
+    *, task_status: trio.TaskStatus[Any],
+) -> None:  # fmt: skip
+    """An image model's life as the resolver sees it: attached to the images actor (which runs
+    its thread) until cancelled, then detached, waiting for its thread to end."""
+    if inbox is None:
+        raise ModelLoadFailed()
+    try:
+        result = await call(inbox, partial(AttachImages, model_id, make))
+        if isinstance(result, TurboSparkError):
+            raise result
+        task_status.started(result)
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True), trio.move_on_after(DETACH_WAIT):
+            try:
+                await call(inbox, partial(DetachImages, model_id))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.EndOfChannel):
+                pass  # the images actor has ended (the server is stopping)
