@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from turbospark.audio.engines import AudioSpec
+from turbospark.images.messages import ImageSpec
 from turbospark.cli.main import import_mlx_lm_keeping_the_fd_limit
 from turbospark.config import Settings
 from turbospark.model.backend import BackendSpec
@@ -59,6 +60,7 @@ async def start_server(nursery: trio.Nursery) -> AsyncIterator[Callable[..., Any
         backends: Sequence[ScriptedBackend] | None = None,
         encoders: Sequence[Encoder] = (),
         audio: Sequence[Any] = (),
+        images: Sequence[Any] = (),
         **settings: Any,
     ) -> Server:
         backends = backends if backends is not None else [ScriptedBackend()]
@@ -67,6 +69,7 @@ async def start_server(nursery: trio.Nursery) -> AsyncIterator[Callable[..., Any
         ]
         specs += [EncoderSpec(e.model_id, partial(lambda e: e, e)) for e in encoders]
         specs += [AudioSpec(e.model_id, e.task, partial(lambda e: e, e)) for e in audio]
+        specs += [ImageSpec(e.model_id, partial(lambda e: e, e)) for e in images]
         resolve = settings.pop("resolve", None)
         kwargs: dict[str, Any] = {"resolve": resolve} if resolve else {}
         if "audio_catalogue" in settings:

@@ -22,6 +22,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 
 from turbospark.audio.engines import ScriptedSpeechToText, ScriptedTextToSpeech
+from turbospark.images.scripted import ScriptedImages
 from turbospark.model.encoder import ScriptedEncoder
 from turbospark.model.scripted import ScriptedBackend
 from turbospark.web.openapi import Route, document, error_schema, routes
@@ -145,6 +146,7 @@ async def test_fuzz_every_route(route: Route, start_server) -> None:
     server = await start_server(
         [ScriptedBackend(script="Hello there.")],
         encoders=[ScriptedEncoder()], audio=[ScriptedSpeechToText(), ScriptedTextToSpeech()],
+        images=[ScriptedImages(step_delay=0)],
     )
     components = document()["components"]["schemas"]
     strategy = _bodies(route, components)

@@ -7,13 +7,11 @@
     ├── audio_actor         inbox: ResolveAudio, SubmitAudio, jobs, AttachModel/DetachModel;
     │                       runs the attached audio models' worker threads and queues, and the
     │                       async jobs (started when an audio model may be served)
-    ├── images_actor        inbox: AttachImages/DetachImages, SubmitImage; runs the attached image
-    │                       models' threads and queues (started with a model store)
+    ├── images_actor        inbox: AttachImages/DetachImages, SubmitImage; image models' threads
     ├── pulls               inbox: Pull (with a model store); one job per model pulled
     ├── parser              inbox: ParseJson, DumpJson; JSON too big for the loop, in a child process
-    └── resolver            inbox: Resolve, Unload, Running, Refresh, Adopt; notes (unbounded,
-        │                   never dropped): Release, Abandon; owns the resolution slots, the
-        │                   keep-alive timers and:
+    └── resolver            inbox: Resolve, Unload, Running, Refresh, Adopt; notes (unbounded, never
+        │                   dropped): Release, Abandon; owns the resolution slots, keep-alives and:
         └── models nursery (``System.models_scope``)
             └── one life × loaded model, each in its own cancel scope (loaded on demand,
                 unloaded when idle; the models handed to ``serve`` loaded at start and kept):
@@ -47,6 +45,7 @@ from .actors.audio import AudioMessage, audio_actor
 from .actors.embedding import embedding_model
 from .actors.images import ImageMessage, attached_images, images_actor
 from .images.files import ImageFiles
+from .images.messages import ImageSpec
 from .actors.generation import QueueMessage, generation_queue
 from .actors.models import model_actor
 from .actors.pulls import Pull, pulls
@@ -269,7 +268,7 @@ class SystemSpec:
     ``library``: every model that may be loaded on demand."""
 
     settings: Settings
-    backends: Sequence[BackendSpec | EncoderSpec | AudioSpec | Loadable]
+    backends: Sequence[BackendSpec | EncoderSpec | AudioSpec | ImageSpec | Loadable]
     resolve: ResolveFn = resolve_in_registry
     audio_catalogue: Mapping[str, Any] | None = None
     library: Library = tuple
@@ -373,12 +372,11 @@ RESOLVER_INBOX = 1024
 #: only costs a place until the model thread finds its reply channel closed)
 QUEUE_INBOX = 1024
 
-#: the audio task of each audio kind
 _AUDIO_TASK: dict[str, Any] = {"speech-to-text": "speech_to_text", "text-to-speech": "text_to_speech"}
 _AUDIO_KIND = {task: kind for kind, task in _AUDIO_TASK.items()}
 
 
-def _pinned(spec: BackendSpec | EncoderSpec | AudioSpec | Loadable) -> Loadable:
+def _pinned(spec: BackendSpec | EncoderSpec | AudioSpec | ImageSpec | Loadable) -> Loadable:
     """A model handed to ``serve``, as the resolver loads it at start and keeps it."""
     if isinstance(spec, Loadable):
         return attrs.evolve(spec, pinned=True)
@@ -386,6 +384,8 @@ def _pinned(spec: BackendSpec | EncoderSpec | AudioSpec | Loadable) -> Loadable:
         return loadable_for(spec, "embedding")
     if isinstance(spec, AudioSpec):
         return loadable_for(spec, _AUDIO_KIND[spec.task])
+    if isinstance(spec, ImageSpec):
+        return loadable_for(spec, "text-to-image")
     return loadable_for(spec)
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "audio_specs",
     "backend_specs",
     "embedding_names",
+    "image_specs",
     "load_mlx",
     "needs_mlx",
     "shelf_for",
@@ -216,6 +217,16 @@ def _load_encoder(path: Path, model_id: str):  # type: ignore[no-untyped-def]
     from ..model.bert import BertEncoder
 
     return _load("embedding model", BertEncoder, path, model_id)
+
+
+def image_specs(settings: Settings) -> list[Any]:
+    """The scripted image model when every ``--model`` is scripted (no store is read then);
+    otherwise stored image models load when a request names them."""
+    if settings.models and all(name == SCRIPTED_ID for name in settings.models):
+        from ..images.scripted import scripted_image_spec
+
+        return [scripted_image_spec(settings.token_delay or 0.02)]  # a step per --token-delay-ms
+    return []
 
 
 def _load_images(path: Path, model_id: str):  # type: ignore[no-untyped-def]

@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not settings.distributed and (taken := _port_taken(settings.host, settings.port)) is not None:
         print(taken, file=sys.stderr)  # before minutes of loading models, not after
         return 1
-    from .attach import ModelSetupError, audio_specs, backend_specs, needs_mlx, shelf_for
+    from .attach import ModelSetupError, audio_specs, backend_specs, image_specs, needs_mlx, shelf_for
 
     try:
         if needs_mlx(settings):
@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sharded, lifeline = sharded_spec(settings, group)
                 specs = [sharded, *backend_specs(settings, models=False), *audio_specs(settings)]
             else:
-                specs, lifeline = [*backend_specs(settings), *audio_specs(settings)], None
+                specs, lifeline = [*backend_specs(settings), *audio_specs(settings), *image_specs(settings)], None
         trio.run(_run, settings, specs, shelf_for(settings), lifeline)
     except KeyboardInterrupt:
         print("turbospark: interrupted while preparing models; nothing half-written was left in "

@@ -9,7 +9,8 @@ one under way before its next step.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import attrs
 import numpy as np
@@ -19,10 +20,19 @@ from ..errors import TurboSparkError
 
 __all__ = [
     "ImageBusyEvent", "ImageFailed", "ImageInfo", "ImageJob", "ImageJobBegan", "ImageJobEnded", "ImageModelsChanged",
-    "ImageReply", "Images", "Preview", "Step",
+    "ImageReply", "ImageSpec", "Images", "Preview", "Step",
 ]  # fmt: skip
 
 Kind = Literal["generation", "edit"]
+
+
+@attrs.frozen
+class ImageSpec:
+    """An image model handed to ``serve`` (the scripted one, tests): ``make`` builds it on its
+    own thread."""
+
+    id: str
+    make: Callable[[], Any]
 
 
 @attrs.frozen

@@ -29,7 +29,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import RequestInvalid
-from .schedule import Schedule, check_config, schedule_for
+from .schedule import Schedule, check_config, preview_steps, schedule_for
 from .text_encoder import MAX_SEQUENCE_LENGTH, TextEncoder
 from .vae import AutoencoderKL, load_vae
 from .zimage_dit import ZImageDiT, load_transformer
@@ -60,15 +60,6 @@ class GenerateArgs:
     partial_images: int = 0
     image: np.ndarray | None = None
     strength: float = 0.6
-
-
-def preview_steps(steps: int, partial_images: int) -> list[int]:
-    """After which steps (0-based) a preview is sent: ``partial_images`` of them, spread evenly
-    before the last step (whose image is the final one)."""
-    if partial_images <= 0 or steps <= 1:
-        return []
-    count = min(partial_images, steps - 1)
-    return sorted({max(0, round((k + 1) * steps / (count + 1)) - 1) for k in range(count)})
 
 
 def to_rgb8(decoded: mx.array) -> list[np.ndarray]:

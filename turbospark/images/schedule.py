@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-__all__ = ["Schedule", "schedule_for"]
+__all__ = ["Schedule", "preview_steps", "schedule_for"]
 
 _REFUSED = (
     "use_karras_sigmas", "use_exponential_sigmas", "use_beta_sigmas", "shift_terminal",
@@ -95,3 +95,12 @@ def schedule_for(config: Mapping[str, Any], steps: int, image_seq_len: int) -> S
         sigmas = (shift * sigmas / (1 + (shift - 1) * sigmas)).astype(np.float32)
     timesteps = (sigmas * np.float32(train)).astype(np.float32)
     return Schedule(timesteps, np.concatenate([sigmas, np.zeros(1, np.float32)]))
+
+
+def preview_steps(steps: int, partial_images: int) -> list[int]:
+    """After which steps (0-based) a preview is sent: ``partial_images`` of them, spread evenly
+    before the last step (whose image is the final one)."""
+    if partial_images <= 0 or steps <= 1:
+        return []
+    count = min(partial_images, steps - 1)
+    return sorted({max(0, round((k + 1) * steps / (count + 1)) - 1) for k in range(count)})

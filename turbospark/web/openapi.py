@@ -49,6 +49,7 @@ _MESSAGE = _object("id", "type", "role", "content", "usage", type={"const": "mes
 
 def _routes() -> tuple[Route, ...]:
     from ..audio.wire import GenerateRequest, SpeechRequest
+    from ..images.wire import ImageRequest
     from ..wire.anthropic import MessagesRequest
     from ..wire.embeddings import EmbeddingRequest, OllamaEmbeddingsRequest, OllamaEmbedRequest
     from ..wire.ollama import OllamaChatRequest, OllamaGenerateRequest
@@ -111,6 +112,11 @@ def _routes() -> tuple[Route, ...]:
         Route("delete", "/v1/audio/models/{model_id}", "Detach an audio model"),
         Route("get", "/v1/audio/transcriptions/realtime", "Realtime transcription (WebSocket upgrade)"),
         Route("get", "/v1/realtime", "OpenAI's Realtime API: voice conversations and transcription (WebSocket upgrade)"),
+        Route("post", "/v1/images/generations", "OpenAI image generation", body=ImageRequest,
+              streams=sse, returns=_object("created", "data")),
+        Route("post", "/v1/images/edits", "OpenAI image edit (multipart: image and prompt)", raw_body="multipart/form-data",
+              streams=sse, returns=_object("created", "data")),
+        Route("get", "/v1/images/files/{name}", "An image made for response_format url (kept an hour)", success="image/png"),
     ]
     ndjson = ("application/x-ndjson",)
     out += [
