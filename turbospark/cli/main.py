@@ -66,6 +66,9 @@ async def _run(
                 print(f"  models: {', '.join(server.system.registry.public_names()) or 'none'}", file=sys.stderr)
                 audio = [spec.id for spec in specs if isinstance(spec, AudioSpec)]
                 print(f"  audio: {', '.join(audio) or 'none'}", file=sys.stderr)
+                images = [e.id for e in server.system.registry.entries if "text_to_image" in e.capabilities]
+                print(f"  images: {', '.join(images) or 'none (import a Diffusers pipeline: docs/images.md)'}",
+                      file=sys.stderr)  # fmt: skip
                 if "mlx.core" in sys.modules:
                     print(f"  blas: {describe_blas()}", file=sys.stderr)
                 for entry in server.system.registry.entries:
