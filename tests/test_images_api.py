@@ -113,6 +113,24 @@ async def test_the_openai_sdk_gets_pngs_by_b64_json_and_by_url(nursery: trio.Nur
         server.stop.set()
 
 
+async def test_an_image_model_loads_on_demand_and_unloads_when_idle(nursery: trio.Nursery, store_home: Path) -> None:
+    server = await _serve(nursery, store_home, keep_alive=1.0)
+    try:
+        async with httpx.AsyncClient(timeout=60) as h:
+            assert (await h.get(f"{server.url}/api/ps")).json()["models"] == []
+            r = await h.post(f"{server.url}/v1/images/generations",
+                             json={"model": MODEL, "prompt": "x", "size": "64x64", "steps": 1})  # fmt: skip
+            assert r.status_code == 200
+            assert [m["model"] for m in (await h.get(f"{server.url}/api/ps")).json()["models"]] == [MODEL]
+            assert _metric((await h.get(f"{server.url}/metrics")).text, "turbospark_image_models_loaded") == 1
+            with trio.fail_after(20):  # keep_alive: unloaded once idle, its thread ended
+                while (await h.get(f"{server.url}/api/ps")).json()["models"]:
+                    await trio.sleep(0.1)
+            assert _metric((await h.get(f"{server.url}/metrics")).text, "turbospark_image_models_loaded") == 0
+    finally:
+        server.stop.set()
+
+
 async def test_a_stream_sends_partial_images_then_the_image(nursery: trio.Nursery, store_home: Path) -> None:
     server = await _serve(nursery, store_home)
     try:
