@@ -23,7 +23,7 @@ import numpy as np
 import trio
 from quart import Blueprint, Response, g, request
 
-from ..errors import ModelNotFound, NoModel, NotFound, RequestInvalid, ShuttingDown
+from ..errors import NoModel, NotFound, RequestInvalid, ShuttingDown
 from ..images.messages import ImageFailed, ImageInfo, ImageJob, ImageReply, Images, Preview, Step
 from ..images.pipeline import GenerateArgs
 from ..images.wire import (
@@ -50,10 +50,7 @@ async def _model(name: str, stream: bool) -> ImageInfo:
     if sys_.images is None:
         raise NoModel()
     fallback = not name or (name in OPENAI_IMAGE_NAMES and sys_.registry.find(name) is None)
-    try:
-        grant = await sys_.lease(None if fallback else name, "text_to_image", exact=not fallback)
-    except NoModel:
-        raise ModelNotFound(name, []) from None
+    grant = await sys_.lease(None if fallback else name, "text_to_image", exact=not fallback)  # none: 503
     system().emit(RequestRouted(g.record.id, name or None, grant.entry.id, stream))
     info: ImageInfo = grant.entry.image
     return info
