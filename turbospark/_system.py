@@ -18,7 +18,7 @@
                 ├── model_actor       a generation model; Take goes to the queue
                 ├── embedding_model   an embedding actor and its inbox (on the model's entry)
                 ├── attached_audio    an audio model, attached to the audio actor meanwhile
-                └── attached_images   an image model, attached to the images actor meanwhile
+                └── attached          an image model, attached to the images actor meanwhile
 
 Shutdown begins with ``System.stop_models``: the models' scope is cancelled (each model thread
 answers what it holds ``ShuttingDown`` within a step; the queue, told by ``Retire``, what waits),
@@ -39,11 +39,11 @@ import attrs
 import trio
 
 from ._scope import current_scope, enter_request_scope, request_scope
-from .actors._audio_life import attached_audio
+from .actors._attached import attached, attached_audio
 from .actors._mailbox import call
 from .actors.audio import AudioMessage, audio_actor
 from .actors.embedding import embedding_model
-from .actors.images import ImageMessage, attached_images, images_actor
+from .actors.images import AttachImages, DetachImages, ImageMessage, images_actor
 from .images.files import ImageFiles
 from .images.messages import ImageSpec
 from .actors.generation import QueueMessage, generation_queue
@@ -109,9 +109,8 @@ class System:
         return self.published.registry
 
     def stop_models(self) -> None:
-        """Shutdown's first step: every model thread (generation, embedding, audio) stops within
-        a step and answers what it runs ``ShuttingDown``; the queue answers what waits.  The
-        other actors keep serving the routes until the root nursery ends."""
+        """Shutdown's first step: every model thread (of every kind) stops within a step and answers
+        what it runs ``ShuttingDown``, the queue what waits; the other actors keep serving."""
         self.models_scope.cancel()
         for scope in self.model_scopes:
             scope.cancel()
@@ -316,7 +315,8 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
                 await embedding_model(loadable.id, loadable.make, obs.emit, embedding_limits,
                                       task_status=task_status)
             elif loadable.kind == "text-to-image":
-                await attached_images(images_send, loadable.id, loadable.make, task_status=task_status)
+                await attached(images_send, partial(AttachImages, loadable.id, loadable.make),
+                               partial(DetachImages, loadable.id), task_status=task_status)
             else:
                 spec = AudioSpec(loadable.id, _AUDIO_TASK[loadable.kind], loadable.make)
                 await attached_audio(audio_send, spec, task_status=task_status)

@@ -31,15 +31,11 @@ import trio
 from ..errors import ModelLoadFailed, QueueFull, ShuttingDown, TurboSparkError
 from ..images.messages import ImageBusyEvent, ImageFailed, ImageInfo, ImageJob, ImageModelsChanged
 from ..images.worker import serve_images
-from ._mailbox import answer, call
+from ._mailbox import answer
 
-__all__ = ["AttachImages", "DetachImages", "ImageMessage", "SubmitImage", "attached_images", "images_actor"]
+__all__ = ["AttachImages", "DetachImages", "ImageMessage", "SubmitImage", "images_actor"]
 
 log = logging.getLogger("turbospark.images")
-
-#: how long an unloaded image model's thread may take to stop (its step) before its slot is freed
-DETACH_WAIT = 30.0
-
 
 @attrs.frozen
 class AttachImages:
@@ -203,25 +199,3 @@ async def images_actor(
                     else:
                         answer(msg.reply, ShuttingDown())
         nursery.cancel_scope.cancel()
-
-
-async def attached_images(
-    inbox: trio.MemorySendChannel[ImageMessage] | None, model_id: str, make: Callable[[], Any],
-    *, task_status: trio.TaskStatus[Any],
-) -> None:  # fmt: skip
-    """An image model's life as the resolver sees it: attached to the images actor (which runs
-    its thread) until cancelled, then detached, waiting for its thread to end."""
-    if inbox is None:
-        raise ModelLoadFailed()
-    try:
-        result = await call(inbox, partial(AttachImages, model_id, make))
-        if isinstance(result, TurboSparkError):
-            raise result
-        task_status.started(result)
-        await trio.sleep_forever()
-    finally:
-        with trio.CancelScope(shield=True), trio.move_on_after(DETACH_WAIT):
-            try:
-                await call(inbox, partial(DetachImages, model_id))
-            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.EndOfChannel):
-                pass  # the images actor has ended (the server is stopping)
