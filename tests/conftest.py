@@ -16,17 +16,19 @@ import httpx
 import pytest
 import trio
 
-from turbospark.audio.engines import AudioSpec
-from turbospark.images.messages import ImageSpec
 from turbospark.cli.main import import_mlx_lm_keeping_the_fd_limit
-from turbospark.config import Settings
-from turbospark.model.backend import BackendSpec
-from turbospark.model.encoder import Encoder, EncoderSpec
-from turbospark.model.scripted import ScriptedBackend
-from turbospark.server import Server, serve
 
-# as the server does: the processes the tests start (HAProxy among them) keep the run's limit
+# as the server does, before anything imports mlx_lm: the processes the tests start (HAProxy
+# among them) keep the run's open-file limit
 import_mlx_lm_keeping_the_fd_limit()
+
+from turbospark.audio.engines import AudioSpec  # noqa: E402
+from turbospark.images.messages import ImageSpec  # noqa: E402
+from turbospark.config import Settings  # noqa: E402
+from turbospark.model.backend import BackendSpec  # noqa: E402
+from turbospark.model.encoder import Encoder, EncoderSpec  # noqa: E402
+from turbospark.model.scripted import ScriptedBackend  # noqa: E402
+from turbospark.server import Server, serve  # noqa: E402
 
 
 _EXIT = pytest.StashKey[int]()  # pytest's exit status, kept for ``pytest_unconfigure``

@@ -76,7 +76,7 @@ def test_openai_sdk_streaming_and_not(scripted_server) -> None:
     models = client.models.list()
     # with every --model scripted, the scripted encoder and audio engines are attached
     assert [m.id for m in models.data] == [
-        "scripted", "claude-turbospark-scripted", "scripted-embedding", "scripted-stt", "scripted-tts"
+        "scripted", "claude-turbospark-scripted", "scripted-embedding", "scripted-stt", "scripted-tts", "scripted-image"
     ]
     events_file = Path(proc.args[proc.args.index("--events") + 1])
     deadline = time.monotonic() + 10  # the observer writes the file a moment later
@@ -117,11 +117,15 @@ def test_openai_and_ollama_clients_embed_with_the_scripted_encoder(scripted_serv
 
 
 def test_embedding_model_none_attaches_none() -> None:
-    proc, url = _start("--model", "scripted", "--embedding-model", "none", "--stt-model", "none", "--tts-model", "none")
+    proc, url = _start("--model", "scripted", "--embedding-model", "none", "--stt-model", "none", "--tts-model", "none",
+                       "--image-model", "none")
     try:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         assert [m.id for m in client.models.list().data] == ["scripted", "claude-turbospark-scripted"]
         assert httpx.get(f"{url}/v1/audio/models").status_code == 404  # no audio, no audio routes
+        with pytest.raises(openai.APIStatusError) as no_images:
+            client.images.generate(model="scripted-image", prompt="a lighthouse")
+        assert no_images.value.status_code == 503 and "no model capable" in no_images.value.message
         with pytest.raises(openai.InternalServerError, match="no model capable"):
             client.embeddings.create(model="any", input="x")
     finally:
@@ -218,6 +222,9 @@ def test_api_key_from_the_environment(tmp_path: Path) -> None:
         (["--model", "scripted", "--embedding-model", "none", "--embedding-model", "scripted"],
          "--embedding-model none cannot be combined"),
         (["--model", "scripted", "--embedding-model", "no-such-encoder"], "unknown model 'no-such-encoder'"),
+        (["--model", "scripted", "--image-model", "none", "--image-model", "scripted"],
+         "--image-model none cannot be combined"),
+        (["--model", "scripted", "--image-model", "no-such-painter"], "unknown image model 'no-such-painter'"),
     ],
 )
 def test_embedding_model_setup_errors_exit_1(args: list[str], needle: str, tmp_path: Path) -> None:

@@ -40,10 +40,16 @@ MODEL = "tiny-zimage"
 
 
 @pytest.fixture(scope="module")
-def store_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Z-Image pipeline, written by Diffusers."""
+    out = tmp_path_factory.mktemp("diffusers") / "tiny-zimage"
+    tiny_zimage(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def store_home(tmp_path_factory: pytest.TempPathFactory, pipeline: Path) -> Path:
     """A store holding the tiny pipeline, imported the way a user imports one."""
-    pipeline = tmp_path_factory.mktemp("diffusers") / "tiny-zimage"
-    tiny_zimage(pipeline)
     home = tmp_path_factory.mktemp("home")
     done = subprocess.run(
         [sys.executable, "-m", "turbospark", "models", "import", str(pipeline), "--name", MODEL],
@@ -301,3 +307,28 @@ async def test_without_an_image_model_the_routes_say_so(nursery: trio.Nursery) -
         server.stop.set()
 
 
+
+
+def test_serve_image_model_imports_a_pipeline_directory_and_serves_it(pipeline: Path, tmp_path: Path) -> None:
+    """``serve --image-model DIR``: imported into the store once, attached at startup (named on
+    the startup lines), and served to the openai SDK."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turbospark", "serve", "--port", "0", "--model", "scripted", "--image-model", str(pipeline)],
+        env={**os.environ, "TURBOSPARK_HOME": str(tmp_path)}, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        said = []
+        for line in proc.stderr:
+            said.append(line)
+            if line.startswith("  images:"):
+                break
+        url = next(m[1] for line in said if (m := re.match(r"turbospark listening on (http://\S+)", line)))
+        assert said[-1].split() == ["images:", "tiny-zimage"], said
+        sdk = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        assert "tiny-zimage" in [m.id for m in sdk.models.list().data]
+        done = sdk.images.generate(model="tiny-zimage", prompt="a red fox", size="64x64", extra_body={"steps": 2})
+        assert _png(base64.b64decode(done.data[0].b64_json)).size == (64, 64)
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0

@@ -47,6 +47,10 @@ class Settings:
     # means the defaults (see attach.py).
     stt_models: tuple[str, ...] = ()
     tts_models: tuple[str, ...] = ()
+    # Image models attached at startup (store ids, Diffusers directories, "scripted", "none"):
+    # empty means none but the scripted one when every --model is scripted; stored image models
+    # also load when a request names them (see attach.py).
+    image_models: tuple[str, ...] = ()
     # Realtime transcription: the largest WebSocket frame, and the idle and session limits.
     max_audio_frame_bytes: int = 1 << 20
     realtime_idle_seconds: float = 60.0

@@ -125,6 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
         "piper-joe-medium, or 'scripted' when every --model is scripted)",
     )
     s.add_argument(
+        "--image-model",
+        action="append",
+        default=[],
+        metavar="ID|PATH",
+        help="attach an image model at startup: a stored id, a Diffusers pipeline directory to "
+        "import, 'scripted' or 'none' (repeatable; default: none, stored image models loading when "
+        "a request names them, or 'scripted' when every --model is scripted)",
+    )
+    s.add_argument(
         "--api-key",
         default=None,
         help="require this key (x-api-key or Authorization: Bearer) on every route but /health "
@@ -357,6 +366,7 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         embedding_models=tuple(args.embedding_model),
         stt_models=tuple(args.stt_model),
         tts_models=tuple(args.tts_model),
+        image_models=tuple(args.image_model),
         api_key=api_key,
         system_prompt=system_prompt,
         max_queue=args.max_queue,

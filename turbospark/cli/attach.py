@@ -45,11 +45,13 @@ __all__ = [
     "audio_specs",
     "backend_specs",
     "embedding_names",
+    "image_names",
     "image_specs",
     "load_mlx",
     "needs_mlx",
     "shelf_for",
     "store_loaders",
+    "stored_image",
 ]
 
 NO_EMBEDDINGS = "none"
@@ -61,7 +63,8 @@ class ModelSetupError(Exception):
 
 def needs_mlx(settings: Settings) -> bool:
     names = [*(settings.models or (None,)), *embedding_names(settings), *audio_names(settings, "speech-to-text")]
-    return any(name != SCRIPTED_ID for name in names)
+    images = [n for n in image_names(settings) if n not in (SCRIPTED_ID, "scripted-image")]
+    return any(name != SCRIPTED_ID for name in names) or bool(images)
 
 
 def embedding_names(settings: Settings) -> list[str | None]:
@@ -219,14 +222,51 @@ def _load_encoder(path: Path, model_id: str):  # type: ignore[no-untyped-def]
     return _load("embedding model", BertEncoder, path, model_id)
 
 
-def image_specs(settings: Settings) -> list[Any]:
-    """The scripted image model when every ``--model`` is scripted (no store is read then);
-    otherwise stored image models load when a request names them."""
-    if settings.models and all(name == SCRIPTED_ID for name in settings.models):
-        from ..images.scripted import scripted_image_spec
+NO_IMAGES = "none"
 
-        return [scripted_image_spec(settings.token_delay or 0.02)]  # a step per --token-delay-ms
-    return []
+
+def image_specs(settings: Settings) -> list[Any]:
+    """The image models ``serve`` attaches at startup (``--image-model``; with no flag, the
+    scripted one when every ``--model`` is scripted, and no store is read then).  Stored image
+    models not named here load when a request names them."""
+    from ..images.messages import ImageSpec
+    from ..images.scripted import SCRIPTED_IMAGE_ID, scripted_image_spec
+
+    specs = []
+    for name in image_names(settings):
+        if name in (SCRIPTED_ID, SCRIPTED_IMAGE_ID):
+            specs.append(scripted_image_spec(settings.token_delay or 0.02))  # a step per --token-delay-ms
+        elif name is not None:  # None: the default, which is none pinned
+            path, model_id = stored_image(name)
+            specs.append(ImageSpec(model_id, partial(_load_images, path, model_id)))
+    return specs
+
+
+def image_names(settings: Settings) -> list[str | None]:
+    """The image models to attach at startup (None: the default, which pins none)."""
+    combined = f"--image-model {NO_IMAGES} cannot be combined with other models"
+    return _chosen(settings, list(settings.image_models), NO_IMAGES, combined)
+
+
+def stored_image(name: str) -> tuple[Path, str]:
+    """The store directory and id of image model ``name``, imported first from a Diffusers
+    pipeline directory."""
+
+    def import_source(store, name):  # type: ignore[no-untyped-def]
+        return store.import_source(Path(name)) if Path(name).is_dir() else None
+
+    def unknown(store) -> str:  # type: ignore[no-untyped-def]
+        known = sorted(m.name for m in store.list() if m.kind == "text-to-image")
+        return (
+            f"unknown image model '{name}': not in the store and not a Diffusers pipeline directory "
+            f"(stored: {', '.join(known) or 'none'}; or 'scripted', or 'none')"
+        )
+
+    def wrong_kind(stored) -> str:  # type: ignore[no-untyped-def]
+        return f"'{stored.name}' is a {stored.kind} model, not an image model"
+
+    _, stored = _stored(name, "text-to-image", None, import_source, unknown, wrong_kind)
+    return stored.path, stored.name
 
 
 def _load_images(path: Path, model_id: str):  # type: ignore[no-untyped-def]

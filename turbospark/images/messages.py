@@ -19,11 +19,30 @@ import trio
 from ..errors import TurboSparkError
 
 __all__ = [
-    "ImageBusyEvent", "ImageFailed", "ImageInfo", "ImageJob", "ImageJobBegan", "ImageJobEnded", "ImageModelsChanged",
+    "GenerateArgs", "ImageBusyEvent", "ImageFailed", "ImageInfo", "ImageJob", "ImageJobBegan", "ImageJobEnded", "ImageModelsChanged",
     "ImageReply", "ImageSpec", "Images", "Preview", "Step",
 ]  # fmt: skip
 
 Kind = Literal["generation", "edit"]
+
+
+@attrs.frozen
+class GenerateArgs:
+    """One request's run: ``n`` images of ``width`` x ``height`` pixels (multiples of the
+    pipeline's ``multiple``) from ``prompt``; with ``image`` (8-bit RGB, already that size) an
+    edit of it, changed by ``strength`` (0: kept, 1: redrawn)."""
+
+    prompt: str
+    width: int
+    height: int
+    n: int = 1
+    steps: int = 8
+    seed: int = 0
+    guidance_scale: float = 0.0
+    negative_prompt: str = ""
+    partial_images: int = 0
+    image: np.ndarray | None = None
+    strength: float = 0.6
 
 
 @attrs.frozen
@@ -78,7 +97,7 @@ ImageReply = Step | Preview | Images | ImageFailed
 
 @attrs.frozen(eq=False)
 class ImageJob:
-    """One request's images: ``args`` (a ``pipeline.GenerateArgs``) on model ``model``."""
+    """One request's images: ``args`` (a ``GenerateArgs``) on model ``model``."""
 
     request_id: int
     model: str

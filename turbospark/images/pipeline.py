@@ -24,11 +24,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
 import mlx.core as mx
 import numpy as np
 
 from ..errors import RequestInvalid
+from .messages import GenerateArgs
 from .schedule import Schedule, check_config, preview_steps, schedule_for
 from .text_encoder import MAX_SEQUENCE_LENGTH, TextEncoder
 from .vae import AutoencoderKL, load_vae
@@ -41,25 +41,6 @@ DEFAULT_STEPS = 9
 DEFAULT_SIZE = 1024
 #: the pipelines this module runs, by ``model_index.json``'s ``_class_name``
 PIPELINES = ("ZImagePipeline", "ZImageImg2ImgPipeline")
-
-
-@attrs.frozen
-class GenerateArgs:
-    """One request's run: ``n`` images of ``width`` x ``height`` pixels (multiples of the
-    pipeline's ``multiple``) from ``prompt``; with ``image`` (8-bit RGB, already that size) an
-    edit of it, changed by ``strength`` (0: kept, 1: redrawn)."""
-
-    prompt: str
-    width: int
-    height: int
-    n: int = 1
-    steps: int = 8
-    seed: int = 0
-    guidance_scale: float = 0.0
-    negative_prompt: str = ""
-    partial_images: int = 0
-    image: np.ndarray | None = None
-    strength: float = 0.6
 
 
 def to_rgb8(decoded: mx.array) -> list[np.ndarray]:

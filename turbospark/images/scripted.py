@@ -14,16 +14,12 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import RequestInvalid
-from .messages import ImageSpec
+from .messages import GenerateArgs, ImageSpec
 from .schedule import preview_steps
-
-if TYPE_CHECKING:
-    from .pipeline import GenerateArgs
 
 __all__ = ["SCRIPTED_IMAGE_ID", "ScriptedImages", "scripted_image_spec"]
 
