@@ -1,10 +1,11 @@
-// The page: four views behind tabs (arrow keys move between them), one live status feed.
+// The page: five views behind tabs (arrow keys move between them), one live status feed.
 import { followStatus } from "./api.js";
 import { startPlayground } from "./playground.js";
 import { startStatus } from "./status.js";
 import { startModels } from "./models.js";
 import { startMic } from "./mic.js";
 import { startTalk } from "./talk.js";
+import { startImages } from "./images.js";
 
 const tabs = [...document.querySelectorAll('[role="tab"]')];
 
@@ -38,4 +39,5 @@ startStatus();
 startModels();
 startMic();
 startTalk();
+startImages();
 followStatus(document.getElementById("feed-state"));
