@@ -37,6 +37,7 @@ __all__ = ["AttachImages", "DetachImages", "ImageMessage", "SubmitImage", "image
 
 log = logging.getLogger("turbospark.images")
 
+
 @attrs.frozen
 class AttachImages:
     """Load an image model on a thread of its own (``make`` builds its pipeline there);

@@ -154,8 +154,12 @@ def _check(body: Mapping[str, Any], known: tuple[str, ...]) -> ImageRequest:
         stream=stream, partial_images=partial, seed=_int(body, "seed", 0, 2**63 - 1, None),
         steps=_int(body, "steps", 1, MAX_STEPS, None), negative_prompt=_str(body, "negative_prompt", ""),
         guidance_scale=_float(body, "guidance_scale", 0.0, 30.0), quality=quality,
-        strength=_float(body, "strength", 0.0, 1.0) if "strength" in body else 0.6,  # type: ignore[arg-type]
+        strength=_or(_float(body, "strength", 0.0, 1.0), 0.6),
     )  # fmt: skip
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def check_generate(body: Any) -> ImageRequest:

@@ -112,7 +112,7 @@ def _run(pipeline: Any, job: ImageJob, emit: Callable[[object], None]) -> None:
         try:
             trio.from_thread.run_sync(lambda: deliver(ImageFailed(ShuttingDown()), last=True))
             end("shutdown", "running")
-        except BaseException:
+        except trio.RunFinishedError:  # the run is over: nobody is left to tell
             pass
         raise
     except TurboSparkError as exc:

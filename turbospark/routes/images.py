@@ -24,8 +24,7 @@ import trio
 from quart import Blueprint, Response, g, request
 
 from ..errors import NoModel, NotFound, RequestInvalid, ShuttingDown
-from ..images.messages import ImageFailed, ImageInfo, ImageJob, ImageReply, Images, Preview, Step
-from ..images.messages import GenerateArgs
+from ..images.messages import GenerateArgs, ImageFailed, ImageInfo, ImageJob, ImageReply, Images, Preview, Step
 from ..images.wire import (
     ImageRequest, b64, check_edit, check_generate, completed_event, decode_upload, encode_image, images_response,
     partial_event, pixels_of, resized, usage,
