@@ -28,8 +28,12 @@ PROMPT = "a red fox in the snow, watercolour"
 
 
 @pytest.fixture(scope="module")
-def pipelines(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, ZImagePipeline]:
-    directory = tmp_path_factory.mktemp("zimage") / "pipeline"
+def directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("zimage") / "pipeline"
+
+
+@pytest.fixture(scope="module")
+def pipelines(directory: Path) -> tuple[Any, ZImagePipeline]:
     reference = tiny_zimage(directory)
     return reference, ZImagePipeline(directory, "tiny")
 
@@ -173,3 +177,27 @@ def test_the_same_seed_gives_the_same_image(pipelines: tuple[Any, ZImagePipeline
     two = ours.generate(GenerateArgs(PROMPT, 64, 64, steps=2, seed=11), lambda: None)
     other = ours.generate(GenerateArgs(PROMPT, 64, 64, steps=2, seed=12), lambda: None)
     assert np.array_equal(one[0], two[0]) and not np.array_equal(one[0], other[0])
+
+
+def test_narrow_weights_compute_in_float32_on_the_cpu(pipelines: tuple[Any, ZImagePipeline], directory: Path) -> None:
+    """A pipeline held in bfloat16 (as a large one is on the CPU) keeps its weights narrow and runs
+    every product in float32: its image is the one a float32 pipeline makes from the same
+    bfloat16-rounded weights."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten, tree_map
+
+    from turbospark.images.widen import WideLinear
+
+    narrow = ZImagePipeline(directory, "tiny-bf16", mx.bfloat16)
+    rounded = ZImagePipeline(directory, "tiny-rounded", mx.float32)
+    for model in (rounded.transformer, rounded.encoder.model):
+        model.update(tree_map(lambda a: a.astype(mx.bfloat16).astype(mx.float32), model.parameters()))
+    for model in (narrow.transformer, narrow.encoder.model):
+        linears = [m for _, m in model.named_modules() if isinstance(m, (nn.Linear, WideLinear))]
+        assert linears and all(isinstance(m, WideLinear) for m in linears)
+        assert {v.dtype for _, v in tree_flatten(model.parameters())} == {mx.bfloat16}
+    assert narrow.vae.decoder.conv_in.weight.dtype == mx.float32
+    args = GenerateArgs(PROMPT, 64, 48, steps=3, seed=4)
+    got, want = narrow.generate(args, lambda: None), rounded.generate(args, lambda: None)
+    assert np.abs(got[0].astype(int) - want[0].astype(int)).max() <= 1
+    assert np.std(got[0]) > 1

@@ -32,6 +32,7 @@ from .messages import GenerateArgs
 from .schedule import Schedule, check_config, preview_steps, schedule_for
 from .text_encoder import MAX_SEQUENCE_LENGTH, TextEncoder
 from .vae import AutoencoderKL, load_vae
+from .widen import widen
 from .zimage_dit import ZImageDiT, load_transformer
 
 __all__ = ["GenerateArgs", "ZImagePipeline", "preview_steps", "to_rgb8"]
@@ -50,8 +51,9 @@ def to_rgb8(decoded: mx.array) -> list[np.ndarray]:
     return [np.round(p * 255).astype(np.uint8) for p in pixels]
 
 
-#: below this many bytes of weights, a pipeline on the CPU runs in float32 (MLX's CPU products are
-#: BLAS's in float32 only); above it, in the types it was stored in, to fit in memory
+#: below this many bytes of weights, a pipeline on the CPU is held in float32 (MLX's CPU products are
+#: BLAS's in float32 only); above it, in the types it was stored in, to fit in memory, its products
+#: still computed in float32 (``widen``).  The VAE (a few hundred MB) is float32 on the CPU always.
 FLOAT32_BELOW = 4 << 30
 
 
@@ -75,9 +77,13 @@ class ZImagePipeline:
         self.model_id = model_id
         self.scheduler_config: dict[str, Any] = json.loads((directory / "scheduler" / "scheduler_config.json").read_text())
         check_config(self.scheduler_config)
+        cpu = mx.default_device() == mx.cpu
         self.transformer: ZImageDiT = load_transformer(directory / "transformer", dtype)
-        self.vae: AutoencoderKL = load_vae(directory / "vae", dtype)
+        self.vae: AutoencoderKL = load_vae(directory / "vae", mx.float32 if cpu else dtype)
         self.encoder = TextEncoder(directory / "text_encoder", directory / "tokenizer", dtype)
+        if cpu:  # narrow weights stay narrow; their products run in float32 (see widen.py)
+            widen(self.transformer)
+            widen(self.encoder.model)
         self.patch = int(self.transformer.patch_size)
         self.multiple = self.vae.scale * self.patch
         self.can_edit = True  # the VAE has its encoder: image-to-image

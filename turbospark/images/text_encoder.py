@@ -20,6 +20,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.qwen3 import ModelArgs, Qwen3Model
 
+from .widen import compute_dtype
+
 __all__ = ["TextEncoder", "MAX_SEQUENCE_LENGTH"]
 
 #: ZImagePipeline's default ``max_sequence_length``: longer prompts are cut there
@@ -63,7 +65,7 @@ class TextEncoder:
 
     def encode(self, prompt: str) -> mx.array:
         ids = mx.array(self.tokens(prompt))[None]
-        h = self.model.embed_tokens(ids)
+        h = self.model.embed_tokens(ids).astype(compute_dtype(self.model.layers[0].self_attn.q_proj))
         mask = "causal" if ids.shape[1] > 1 else None
         for layer in self.model.layers:
             h = layer(h, mask, None)

@@ -33,6 +33,8 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
+from .widen import compute_dtype
+
 __all__ = ["ZImageDiT", "load_transformer"]
 
 SEQ_MULTIPLE = 32  # Diffusers' SEQ_MULTI_OF: every item's token sequences are padded to this
@@ -190,7 +192,7 @@ class ZImageDiT(nn.Module):
         half = 128
         freqs = mx.exp(-math.log(10000) * mx.arange(half, dtype=mx.float32) / half)
         args = (t.astype(mx.float32) * self.config.t_scale)[:, None] * freqs[None]
-        emb = mx.concatenate([mx.cos(args), mx.sin(args)], axis=-1).astype(self.t_mlp1.weight.dtype)
+        emb = mx.concatenate([mx.cos(args), mx.sin(args)], axis=-1).astype(compute_dtype(self.t_mlp1))
         return self.t_mlp2(nn.silu(self.t_mlp1(emb))).astype(dtype)
 
     def _rope(self, positions: list[np.ndarray], length: int) -> tuple[mx.array, mx.array]:
@@ -224,7 +226,7 @@ class ZImageDiT(nn.Module):
             raise ValueError(f"{b} latents need {b} timesteps and {b} captions")
         if any(cap.ndim != 2 or cap.shape[0] == 0 or cap.shape[1] != c.cap_dim for cap in captions):
             raise ValueError(f"each caption must be [L >= 1, {c.cap_dim}]")
-        dtype = self.x_embedder.weight.dtype
+        dtype = compute_dtype(self.x_embedder)
         adaln = self._timestep(t, dtype)
 
         # each item's caption is padded to a multiple of 32; the batch to the longest of those
