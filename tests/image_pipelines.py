@@ -57,25 +57,32 @@ def _randomise(module: Any, torch: Any, seed: int) -> None:
                 p.copy_(0.05 * torch.randn_like(p))
 
 
-def tiny_zimage(directory: Path, *, seed: int = 0) -> Any:
-    """Write a tiny random Z-Image pipeline to ``directory``; the Diffusers pipeline (float32)."""
+def tiny_zimage(
+    directory: Path, *, seed: int = 0, transformer: dict[str, Any] | None = None, vae: dict[str, Any] | None = None,
+    encoder: dict[str, Any] | None = None, stored: str = "float32",
+) -> Any:
+    """Write a tiny random Z-Image pipeline to ``directory``; the Diffusers pipeline (float32).
+    ``transformer``, ``vae``, ``encoder``: fields over the tiny ones (the benchmarks' real
+    widths); ``stored``: the dtype of the files written (``"bfloat16"`` as Z-Image-Turbo ships)."""
     import diffusers
     import torch
     import transformers
 
-    transformer = diffusers.ZImageTransformer2DModel(**TRANSFORMER)
-    vae = diffusers.AutoencoderKL(**VAE)
-    encoder = transformers.Qwen3Model(transformers.Qwen3Config(**ENCODER))
-    for i, module in enumerate((transformer, vae, encoder)):
+    dit = diffusers.ZImageTransformer2DModel(**TRANSFORMER | (transformer or {}))
+    autoencoder = diffusers.AutoencoderKL(**VAE | (vae or {}))
+    qwen3 = transformers.Qwen3Model(transformers.Qwen3Config(**ENCODER | (encoder or {})))
+    for i, module in enumerate((dit, autoencoder, qwen3)):
         _randomise(module, torch, seed * 10 + i)
+        if stored != "float32":
+            module.to(getattr(torch, stored))
     tokenizer = transformers.PreTrainedTokenizerFast(
         tokenizer_file=str(TOKENIZER), pad_token="<|endoftext|>", eos_token="<|im_end|>",
     )  # fmt: skip
     tokenizer.chat_template = QWEN3_TEMPLATE
     scheduler = diffusers.FlowMatchEulerDiscreteScheduler(**SCHEDULER)
     pipe = diffusers.ZImagePipeline(
-        scheduler=scheduler, vae=vae.eval(), text_encoder=encoder.eval(), tokenizer=tokenizer,
-        transformer=transformer.eval(),
+        scheduler=scheduler, vae=autoencoder.eval(), text_encoder=qwen3.eval(), tokenizer=tokenizer,
+        transformer=dit.eval(),
     )  # fmt: skip
     pipe.save_pretrained(directory, safe_serialization=True)
     index = json.loads((directory / "model_index.json").read_text())
