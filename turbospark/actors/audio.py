@@ -26,7 +26,6 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from functools import partial
 from typing import Any
 
 import attrs
@@ -55,6 +54,7 @@ from ..audio.wire import OPENAI_STT_NAMES, OPENAI_TTS_NAMES
 from ..messages import JobFault
 from ..audio.worker import serve_audio
 from ._mailbox import answer
+from ._threaded import ThreadedModels
 
 __all__ = ["AttachModel", "AudioBusy", "AudioMessage", "Conflict", "DetachModel", "Gone", "HeldJob", "audio_actor"]
 
@@ -117,14 +117,6 @@ def _not_found(name: str) -> ModelNotFound:
     return ModelNotFound(name, [])
 
 
-@attrs.define(eq=False)
-class _Model:
-    info: AudioInfo
-    queue: trio.MemorySendChannel[AudioWork]
-    scope: trio.CancelScope
-    ended: trio.Event  # set once its thread has ended
-
-
 @contextmanager
 def _refusing_at_exit(inbox: trio.MemoryReceiveChannel[Any]) -> Iterator[None]:
     """What still waits in the inbox when the actor ends is answered: the server is stopping."""
@@ -160,61 +152,26 @@ async def audio_actor(
 ) -> None:
     """Serve audio until cancelled, with ``specs`` attached from the start (tests; ``serve``
     attaches its models through the resolver)."""
-    models: dict[str, _Model] = {}
-    attaching: dict[str, trio.Event] = {}  # set once the attach has ended
     store = jobs or JobStore()
     job_scopes: dict[str, trio.CancelScope] = {}
 
     def changed() -> None:
         emit(AudioModelsChanged(len(models)))
 
+    def describe(model_id: str, engine: Engine) -> AudioInfo:
+        return AudioInfo(
+            id=model_id, task=engine.task, created=int(time.time()),
+            voices=tuple(getattr(engine, "voices", ())), sample_rate=int(getattr(engine, "sample_rate", 0)),
+        )  # fmt: skip
+
+    threads = ThreadedModels[AudioInfo, AudioWork](
+        "audio", serve_audio, describe, lambda work: answer(work.reply, WorkFailed(ShuttingDown())), emit, changed,
+        queue_size,
+    )  # fmt: skip
+    models = threads.models
+
     def jobs_changed() -> None:
         emit(JobsChanged(store.counts()))
-
-    async def run_worker(spec: AudioSpec, *, task_status: trio.TaskStatus[AudioInfo]) -> None:
-        queue_send, queue_recv = trio.open_memory_channel[AudioWork](queue_size)
-        ready_send, ready_recv = trio.open_memory_channel[Engine](1)
-        scope = trio.CancelScope()
-        ended = trio.Event()
-
-        async def take() -> AudioWork | None:
-            try:
-                return await queue_recv.receive()
-            except (trio.EndOfChannel, trio.ClosedResourceError):
-                return None
-
-        with scope, queue_recv, ready_recv:
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(
-                        partial(
-                            trio.to_thread.run_sync, serve_audio, spec.make, take, emit, ready_send.send_nowait,
-                            thread_name=f"audio:{spec.id}", abandon_on_cancel=False,
-                        )
-                    )  # fmt: skip
-                    engine = await ready_recv.receive()
-                    info = AudioInfo(
-                        id=spec.id, task=engine.task, created=int(time.time()),
-                        voices=tuple(getattr(engine, "voices", ())), sample_rate=int(getattr(engine, "sample_rate", 0)),
-                    )  # fmt: skip
-                    if info.id in models:
-                        raise RuntimeError(f"two audio models answer to the name '{info.id}'")
-                    models[info.id] = _Model(info, queue_send, scope, ended)
-                    changed()
-                    task_status.started(info)
-            finally:
-                entry = models.get(spec.id)
-                if entry is not None and entry.scope is scope:
-                    del models[spec.id]
-                    changed()
-                queue_send.close()
-                while True:  # nobody will run these any more
-                    try:
-                        work = queue_recv.receive_nowait()
-                    except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-                        break
-                    answer(work.reply, WorkFailed(ShuttingDown()))
-                ended.set()
 
     def resolve(name: str, task: Task) -> AudioInfo:
         entry = models.get(name)
@@ -283,34 +240,6 @@ async def audio_actor(
         finally:
             release()
 
-    async def attach(msg: AttachModel, nursery: trio.Nursery) -> None:
-        attaching[msg.spec.id] = done = trio.Event()
-        try:
-            if msg.spec.id in models:
-                raise RuntimeError(f"two audio models answer to the name '{msg.spec.id}'")
-            result: AudioInfo | TurboSparkError = await nursery.start(run_worker, msg.spec)
-        except TurboSparkError as exc:
-            result = exc
-        except Exception as exc:
-            log.exception("loading audio model %s failed", msg.spec.id)
-            result = TurboSparkError(f"cannot load '{msg.spec.id}': {exc}")
-        finally:
-            del attaching[msg.spec.id]
-            done.set()
-        answer(msg.reply, result)
-
-    async def detach(model_id: str, reply: trio.MemorySendChannel[None]) -> None:
-        try:
-            if (loading := attaching.get(model_id)) is not None:
-                await loading.wait()  # an attach its asker left: what it loaded goes too
-            entry = models.pop(model_id, None)
-            if entry is not None:
-                entry.scope.cancel()
-                changed()
-                await entry.ended.wait()
-        finally:
-            answer(reply, None)
-
     async def start_job(msg: StartJob, release: Callable[[], None], now: float, nursery: trio.Nursery) -> None:
         if msg.work.model not in models:
             release()
@@ -329,7 +258,7 @@ async def audio_actor(
 
     async with trio.open_nursery() as nursery:
         for spec in specs:
-            await nursery.start(run_worker, spec)
+            await nursery.start(threads.run, spec.id, spec.make)
         changed()
         jobs_changed()
         task_status.started()
@@ -346,9 +275,9 @@ async def audio_actor(
                 elif isinstance(msg, ListAudio):
                     answer(msg.reply, [m.info for m in models.values()])
                 elif isinstance(msg, AttachModel):
-                    nursery.start_soon(attach, msg, nursery)
+                    nursery.start_soon(threads.attach, msg.spec.id, msg.spec.make, msg.reply, nursery)
                 elif isinstance(msg, DetachModel):
-                    nursery.start_soon(detach, msg.model, msg.reply)
+                    nursery.start_soon(threads.detach, msg.model, msg.reply)
                 elif isinstance(msg, StartJob):
                     await start_job(msg, lambda: None, now, nursery)
                 elif isinstance(msg, HeldJob):

@@ -19,23 +19,20 @@ ended), so every model kind shares one LRU budget and keep-alive.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import attrs
 import trio
 
-from ..errors import ModelLoadFailed, QueueFull, ShuttingDown, TurboSparkError
+from ..errors import QueueFull, ShuttingDown, TurboSparkError
 from ..images.messages import ImageBusyEvent, ImageFailed, ImageInfo, ImageJob, ImageModelsChanged
 from ..images.worker import serve_images
 from ._mailbox import answer
+from ._threaded import ThreadedModels
 
 __all__ = ["AttachImages", "DetachImages", "ImageMessage", "SubmitImage", "images_actor"]
-
-log = logging.getLogger("turbospark.images")
 
 
 @attrs.frozen
@@ -64,15 +61,7 @@ class SubmitImage:
 ImageMessage = AttachImages | DetachImages | SubmitImage
 
 
-@attrs.define(eq=False)
-class _Model:
-    info: ImageInfo
-    queue: trio.MemorySendChannel[ImageJob]
-    scope: trio.CancelScope
-    ended: trio.Event
-
-
-def info_of(model_id: str, pipeline: Any) -> ImageInfo:
+def _info_of(model_id: str, pipeline: Any) -> ImageInfo:
     return ImageInfo(
         id=model_id, created=int(time.time()), multiple=pipeline.multiple, patch=pipeline.multiple,
         can_edit=pipeline.can_edit, default_steps=pipeline.default_steps, default_size=pipeline.default_size,
@@ -88,50 +77,15 @@ async def images_actor(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve image jobs until cancelled."""
-    models: dict[str, _Model] = {}
-    attaching: dict[str, trio.Event] = {}  # set once the attach has ended
 
     def changed() -> None:
         emit(ImageModelsChanged(len(models)))
 
-    async def run_worker(model_id: str, make: Callable[[], Any], *, task_status: trio.TaskStatus[ImageInfo]) -> None:
-        queue_send, queue_recv = trio.open_memory_channel[ImageJob](queue_size)
-        ready_send, ready_recv = trio.open_memory_channel[Any](1)
-        scope = trio.CancelScope()
-        ended = trio.Event()
-
-        async def take() -> ImageJob | None:
-            try:
-                return await queue_recv.receive()
-            except (trio.EndOfChannel, trio.ClosedResourceError):
-                return None
-
-        with scope, queue_recv, ready_recv:
-            try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(
-                        partial(
-                            trio.to_thread.run_sync, serve_images, make, take, emit, ready_send.send_nowait,
-                            thread_name=f"images:{model_id}", abandon_on_cancel=False,
-                        )
-                    )  # fmt: skip
-                    info = info_of(model_id, await ready_recv.receive())
-                    models[model_id] = _Model(info, queue_send, scope, ended)
-                    changed()
-                    task_status.started(info)
-            finally:
-                entry = models.get(model_id)
-                if entry is not None and entry.scope is scope:
-                    del models[model_id]
-                    changed()
-                queue_send.close()
-                while True:  # nobody will run these any more
-                    try:
-                        job = queue_recv.receive_nowait()
-                    except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-                        break
-                    answer(job.reply, ImageFailed(ShuttingDown()))
-                ended.set()
+    threads = ThreadedModels[ImageInfo, ImageJob](
+        "images", serve_images, _info_of, lambda job: answer(job.reply, ImageFailed(ShuttingDown())), emit, changed,
+        queue_size,
+    )  # fmt: skip
+    models = threads.models
 
     def submit(job: ImageJob) -> None:
         entry = models.get(job.model)
@@ -147,34 +101,6 @@ async def images_actor(
         except TurboSparkError as exc:
             answer(job.reply, ImageFailed(exc))
 
-    async def attach(msg: AttachImages, nursery: trio.Nursery) -> None:
-        attaching[msg.id] = done = trio.Event()
-        try:
-            if msg.id in models:
-                raise RuntimeError(f"two image models answer to the name '{msg.id}'")
-            result: ImageInfo | TurboSparkError = await nursery.start(run_worker, msg.id, msg.make)
-        except TurboSparkError as exc:
-            result = exc
-        except Exception:
-            log.exception("loading image model %s failed", msg.id)
-            result = ModelLoadFailed()
-        finally:
-            del attaching[msg.id]
-            done.set()
-        answer(msg.reply, result)
-
-    async def detach(model_id: str, reply: trio.MemorySendChannel[None]) -> None:
-        try:
-            if (loading := attaching.get(model_id)) is not None:
-                await loading.wait()  # an attach its asker left: what it loaded goes too
-            entry = models.pop(model_id, None)
-            if entry is not None:
-                entry.scope.cancel()
-                changed()
-                await entry.ended.wait()
-        finally:
-            answer(reply, None)
-
     async with trio.open_nursery() as nursery:
         changed()
         task_status.started()
@@ -184,9 +110,9 @@ async def images_actor(
                     if isinstance(msg, SubmitImage):
                         submit(msg.job)
                     elif isinstance(msg, AttachImages):
-                        nursery.start_soon(attach, msg, nursery)
+                        nursery.start_soon(threads.attach, msg.id, msg.make, msg.reply, nursery)
                     elif isinstance(msg, DetachImages):
-                        nursery.start_soon(detach, msg.model, msg.reply)
+                        nursery.start_soon(threads.detach, msg.model, msg.reply)
             finally:
                 while True:  # what still waits is answered: the server is stopping
                     try:
