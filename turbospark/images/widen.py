@@ -3,8 +3,10 @@
 MLX's CPU products are BLAS's in float32 only: a bfloat16 product there runs some 35 times slower
 (4.3 against 160 GFLOP/s for a 1024x3840 by 3840x3840 product on two cores).  A pipeline too big to
 hold in float32 (Z-Image-Turbo's 6B transformer and 4B text encoder, stored in bfloat16) keeps its
-weights in bfloat16 and widens each one as its product runs: the memory of the narrow type, the
-speed of float32, for one extra read and write of the weights a forward pass.
+weights in bfloat16 and widens each one as its product runs: the memory of the narrow type and
+float32's products, for a conversion of every weight each forward pass (MLX's x86 build converts
+without SIMD: at Z-Image's widths on two cores about 0.7 s a layer, as much as the layer's
+products at 256x256; docs/performance.md#images).
 """
 
 from __future__ import annotations
