@@ -93,7 +93,11 @@ def serve_lines(generate: Any) -> None:
 
 
 def child_mlx(model_dir: Path) -> None:
-    """turbospark's MLX backend, one sequence, stepped as the model thread steps it."""
+    """turbospark's MLX backend, one sequence, stepped as the model thread steps it (transformers
+    imported without torch, as ``serve`` imports it)."""
+    from turbospark.cli.main import transformers_without_torch
+
+    transformers_without_torch()
     from turbospark.model.backend import SamplingParams
     from turbospark.model.mlx_backend import MlxBackend
 

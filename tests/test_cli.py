@@ -269,3 +269,23 @@ def test_a_port_in_use_is_one_clear_line_before_any_model_loads() -> None:
         f"turbospark: cannot listen on 127.0.0.1:{port}: address already in use (another server there? "
         "--port N picks another port, --port 0 a free one)"
     ]
+
+
+def test_serve_keeps_torch_out_of_transformers() -> None:
+    """Where torch is installed (the tests' reference implementations), ``serve`` imports
+    transformers as if it were not: mlx-lm's tokenizers load, torch is never imported, no advice
+    about it is printed, and ``importlib.util.find_spec`` is itself again afterwards."""
+    pytest.importorskip("torch")
+    code = (
+        "import importlib.util, sys\n"
+        "from turbospark.cli.main import import_mlx_lm_keeping_the_fd_limit, transformers_without_torch\n"
+        "transformers_without_torch()\n"
+        "import_mlx_lm_keeping_the_fd_limit()\n"
+        "from mlx_lm.tokenizer_utils import load\n"
+        "from turbospark.model.scripted import DATA_DIR\n"
+        "assert load(DATA_DIR).encode('hello world'), 'a tokenizer'\n"
+        "print('torch' in sys.modules, importlib.util.find_spec('torch') is not None)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == ["False", "True"], done.stdout + done.stderr
+    assert "PyTorch" not in done.stderr

@@ -97,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if needs_mlx(settings):
             reexec_with_openblas([sys.executable, "-m", "turbospark", *argv])
+            transformers_without_torch()
             import_mlx_lm_keeping_the_fd_limit()  # also what a model store (shelf_for) implies
         with interruptible():  # a pull or import stops at once, leaving nothing half-written
             if settings.distributed:
@@ -182,6 +183,31 @@ def import_mlx_lm_keeping_the_fd_limit() -> None:
     wanted = 2048 if hard == resource.RLIM_INFINITY else min(2048, hard)
     if soft != resource.RLIM_INFINITY and soft < wanted:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
+def transformers_without_torch() -> None:
+    """Import transformers (mlx-lm's tokenizers) as if torch were not installed: where it is (the
+    tests' reference implementations), transformers imports it for helpers the server never
+    calls, some 240 MB of memory and a second of start-up.  Only ``serve`` does this, before
+    anything has imported transformers; its advice that models need torch is not printed."""
+    import importlib.util
+    import os
+
+    if "transformers" in sys.modules:
+        return
+    find_spec, advice = importlib.util.find_spec, os.environ.get("TRANSFORMERS_NO_ADVISORY_WARNINGS")
+    importlib.util.find_spec = lambda name, package=None: None if name == "torch" else find_spec(name, package)  # type: ignore[assignment]
+    os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+    try:
+        from transformers.utils import import_utils
+
+        import_utils.is_torch_available()  # remembered for the process
+    finally:
+        importlib.util.find_spec = find_spec
+        if advice is None:
+            del os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"]
+        else:
+            os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = advice
 
 
 def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
