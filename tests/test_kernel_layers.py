@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx.utils import tree_flatten
 from mlx_lm.models.activations import swiglu
-from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
 
 from turbospark.kernels import ops as kernels
 from turbospark.model import mlx_blocks, mlx_kernels
@@ -167,6 +167,34 @@ def test_kv_write_is_the_slice_updates_and_slices_of_mlx_lm_caches(batch, heads,
 
 
 @needs_kernels
+@ours
+@given(batch=st.integers(1, 3), heads=st.integers(1, 3), capacity=st.integers(1, 12), new=st.integers(1, 4),
+       strided=st.booleans(), seed=st.integers(0, 2**16))
+def test_kv_write_rounds_float32_rows_into_a_float16_cache_as_astype_does(batch, heads, capacity, new, strided,
+                                                                          seed) -> None:
+    """A half-precision cache (decision 0035) takes a layer's float32 rows: each rounded to
+    float16 exactly as ``astype`` rounds it, over float16's whole range (subnormals, the
+    largest, overflow to infinity)."""
+    rng = np.random.default_rng(seed)
+    cap, at = capacity + new, capacity - rng.integers(0, capacity + 1) // 2
+    scale = np.float32(10.0) ** rng.integers(-9, 6, (batch, heads, new, 8))  # 1e-9 .. 1e5
+    k = mx.array((rng.standard_normal((batch, heads, new, 8)) * scale).astype(np.float32))
+    v = mx.array(rng.standard_normal((batch, new, heads, 8)).astype(np.float32)).transpose(0, 2, 1, 3)
+    if not strided:
+        v = mx.contiguous(v)
+    keys, values = mx.zeros((batch, heads, cap, 8), mx.float16), mx.ones((batch, heads, cap, 8), mx.float16)
+    new_keys, new_values, k_view, v_view = kernels.kv_write(keys, values, k, v, at)
+    want_k, want_v = mx.zeros_like(keys), mx.ones_like(values)
+    want_k[:, :, at:at + new] = k.astype(mx.float16)
+    want_v[:, :, at:at + new] = v.astype(mx.float16)
+    for got, want in ((new_keys, want_k), (new_values, want_v), (k_view, want_k[:, :, :at + new])):
+        assert got.dtype == mx.float16
+        np.testing.assert_array_equal(np.array(got).view(np.uint16), np.array(want).view(np.uint16))
+    with pytest.raises(ValueError, match="cache's types"):
+        kernels.kv_write(keys.astype(mx.bfloat16), values.astype(mx.bfloat16), k, v, at)
+
+
+@needs_kernels
 @pytest.mark.parametrize("bits", [4, 8])
 def test_a_decode_step_product_gives_the_same_bits_on_one_thread_or_the_whole_team(bits) -> None:
     """Chunks of output rows are taken by whichever thread comes (``pool.h``); each row is still
@@ -209,11 +237,39 @@ def run(model, tokens: mx.array, cache) -> list[np.ndarray]:
     return [np.array(o.astype(mx.float32)) for o in out]
 
 
+class _RoundedToHalf:
+    """A cache that holds float32 rows rounded to float16's values: what an unfused layer reads
+    where a fused one reads its float16 cache."""
+
+    def update_and_fetch(self, keys, values):
+        return super().update_and_fetch(keys.astype(mx.float16).astype(keys.dtype),
+                                        values.astype(mx.float16).astype(values.dtype))
+
+
+class _RoundedKVCache(_RoundedToHalf, KVCache):
+    pass
+
+
+class _RoundedBatchKVCache(_RoundedToHalf, BatchKVCache):
+    pass
+
+
+@pytest.fixture(params=["float32", "float16"])
+def kv(request: pytest.FixtureRequest):
+    """The fused layers' KV caches in float32, or in float16 (decision 0035)."""
+    before = kernels.kv_half()
+    kernels.set_kv_half(request.param == "float16")
+    yield request.param
+    kernels.set_kv_half(before)
+
+
 @needs_kernels
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("bits", [0, 4])
 @pytest.mark.parametrize("batch_cache", [False, True])
-def test_fused_layers_give_the_unfused_layers_logits(arch, bits, batch_cache, monkeypatch) -> None:
+def test_fused_layers_give_the_unfused_layers_logits(arch, bits, batch_cache, kv, monkeypatch) -> None:
+    """With a float16 cache, the unfused layers' rows are rounded to float16 where they are
+    written: the same bits again (attention reads float16 rows as their float32 values)."""
     plain, fused = tiny(arch, seed=5), tiny(arch, seed=5)
     if bits:
         nn.quantize(plain, group_size=32, bits=bits)
@@ -227,11 +283,44 @@ def test_fused_layers_give_the_unfused_layers_logits(arch, bits, batch_cache, mo
     assert sum(a.nbytes for _, a in tree_flatten(fused.parameters())) == before  # views, nothing twice
     tokens = mx.array([[3, 1, 4, 1, 5, 9, 2]] * (2 if batch_cache else 1))
 
-    def cache(model):
-        return [BatchKVCache([1, 0]) for _ in model.model.layers] if batch_cache else make_prompt_cache(model)
+    def cache(model, rounded=False):
+        if batch_cache:
+            return [(_RoundedBatchKVCache if rounded else BatchKVCache)([1, 0]) for _ in model.model.layers]
+        return [(_RoundedKVCache if rounded else KVCache)() for _ in model.model.layers]
 
-    for got, want in zip(run(fused, tokens, cache(fused)), run(plain, tokens, cache(plain)), strict=True):
+    fused_cache = cache(fused)
+    for got, want in zip(run(fused, tokens, fused_cache), run(plain, tokens, cache(plain, kv == "float16")),
+                         strict=True):
         np.testing.assert_array_equal(got, want)
+    assert {c.keys.dtype for c in fused_cache} == {mx.float16 if kv == "float16" else mx.float32}
+
+
+@needs_kernels
+@pytest.mark.parametrize("batch_cache", [False, True])
+def test_a_float16_cache_keeps_its_type_as_it_grows(batch_cache) -> None:
+    """mlx-lm's caches grow 256 rows at a time by concatenation, in the new rows' type: a fused
+    layer hands them float16 rows, so the cache stays float16 past its first 256 rows, and the
+    logits stay those of an unfused model reading the same rounded rows."""
+    before = kernels.kv_half()
+    kernels.set_kv_half(True)
+    try:
+        plain, fused = tiny("llama", seed=9), tiny("llama", seed=9)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(mlx_blocks, "fuse", lambda model, ours: (0, len(model.model.layers)))
+            mlx_kernels.install(plain)
+        mlx_kernels.install(fused)
+        tokens = mx.array([[(7 * i) % 64 for i in range(254)]] * (2 if batch_cache else 1))
+        if batch_cache:
+            fused_cache = [BatchKVCache([0, 3]) for _ in fused.model.layers]
+            plain_cache = [_RoundedBatchKVCache([0, 3]) for _ in plain.model.layers]
+        else:
+            fused_cache = [KVCache() for _ in fused.model.layers]
+            plain_cache = [_RoundedKVCache() for _ in plain.model.layers]
+        for got, want in zip(run(fused, tokens, fused_cache), run(plain, tokens, plain_cache), strict=True):
+            np.testing.assert_array_equal(got, want)
+        assert all(c.keys.dtype == mx.float16 and c.keys.shape[2] == 512 for c in fused_cache)
+    finally:
+        kernels.set_kv_half(before)
 
 
 @needs_kernels

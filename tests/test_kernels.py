@@ -344,6 +344,38 @@ def test_attention_equals_mlx(batch, kv_heads, group, q_len, extra, head_dim, dt
                dtype)
 
 
+@needs_kernels
+@ours
+@given(batch=st.integers(1, 3), kv_heads=st.integers(1, 3), group=st.sampled_from([1, 3]),
+       q_len=st.integers(1, 20), extra=st.integers(0, 40), head_dim=st.sampled_from([12, 16, 64]),
+       mask=st.sampled_from([None, "causal", "bool", "additive"]), sliced=st.booleans(), seed=st.integers(0, 2**16))
+def test_attention_over_a_float16_cache_is_its_float32_values_bits(isa, batch, kv_heads, group, q_len, extra,
+                                                                   head_dim, mask, sliced, seed) -> None:
+    """float32 queries over float16 keys and values (a half-precision KV cache, decision 0035)
+    read them as they are: the same bits as over the same values in float32, and MLX's attention
+    (which widens them first) within float32's tolerance."""
+    mx.random.seed(seed)
+    heads, k_len = kv_heads * group, q_len + extra
+    q = mx.random.normal((batch, heads, q_len, head_dim))
+    room = k_len + (16 if sliced else 0)
+    k = mx.random.normal((batch, kv_heads, room, head_dim)).astype(mx.float16)[:, :, :k_len]
+    v = mx.random.normal((batch, kv_heads, room, head_dim)).astype(mx.float16)[:, :, :k_len]
+    m = mask
+    if mask == "bool":
+        m = mx.random.uniform(shape=(batch, 1, 1, k_len)) > 0.3
+        m[..., -1] = True
+    elif mask == "additive":
+        m = mx.random.normal((batch, 1, q_len, k_len))
+    got = kernels.attention(q, k, v, scale=head_dim**-0.5, mask=m)
+    wide = kernels.attention(q, k.astype(mx.float32), v.astype(mx.float32), scale=head_dim**-0.5, mask=m)
+    assert got.dtype == mx.float32
+    np.testing.assert_array_equal(np.array(got), np.array(wide))
+    want = kernels._MLX_FAST["scaled_dot_product_attention"](q, k, v, scale=head_dim**-0.5, mask=m)
+    check_fast(got, want, mx.float32)
+    merged = kernels.merged_attention(q, k, v, scale=head_dim**-0.5, mask=m)
+    np.testing.assert_array_equal(np.array(merged), np.array(got.transpose(0, 2, 1, 3).reshape(batch, q_len, -1)))
+
+
 def primitives(out: mx.array, tmp_path) -> str:
     mx.export_to_dot(str(tmp_path / "graph.dot"), out)
     return (tmp_path / "graph.dot").read_text()
@@ -357,6 +389,10 @@ def test_fast_ops_are_one_op_on_the_cpu_and_mlx_own_where_the_kernels_do_not_ser
     assert "TurbosparkRmsNorm" in primitives(kernels.rms_norm(x, None, 1e-5), tmp_path)
     assert "TurbosparkRope" in primitives(kernels.rope(x, 8, traditional=False, base=1e4, scale=1.0, offset=3), tmp_path)
     assert "TurbosparkAttention" in primitives(kernels.attention(x, x, x, scale=0.3, mask="causal"), tmp_path)
+    half = x.astype(mx.float16)
+    mx.eval(half)  # a float16 cache is read as it is: no widening op before attention
+    graph = primitives(kernels.attention(x, half, half, scale=0.3, mask="causal"), tmp_path)
+    assert "TurbosparkAttention" in graph and "AsType" not in graph
     given = kernels.rms_norm(x, None, 1e-5, stream=mx.cpu)
     assert "Turbospark" not in primitives(given, tmp_path) and "Rsqrt" in primitives(given, tmp_path)
     np.testing.assert_array_equal(np.array(given), np.array(kernels._MLX_FAST["rms_norm"](x, None, 1e-5)))

@@ -30,8 +30,11 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
      "not for users"),
     ("TURBOSPARK_KERNELS", "`off` (or `0`, `mlx`) serves with MLX's own CPU ops instead of turbospark's "
      "kernels ([performance.md](performance.md))"),
-    ("TURBOSPARK_KERNELS_EXACT", "`1` keeps x in float32 in quantized products (bit-for-bit closer to "
-     "MLX's own ops, slower; decision 0028)"),
+    ("TURBOSPARK_KERNELS_EXACT", "`1` keeps x in float32 in quantized products and the KV cache in "
+     "float32 (bit-for-bit closer to MLX's own ops, slower; decisions 0028, 0035)"),
+    ("TURBOSPARK_KV_CACHE", "`float32` keeps the fused layers' KV cache in float32 instead of float16 "
+     "(the default with the kernels, as llama.cpp's; `TURBOSPARK_KERNELS_EXACT=1` keeps float32 too; "
+     "decision 0035)"),
     ("TURBOSPARK_KERNEL_THREADS", "the CPU kernels' team size (default: one thread per core this "
      "process may use)"),
     ("TURBOSPARK_KERNEL_STEP_THREADS", "how many of that team a decode step's quantized products and "

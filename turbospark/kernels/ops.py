@@ -9,8 +9,8 @@ import os
 import mlx.core as mx
 
 __all__ = [
-    "MAX_FLOAT32_ROWS", "available", "describe", "huge_pages", "kv_write", "linear", "logsumexp", "merged_attention",
-    "native",
+    "MAX_FLOAT32_ROWS", "available", "describe", "huge_pages", "kv_half", "kv_write", "linear", "logsumexp",
+    "merged_attention", "native", "set_kv_half",
     "quantized_linear", "serve_fast_ops", "serves_float", "split_heads", "supports_quantized", "x_in_8_bits",
 ]
 
@@ -38,6 +38,31 @@ def _load():
 
 
 native, _why_not = _load()
+
+
+def _kv_half_by_default() -> bool:
+    want = os.environ.get("TURBOSPARK_KV_CACHE", "").lower()
+    if want in ("float16", "f16", "half"):
+        return True
+    if want in ("float32", "f32"):
+        return False
+    return os.environ.get("TURBOSPARK_KERNELS_EXACT", "") in ("", "0")
+
+
+_kv_half = _kv_half_by_default()
+
+
+def kv_half() -> bool:
+    """Whether the layers the kernels fuse (``mlx_blocks``) keep their KV caches in float16, as
+    llama.cpp does by default: half the bytes to hold and for attention to read (decision
+    0035).  Off with ``TURBOSPARK_KV_CACHE=float32`` or ``TURBOSPARK_KERNELS_EXACT=1``."""
+    return native is not None and _kv_half
+
+
+def set_kv_half(on: bool) -> None:
+    """For caches made from now on (tests); a cache keeps the type it was made in."""
+    global _kv_half
+    _kv_half = on
 
 
 def available() -> bool:
@@ -108,6 +133,12 @@ def _on_cpu(stream: object) -> bool:
     return stream is None and mx.default_device() == mx.cpu
 
 
+def _kv_fits(q: mx.array, k: mx.array, v: mx.array) -> bool:
+    """Keys and values the kernels' attention reads for ``q``: of q's type, or a float16 cache
+    under float32 queries (read as it is, widened exactly)."""
+    return k.dtype == v.dtype and (k.dtype == q.dtype or (q.dtype == mx.float32 and k.dtype == mx.float16))
+
+
 def rms_norm(x: mx.array, weight: mx.array | None, eps: float, *, stream: object = None) -> mx.array:
     if _on_cpu(stream) and x.dtype in _FLOATS and (weight is None or weight.dtype in _FLOATS):
         return native.rms_norm(x, weight, eps)
@@ -130,7 +161,7 @@ def attention(
     q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask: mx.array | str | None = None,
     sinks: mx.array | None = None, stream: object = None,
 ) -> mx.array:
-    if _on_cpu(stream) and q.dtype in _FLOATS and k.dtype == q.dtype and v.dtype == q.dtype:
+    if _on_cpu(stream) and q.dtype in _FLOATS and _kv_fits(q, k, v):
         if mask is None or isinstance(mask, str) and mask == "causal":
             return native.attention(q, k, v, scale, mask or "", None, sinks)
         if isinstance(mask, mx.array) and (mask.dtype == mx.bool_ or mask.dtype == q.dtype):
@@ -141,7 +172,8 @@ def attention(
 def kv_write(keys: mx.array, values: mx.array, k: mx.array, v: mx.array, at: int) -> tuple[mx.array, ...]:
     """A KV cache's ``keys[..., at:at + L, :] = k`` (and values'), in place where the buffers can
     be donated as MLX's slice update does, and its first ``at + L`` rows as views (slices), from
-    one call: the new keys and values buffers and the two views."""
+    one call: the new keys and values buffers and the two views.  Float32 rows go into a float16
+    cache rounded as ``astype`` rounds them."""
     new_keys, new_values, k_view, v_view = native.kv_write(keys, values, k, v, at)
     return new_keys, new_values, k_view, v_view
 
@@ -150,7 +182,7 @@ def merged_attention(q: mx.array, k: mx.array, v: mx.array, *, scale: float,
                      mask: mx.array | str | None = None) -> mx.array:
     """``attention``'s result as ``(B, L, H * D)``, the heads side by side as the output
     projection reads them (one op where the kernels take it, else MLX's with a transpose)."""
-    if q.dtype in _FLOATS and k.dtype == q.dtype and v.dtype == q.dtype and mx.default_device() == mx.cpu:
+    if q.dtype in _FLOATS and _kv_fits(q, k, v) and mx.default_device() == mx.cpu:
         if mask is None or isinstance(mask, str) and mask == "causal":
             return native.attention(q, k, v, scale, mask or "", None, None, merged=True)
         if isinstance(mask, mx.array) and (mask.dtype == mx.bool_ or mask.dtype == q.dtype):

@@ -48,6 +48,7 @@ from .pacing import JoinPacer
 from .pipeline import pipeline
 from .constraint import Matcher
 from .mlx_sampling import Sampler, constrain, greedy, make_processors, make_sampler, top_logprobs
+from .mlx_blocks import half_kv
 from .mlx_draft import ModelDrafter, check_vocabularies
 from .mlx_fused import can_fuse, fusable, fused_next
 from .mlx_joining import settle
@@ -121,7 +122,7 @@ class MlxBackend:
                 install_kernels(self.draft_model)
         self.context_window = context_window(path, config)
         self.sampling_defaults = generation_defaults(path)
-        self.fingerprint = model_fingerprint(path)
+        self.fingerprint = model_fingerprint(path, *(["kv float16"] if half_kv(self.model) else []))
         on_gpu = mx.default_device().type == mx.gpu
         # Small chunks on CPU: a new arrival stalls the running streams, and a cancelled prompt
         # runs on, for one chunk at most.

@@ -31,7 +31,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from ..kernels import ops as kernels
 
-__all__ = ["fuse"]
+__all__ = ["fuse", "half_kv", "kv_update"]
 
 _LAYOUTS = {"mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3"}
 
@@ -141,23 +141,30 @@ def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.arr
         q, k = attn.q_norm(q), attn.k_norm(k)
     if cache is not None:
         q, k = attn.rope(q, offset=cache.offset), attn.rope(k, offset=cache.offset)
-        k, v = _update(cache, k, v)
+        k, v = kv_update(cache, k, v)
     else:
         q, k = attn.rope(q), attn.rope(k)
     h = parts.o(kernels.merged_attention(q, k, v, scale=attn.scale, mask=mask), residual=x)
     return parts.down(parts.gate_up(h, swiglu_halves=True, norm=self.post_attention_layernorm), residual=h)
 
 
-def _update(cache: Any, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
-    """``cache.update_and_fetch(k, v)`` in one call to the kernels (a write and a slice each for
-    keys and values, without Python's indexing) where the cache is mlx-lm's plain or batch KV
-    cache and the new rows fit in its buffers: the same state after as its own method leaves."""
+def kv_update(cache: Any, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
+    """``cache.update_and_fetch(k, v)`` for a fused layer: in one call to the kernels (a write
+    and a slice each for keys and values, without Python's indexing) where the cache is mlx-lm's
+    plain or batch KV cache and the new rows fit in its buffers, the same state after as its own
+    method leaves.  A new cache is made in float16 where ``kernels.kv_half()`` (decision 0035),
+    and a cache keeps its type: rows are rounded to it as they are written."""
     kind, n = type(cache), k.shape[2]
-    if kind not in (KVCache, BatchKVCache) or cache.keys is None or k.dtype != cache.keys.dtype:
+    if kind not in (KVCache, BatchKVCache):
         return cache.update_and_fetch(k, v)
+    if cache.keys is not None:
+        kv = cache.keys.dtype
+    else:
+        kv = mx.float16 if k.dtype == mx.float32 and kernels.kv_half() else k.dtype
     at = cache._idx if kind is BatchKVCache else cache.offset
-    if at + n > cache.keys.shape[2]:
-        return cache.update_and_fetch(k, v)
+    writable = k.dtype == kv or (k.dtype == mx.float32 and kv == mx.float16)
+    if cache.keys is None or at + n > cache.keys.shape[2] or not writable:  # mlx-lm's own, in the cache's type
+        return cache.update_and_fetch(k.astype(kv), v.astype(kv))
     if kind is BatchKVCache:
         cache.offset = cache.offset + n
         cache._idx += n
@@ -213,3 +220,9 @@ def fuse(model: nn.Module, ours: tuple[type, ...]) -> tuple[int, int]:
         block._turbospark_parts = p
         block.__class__ = _fused_class(type(block))
     return len(fused), len(layers)
+
+
+def half_kv(model: nn.Module) -> bool:
+    """Whether ``model``'s fused layers make their KV caches in float16 (``kv_update``)."""
+    layers = getattr(getattr(model, "model", None), "layers", None) or []
+    return kernels.kv_half() and any(hasattr(block, "_turbospark_parts") for block in layers)

@@ -33,6 +33,7 @@ from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
 from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
+from .mlx_blocks import kv_update
 from .mlx_joining import JoiningKVCache, join, joining, merge_some
 
 __all__ = ["can_fuse", "forward", "fusable", "fused_next"]
@@ -76,15 +77,16 @@ class _Given:
         return self.logits
 
 
-def _attend(attn: Any, q: mx.array, k: mx.array, v: mx.array, cache: Any, mask: Any) -> mx.array:
-    """The attention of mlx-lm's llama ``Attention`` for ``(B, L, heads * dim)`` projections."""
+def _attend(attn: Any, q: mx.array, k: mx.array, v: mx.array, cache: Any, mask: Any, fused: bool) -> mx.array:
+    """The attention of mlx-lm's llama ``Attention`` for ``(B, L, heads * dim)`` projections
+    (a ``fused`` layer's cache written as the layer itself writes it)."""
     B, L, _ = q.shape
     q = q.reshape(B, L, attn.n_heads, -1).transpose(0, 2, 1, 3)
     k = k.reshape(B, L, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
     v = v.reshape(B, L, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
     q = attn.rope(q, offset=cache.offset)
     k = attn.rope(k, offset=cache.offset)
-    k, v = cache.update_and_fetch(k, v)
+    k, v = kv_update(cache, k, v) if fused else cache.update_and_fetch(k, v)
     out = scaled_dot_product_attention(q, k, v, cache=cache, scale=attn.scale, mask=mask)
     return out.transpose(0, 2, 1, 3).reshape(B, L, -1)
 
@@ -121,10 +123,10 @@ def forward(model: Any, rows: mx.array, rows_cache: list[Any], chunk: mx.array |
             else:
                 rows_ = slice(start, start + n)
                 qs, ks, vs = q[0, rows_, None], k[0, rows_, None], v[0, rows_, None]
-            outs.append(_attend(attn, qs, ks, vs, part, mask).reshape(1, n, -1))
+            outs.append(_attend(attn, qs, ks, vs, part, mask, fused is not None).reshape(1, n, -1))
             start += n
         if C:
-            outs.append(_attend(attn, q[:, B:], k[:, B:], v[:, B:], cc, chunk_mask))
+            outs.append(_attend(attn, q[:, B:], k[:, B:], v[:, B:], cc, chunk_mask, fused is not None))
         attended = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=1)
         if fused is not None:  # and one for gate and up, the residuals and SwiGLU in the products
             h = fused.o(attended, residual=h)

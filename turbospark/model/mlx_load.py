@@ -23,9 +23,10 @@ __all__ = ["DEFAULT_CONTEXT", "context_window", "generation_defaults", "kv_sizes
 DEFAULT_CONTEXT = 4096
 
 
-def model_fingerprint(path: Path) -> str:
+def model_fingerprint(path: Path, *extra: str) -> str:
     """From the weights' digest and dtype the store recorded (else the directory's weight files'
-    names and sizes, and its config), and the versions of the engine."""
+    names and sizes, and its config), the versions of the engine, and ``extra`` (what else
+    decides the output: a float16 KV cache)."""
     import mlx_lm
 
     manifest = path / "manifest.json"
@@ -37,7 +38,7 @@ def model_fingerprint(path: Path) -> str:
         config = (path / "config.json").read_text() if (path / "config.json").exists() else ""
         weights = " ".join(f"{f.name}:{f.stat().st_size}" for f in files) + config
     return fingerprint(
-        weights, f"turbospark {__version__}", f"mlx {mx.__version__}", f"mlx-lm {mlx_lm.__version__}"
+        weights, f"turbospark {__version__}", f"mlx {mx.__version__}", f"mlx-lm {mlx_lm.__version__}", *extra
     )
 
 

@@ -209,8 +209,11 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
   bool causal = mask_mode == "causal";
   if (!mask_mode.empty() && !causal && mask_mode != "array")
     throw std::invalid_argument("[attention] mask_mode must be '', 'causal' or 'array'");
+  // float32 queries over a float16 KV cache read the cache as it is (widened as it is read)
+  const bool half_kv = q.dtype() == mx::float32 && k.dtype() == mx::float16 && v.dtype() == mx::float16;
   auto type = mx::result_type(q, k, v);
-  std::vector<mx::array> inputs{mx::astype(q, type, s), mx::astype(k, type, s), mx::astype(v, type, s)};
+  auto kv_type = half_kv ? mx::float16 : type;
+  std::vector<mx::array> inputs{mx::astype(q, type, s), mx::astype(k, kv_type, s), mx::astype(v, kv_type, s)};
   bool has_mask = !causal && mask.has_value();
   if (has_mask) {
     auto m = mask->dtype() == mx::bool_ ? *mask : mx::astype(*mask, type, s);
@@ -247,8 +250,9 @@ namespace {
 // One query row's attention: scores over the keys it may see, softmax in float32, the weighted
 // sum of values.  Rounds where the MLX fallback's ops round (their outputs are T).  A unit is the
 // G query heads that share one key/value head (grouped-query attention), so each key and value
-// row is read once for all of them.
-template <class T>
+// row is read once for all of them.  KT: the keys' and values' type (T, or float16 under float32
+// queries: a half-precision KV cache).
+template <class T, class KT = T>
 struct AttentionJob {
   View4 q, k, v, m;
   bool causal, has_mask, bool_mask, has_sinks;
@@ -263,26 +267,32 @@ struct AttentionJob {
   void run(int b, int h0, int G, int i0, int i1, const Isa& isa) const {
     const int kvh = h0 / (Hq / Hkv);
     thread_local std::vector<float> kf, vf, qf, scores, acc;
-    // keys and values of this head as float32 rows (read in place where they already are)
-    const float* kp;
-    const float* vp;
+    // keys and values of this head as float32 rows, or float16 ones (read in place where they
+    // already are)
+    const float *kp = nullptr, *vp = nullptr;
+    const uint16_t *kh = nullptr, *vh = nullptr;
     int64_t kst, vst;
-    auto rows_of = [&](const View4& a, int n, int d, std::vector<float>& buf, const float*& p, int64_t& st) {
-      if constexpr (std::is_same_v<T, float>) {
-        if (a.st[3] == 1) {
+    auto rows_of = [&](const View4& a, int n, int d, std::vector<float>& buf, const float*& p, const uint16_t*& h,
+                       int64_t& st) {
+      if (a.st[3] == 1) {
+        if constexpr (std::is_same_v<KT, float>) {
           p = reinterpret_cast<const float*>(a.data) + b * a.st[0] + kvh * a.st[1];
+          st = a.st[2];
+          return;
+        } else if constexpr (std::is_same_v<KT, float16_t>) {
+          h = reinterpret_cast<const uint16_t*>(a.data) + b * a.st[0] + kvh * a.st[1];
           st = a.st[2];
           return;
         }
       }
       buf.resize(size_t(n) * d);
       for (int j = 0; j < n; ++j)
-        for (int e = 0; e < d; ++e) buf[size_t(j) * d + e] = static_cast<float>(a.at<T>(b, kvh, j, e));
+        for (int e = 0; e < d; ++e) buf[size_t(j) * d + e] = static_cast<float>(a.at<KT>(b, kvh, j, e));
       p = buf.data();
       st = d;
     };
-    rows_of(k, Lk, D, kf, kp, kst);
-    rows_of(v, Lk, Dv, vf, vp, vst);
+    rows_of(k, Lk, D, kf, kp, kh, kst);
+    rows_of(v, Lk, Dv, vf, vp, vh, vst);
     qf.resize(size_t(G) * D);
     scores.resize(size_t(G) * Lk);
     acc.resize(size_t(G) * Dv);
@@ -305,7 +315,10 @@ struct AttentionJob {
         }
         if (from == visible) from = 0;  // none shown: the whole row, as MLX weighs it
       }
-      isa.dots(qf.data(), G, D, kp + from * kst, kst, visible - from, D, scores.data() + from, Lk);
+      if (kh)
+        isa.dots_h(qf.data(), G, D, kh + from * kst, kst, visible - from, D, scores.data() + from, Lk);
+      else
+        isa.dots(qf.data(), G, D, kp + from * kst, kst, visible - from, D, scores.data() + from, Lk);
       for (int g = 0; g < G; ++g) {
         const int h = h0 + g;
         float* sg = scores.data() + size_t(g) * Lk;
@@ -334,7 +347,10 @@ struct AttentionJob {
         for (int j = from; j < visible; ++j) sg[j] = round_to<T>(sg[j] / total);
       }
       std::fill(acc.begin(), acc.end(), 0.0f);
-      isa.axpys(scores.data() + from, G, Lk, vp + from * vst, vst, visible - from, Dv, acc.data(), Dv);
+      if (vh)
+        isa.axpys_h(scores.data() + from, G, Lk, vh + from * vst, vst, visible - from, Dv, acc.data(), Dv);
+      else
+        isa.axpys(scores.data() + from, G, Lk, vp + from * vst, vst, visible - from, Dv, acc.data(), Dv);
       for (int g = 0; g < G; ++g) {
         const int h = h0 + g;
         T* o = merged ? out + ((size_t(b) * Lq + i) * Hq + h) * Dv : out + ((size_t(b) * Hq + h) * Lq + i) * Dv;
@@ -347,6 +363,39 @@ struct AttentionJob {
 // Below this many multiply-adds an attention runs on one thread.
 constexpr size_t kParallelWork = 1 << 16;
 
+template <class T, class KT>
+void run_attention(const std::vector<mx::array>& in, mx::array& out, float scale, bool causal, bool has_mask,
+                   bool has_sinks, bool merged) {
+  const auto &q = in[0], &k = in[1], &v = in[2];
+  AttentionJob<T, KT> job{view4(q), view4(k), view4(v), has_mask ? view4(in[3]) : View4{nullptr, mx::bool_, {0, 0, 0, 0}},
+                          causal, has_mask, has_mask && in[3].dtype() == mx::bool_, has_sinks,
+                          has_sinks ? in.back().data<T>() : nullptr, has_sinks ? in.back().strides(0) : 0, scale,
+                          q.shape(1), k.shape(1), q.shape(2), k.shape(2), q.shape(3), v.shape(3), out.data<T>(),
+                          merged};
+  const int B = q.shape(0);
+  // units: (b, the query heads of a key/value head, a block of up to 16 query rows), each
+  // key and value row read once for the heads that share it; one head a unit where that
+  // would leave too few units to share out (one sequence's decode step)
+  const int blocks = (job.Lq + 15) / 16;
+  auto& team = pool();
+  const int threads = job.Lq >= 16 ? team.size() : step_parts();
+  const int G = B * job.Hkv * blocks >= 4 * threads ? job.Hq / job.Hkv : 1;
+  const int groups = job.Hq / G;
+  const int units = B * groups * blocks;
+  const Isa& isa = active_isa();
+  auto unit = [&](int u) {
+    int blk = u % blocks, bh = u / blocks;
+    job.run(bh / groups, (bh % groups) * G, G, blk * 16, std::min(job.Lq, blk * 16 + 16), isa);
+  };
+  size_t work = size_t(B) * job.Hq * job.Lq * job.Lk * (job.D + job.Dv);
+  const int parts = std::min(units, threads);
+  if (work < kParallelWork || parts == 1) {
+    for (int u = 0; u < units; ++u) unit(u);
+  } else {
+    team.run(unit, units, parts);
+  }
+}
+
 } // namespace
 
 void Attention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -354,34 +403,10 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
                 merged = merged_](std::vector<mx::array>& in, mx::array& out) {
     by_type(out.dtype(), [&](auto zero) {
       using T = decltype(zero);
-      const auto &q = in[0], &k = in[1], &v = in[2];
-      AttentionJob<T> job{view4(q), view4(k), view4(v), has_mask ? view4(in[3]) : View4{nullptr, mx::bool_, {0, 0, 0, 0}}, causal, has_mask,
-                          has_mask && in[3].dtype() == mx::bool_, has_sinks,
-                          has_sinks ? in.back().data<T>() : nullptr, has_sinks ? in.back().strides(0) : 0, scale,
-                          q.shape(1), k.shape(1), q.shape(2), k.shape(2), q.shape(3), v.shape(3), out.data<T>(),
-                          merged};
-      const int B = q.shape(0);
-      // units: (b, the query heads of a key/value head, a block of up to 16 query rows), each
-      // key and value row read once for the heads that share it; one head a unit where that
-      // would leave too few units to share out (one sequence's decode step)
-      const int blocks = (job.Lq + 15) / 16;
-      auto& team = pool();
-      const int threads = job.Lq >= 16 ? team.size() : step_parts();
-      const int G = B * job.Hkv * blocks >= 4 * threads ? job.Hq / job.Hkv : 1;
-      const int groups = job.Hq / G;
-      const int units = B * groups * blocks;
-      const Isa& isa = active_isa();
-      auto unit = [&](int u) {
-        int blk = u % blocks, bh = u / blocks;
-        job.run(bh / groups, (bh % groups) * G, G, blk * 16, std::min(job.Lq, blk * 16 + 16), isa);
-      };
-      size_t work = size_t(B) * job.Hq * job.Lq * job.Lk * (job.D + job.Dv);
-      const int parts = std::min(units, threads);
-      if (work < kParallelWork || parts == 1) {
-        for (int u = 0; u < units; ++u) unit(u);
-      } else {
-        team.run(unit, units, parts);
+      if constexpr (std::is_same_v<T, float>) {
+        if (in[1].dtype() == mx::float16) return run_attention<float, float16_t>(in, out, scale, causal, has_mask, has_sinks, merged);
       }
+      run_attention<T, T>(in, out, scale, causal, has_mask, has_sinks, merged);
     });
   });
 }
@@ -517,8 +542,12 @@ std::vector<mx::array> kv_write(const mx::array& keys, const mx::array& values, 
     if (k.shape(d) != keys.shape(d) || v.shape(d) != values.shape(d))
       throw std::invalid_argument("[kv_write] k and v must match the cache's batch, heads and head size");
   }
-  if (k.dtype() != keys.dtype() || v.dtype() != values.dtype())
-    throw std::invalid_argument("[kv_write] k and v must have the cache's types");
+  // float32 rows go into a float16 cache rounded as astype rounds them (a half-precision cache)
+  auto fits = [](const mx::array& x, const mx::array& cache) {
+    return x.dtype() == cache.dtype() || (x.dtype() == mx::float32 && cache.dtype() == mx::float16);
+  };
+  if (!fits(k, keys) || !fits(v, values))
+    throw std::invalid_argument("[kv_write] k and v must have the cache's types (or float32 for a float16 cache)");
   std::vector<mx::array> out;
   for (auto [cache, x] : {std::pair{keys, k}, std::pair{values, v}})
     out.push_back(mx::array(cache.shape(), cache.dtype(), std::make_shared<KvWrite>(s, at), {cache, x}));
@@ -566,6 +595,12 @@ void KvWrite::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
       for (int h = 0; h < H; ++h)
         for (int t = 0; t < L; ++t) {
           char* row = dst + ((size_t(b) * H + h) * C + at + t) * D * item;
+          if (x.dtype() != out.dtype()) {  // float32 rows into a float16 cache
+            const float* src = reinterpret_cast<const float*>(xv.data) + b * xv.st[0] + h * xv.st[1] + t * xv.st[2];
+            float16_t* dst16 = reinterpret_cast<float16_t*>(row);
+            for (int d = 0; d < D; ++d) dst16[d] = static_cast<float16_t>(src[d * xv.st[3]]);
+            continue;
+          }
           const char* src = xv.data + (b * xv.st[0] + h * xv.st[1] + t * xv.st[2]) * int64_t(item);
           if (xv.st[3] == 1) {
             std::memcpy(row, src, D * item);

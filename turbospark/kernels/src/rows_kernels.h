@@ -48,6 +48,12 @@ struct Isa {
   void (*dots)(const float* q, int G, int64_t qst, const float* k, int64_t kst, int n, int d, float* out, int64_t ost);
   // acc[g * ast + e] += sum_j p[g * pst + j] * v[j * vst + e], for n rows of v (p = 0 skipped)
   void (*axpys)(const float* p, int G, int64_t pst, const float* v, int64_t vst, int n, int d, float* acc, int64_t ast);
+  // the same two for keys and values held as float16 (a half-precision KV cache), widened
+  // exactly as they are read: the same bits as dots and axpys on their float32 values
+  void (*dots_h)(const float* q, int G, int64_t qst, const uint16_t* k, int64_t kst, int n, int d, float* out,
+                 int64_t ost);
+  void (*axpys_h)(const float* p, int G, int64_t pst, const uint16_t* v, int64_t vst, int n, int d, float* acc,
+                  int64_t ast);
   // x[i] = exp(x[i]) in place, as MLX's CPU backend computes exp (the same bits)
   void (*exps)(float* x, int n);
   // weight rows [o0, o1) as float32, (o1 - o0) x K into out (for a GEMM of many rows of x)

@@ -5,7 +5,7 @@
 
 namespace turbospark::kernels {
 const Isa& isa_avx2() {
-  static const Isa isa{"avx2+fma", avx2::rows, avx2::dots, avx2::axpys, avx2::exps, avx2::widen, avx2::rows_q8, avx2::quantize};
+  static const Isa isa{"avx2+fma", avx2::rows, avx2::dots, avx2::axpys, avx2::dots_h, avx2::axpys_h, avx2::exps, avx2::widen, avx2::rows_q8, avx2::quantize};
   return isa;
 }
 } // namespace turbospark::kernels

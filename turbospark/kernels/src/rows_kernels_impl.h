@@ -409,20 +409,30 @@ __attribute__((optimize("fp-contract=off"))) void exps(float* x, int n) {
   }
 }
 
+// A key or value row's eight values from e as float32: float32 rows as they are, float16 rows
+// (a KV cache held in half precision) widened exactly.
+inline v8f row8(const float* p) { return load8(p); }
+inline v8f row8(const uint16_t* p) { return from_f16(p); }
+inline float row1(const float* p, int e) { return p[e]; }
+inline float row1(const uint16_t* p, int e) { return half(p, e); }
+
 // The scores of G query heads that share their keys (grouped-query attention), each key row
 // read from memory once for all of them: out[g * ost + j] = sum_e q[g * qst + e] * k[j * kst + e].
 // Eight keys at a time (one sum each, reduced together); d a multiple of 8 takes the vector path.
-void dots(const float* q, int G, int64_t qst, const float* k, int64_t kst, int n, int d, float* out, int64_t ost) {
+// E: the keys' type (float, or float16's bits); the sums are the same bits either way for the
+// same float32 values.
+template <class E>
+void dots_of(const float* q, int G, int64_t qst, const E* k, int64_t kst, int n, int d, float* out, int64_t ost) {
   int j = 0;
   if (d % 8 == 0) {
     for (; j + 8 <= n; j += 8) {
-      const float* kj = k + j * kst;
+      const E* kj = k + j * kst;
       for (int g = 0; g < G; ++g) {  // the eight key rows stay in L1 across the heads
         const float* qg = q + g * qst;
         v8f acc[8] = {};
         for (int e = 0; e < d; e += 8) {
           const v8f qv = load8(qg + e);
-          for (int t = 0; t < 8; ++t) acc[t] += qv * load8(kj + t * kst + e);
+          for (int t = 0; t < 8; ++t) acc[t] += qv * row8(kj + t * kst + e);
         }
         const v8f sums = hsum8(acc);
         std::memcpy(out + g * ost + j, &sums, sizeof sums);
@@ -430,23 +440,32 @@ void dots(const float* q, int G, int64_t qst, const float* k, int64_t kst, int n
     }
   }
   for (; j < n; ++j) {
-    const float* row = k + j * kst;
+    const E* row = k + j * kst;
     for (int g = 0; g < G; ++g) {
       const float* qg = q + g * qst;
       v8f acc = {};
       int e = 0;
-      for (; e + 8 <= d; e += 8) acc += load8(qg + e) * load8(row + e);
+      for (; e + 8 <= d; e += 8) acc += load8(qg + e) * row8(row + e);
       float s = hsum_pairs(acc);
-      for (; e < d; ++e) s += qg[e] * row[e];
+      for (; e < d; ++e) s = std::fma(qg[e], row1(row, e), s);  // one rounding whatever the build contracts
       out[g * ost + j] = s;
     }
   }
 }
 
+void dots(const float* q, int G, int64_t qst, const float* k, int64_t kst, int n, int d, float* out, int64_t ost) {
+  dots_of(q, G, qst, k, kst, n, d, out, ost);
+}
+
+void dots_h(const float* q, int G, int64_t qst, const uint16_t* k, int64_t kst, int n, int d, float* out, int64_t ost) {
+  dots_of(q, G, qst, k, kst, n, d, out, ost);
+}
+
 // acc[g * ast + e] += sum_j p[g * pst + j] * v[j * vst + e] for the G heads that share the values,
 // a block of value rows at a time (kept in L1 while each head's sum passes over it; rows whose
-// p is 0 skipped).
-void axpys(const float* p, int G, int64_t pst, const float* v, int64_t vst, int n, int d, float* acc, int64_t ast) {
+// p is 0 skipped).  E: the values' type, as for dots_of.
+template <class E>
+void axpys_of(const float* p, int G, int64_t pst, const E* v, int64_t vst, int n, int d, float* acc, int64_t ast) {
   constexpr int kBlock = 32;
   for (int j0 = 0; j0 < n; j0 += kBlock) {
     const int j1 = std::min(n, j0 + kBlock);
@@ -458,24 +477,32 @@ void axpys(const float* p, int G, int64_t pst, const float* v, int64_t vst, int 
         for (int e = 0; e < 8; ++e) a[e] = load8(ag + 8 * e);
         for (int j = j0; j < j1; ++j) {
           if (pg[j] == 0.0f) continue;
-          const float* row = v + j * vst;
-          for (int e = 0; e < 8; ++e) a[e] += pg[j] * load8(row + 8 * e);
+          const E* row = v + j * vst;
+          for (int e = 0; e < 8; ++e) a[e] += pg[j] * row8(row + 8 * e);
         }
         std::memcpy(ag, a, sizeof a);
         continue;
       }
       for (int j = j0; j < j1; ++j) {
         if (pg[j] == 0.0f) continue;
-        const float* row = v + j * vst;
+        const E* row = v + j * vst;
         int e = 0;
         for (; e + 8 <= d; e += 8) {
-          v8f t = load8(ag + e) + pg[j] * load8(row + e);
+          v8f t = load8(ag + e) + pg[j] * row8(row + e);
           std::memcpy(ag + e, &t, sizeof t);
         }
-        for (; e < d; ++e) ag[e] += pg[j] * row[e];
+        for (; e < d; ++e) ag[e] = std::fma(pg[j], row1(row, e), ag[e]);
       }
     }
   }
+}
+
+void axpys(const float* p, int G, int64_t pst, const float* v, int64_t vst, int n, int d, float* acc, int64_t ast) {
+  axpys_of(p, G, pst, v, vst, n, d, acc, ast);
+}
+
+void axpys_h(const float* p, int G, int64_t pst, const uint16_t* v, int64_t vst, int n, int d, float* acc, int64_t ast) {
+  axpys_of(p, G, pst, v, vst, n, d, acc, ast);
 }
 
 template <class Src>
