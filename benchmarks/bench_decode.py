@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import re
-import resource
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from _rss import peak_rss_mb  # the scripts' folder is on sys.path
 
 PROMPT = (
     "Write a detailed, multi-paragraph story about a lighthouse keeper who discovers a message "
@@ -81,7 +82,7 @@ def run_raw(model_dir: Path, max_tokens: int) -> None:
             tokens.append(response.token)
         mx.clear_cache()
         sample = timing(t0, stamps, len(ids)) | {"prompt_tokens": len(ids)}
-        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        peak_mb = peak_rss_mb()
         print(json.dumps({"sample": sample, "text": tok.decode(tokens), "peak_rss_mb": peak_mb}), flush=True)
 
 
@@ -106,7 +107,7 @@ def run_llamacpp(gguf: Path, model_dir: Path, runs: int, max_tokens: int) -> dic
             if n + 1 >= max_tokens:
                 break
         samples.append(timing(t0, stamps, len(ids)) | {"prompt_tokens": len(ids)})
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_mb = peak_rss_mb()
     return {"summary": summary(samples) | {"peak_rss_mb": peak_mb}}
 
 
@@ -172,9 +173,7 @@ class ServerPath:
         return sample | {"prompt_tokens": usage["prompt_tokens"]}, text
 
     def peak_rss_mb(self) -> float:
-        status = Path(f"/proc/{self.proc.pid}/status")
-        found = re.search(r"VmHWM:\s+(\d+)", status.read_text()) if status.exists() else None
-        return int(found.group(1)) / 1024 if found else float("nan")
+        return peak_rss_mb(self.proc.pid)
 
     def close(self) -> None:
         self.client.close()

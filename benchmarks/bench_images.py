@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _rss import peak_rss_mb  # the scripts' folder is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "a lighthouse on a cliff at dusk, waves breaking below, oil painting"
@@ -118,7 +119,7 @@ def child(directory: Path, dtype: str, real: bool, size: int, steps: int, runs: 
         out["full_encode"] = out["encode"] + (REAL_ENCODER_RUN - len(full_encoder)) * d_encode
         out["full_weights_mb"] = out["weights_mb"] + missing / 1e6
         out["missing_mb"] = missing / 1e6
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["peak_rss_mb"] = peak_rss_mb()
     print(json.dumps(out), flush=True)
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import signal
 import statistics
 import subprocess
@@ -38,6 +37,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from _rss import peak_rss_mb  # the scripts' folder is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,7 +86,7 @@ def serve_lines(generate: Any) -> None:
             stamps.append(time.perf_counter())
             tokens.append(token)
         sample = timing(t0, stamps, len(request["ids"]))
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        peak = peak_rss_mb()
         print(json.dumps({"sample": sample, "tokens": tokens, "peak_rss_mb": peak}), flush=True)
 
 
@@ -200,10 +201,7 @@ class ServerPath:
         return {"sample": sample, "text": "".join(parts), "usage": usage, "peak_rss_mb": self.peak_rss_mb()}
 
     def peak_rss_mb(self) -> float:
-        import re
-
-        found = re.search(r"VmHWM:\s+(\d+)", Path(f"/proc/{self.server.proc.pid}/status").read_text())
-        return int(found.group(1)) / 1024 if found else float("nan")
+        return peak_rss_mb(self.server.proc.pid)
 
     def close(self) -> None:
         self.client.close()

@@ -117,8 +117,6 @@ class Tokenizer:
             key=len, reverse=True,
         )
         self._special_text = re.compile("|".join(map(re.escape, specials))) if specials else None
-        self._plain = _HFTokenizer.from_str(tokenizer.to_str())
-        self._plain.encode_special_tokens = True
         if self.dialect.harmony and (call := tokenizer.token_to_id("<|call|>")) is not None:
             stops.add(call)  # a Harmony tool call ends the turn
         self.stop_ids: frozenset[int] = frozenset(stops)
@@ -157,6 +155,15 @@ class Tokenizer:
             add_bos_token=bool(config.get("add_bos_token", False)),
             extra_stop_ids=extra,
         )
+
+    @functools.cached_property
+    def _plain(self) -> _HFTokenizer:
+        """A second tokenizer that encodes special-token text as plain text: built when first
+        needed (a message that holds such text, ``/tokenize`` without ``parse_special``), as it
+        holds as much memory as the first (~25 MB for a 49k vocabulary; built in ~0.1 s)."""
+        plain = _HFTokenizer.from_str(self._tok.to_str())
+        plain.encode_special_tokens = True
+        return plain
 
     @functools.cached_property
     def grammars(self) -> Grammars:
