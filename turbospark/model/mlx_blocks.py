@@ -134,7 +134,7 @@ class _Parts:
 def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
     parts: _Parts = self._turbospark_parts
     if hasattr(cache, "bits") or x.ndim != 3:  # a quantized KV cache: the layer's own ops
-        return super(type(self), self).__call__(x, mask, cache)
+        return self._turbospark_plain(x, mask, cache)
     attn = self.self_attn
     q, k, v = kernels.split_heads(parts.qkv(x, norm=self.input_layernorm), attn.n_heads, attn.n_kv_heads)
     if parts.qk_norm:
@@ -177,9 +177,21 @@ def kv_update(cache: Any, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]
 _CLASSES: dict[type, type] = {}
 
 
+def _unwrapped(cls: type) -> type:
+    """The layer's own class under a pipeline rank's wrappers (``pipeline._wrap``)."""
+    while "_turbospark_base" in vars(cls):
+        cls = vars(cls)["_turbospark_base"]
+    return cls
+
+
 def _fused_class(cls: type) -> type:
+    """The fused class for a layer of class ``cls``; a pipeline rank's wrappers (a step before
+    or after the layer's) wrap the fused layer as they wrapped the plain one."""
+    if "_turbospark_rewrap" in vars(cls):
+        return vars(cls)["_turbospark_rewrap"](_fused_class(vars(cls)["_turbospark_base"]))
     if cls not in _CLASSES:
-        _CLASSES[cls] = type(f"Fused{cls.__name__}", (cls,), {"__call__": _call, "__module__": __name__})
+        _CLASSES[cls] = type(f"Fused{cls.__name__}", (cls,), {"__call__": _call, "__module__": __name__,
+                                                               "_turbospark_plain": cls.__call__})
     return _CLASSES[cls]
 
 
@@ -197,7 +209,8 @@ def _same_kind(modules: list[Any], ours: tuple[type, ...]) -> bool:
 
 def _fusable(block: Any, ours: tuple[type, ...]) -> bool:
     attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
-    if type(block).__module__ not in _LAYOUTS or type(block).__name__ != "TransformerBlock" or attn is None or mlp is None:
+    kind = _unwrapped(type(block))
+    if kind.__module__ not in _LAYOUTS or kind.__name__ != "TransformerBlock" or attn is None or mlp is None:
         return False
     if not all(isinstance(getattr(block, n, None), nn.RMSNorm) for n in ("input_layernorm", "post_attention_layernorm")):
         return False

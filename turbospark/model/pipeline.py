@@ -60,18 +60,22 @@ class Skip(nn.Module):
         return x
 
 
-def _wrap(layer: nn.Module, before: Any = None, after: Any = None) -> None:
-    """Give ``layer`` a step before and after its own (a subclass: its parameters and their
-    names stay as they are)."""
-    base = type(layer)
-
+def _wrapped(base: type, before: Any, after: Any) -> type:
     def call(self: Any, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
         if before is not None:
             x = before(x)
         out = base.__call__(self, x, *args, **kwargs)
         return after(out) if after is not None else out
 
-    layer.__class__ = type(base.__name__, (base,), {"__call__": call})
+    # what the CPU kernels' fusing needs to wrap a fused layer the same way (``mlx_blocks``)
+    return type(base.__name__, (base,), {"__call__": call, "_turbospark_base": base,
+                                         "_turbospark_rewrap": staticmethod(lambda b: _wrapped(b, before, after))})
+
+
+def _wrap(layer: nn.Module, before: Any = None, after: Any = None) -> None:
+    """Give ``layer`` a step before and after its own (a subclass: its parameters and their
+    names stay as they are)."""
+    layer.__class__ = _wrapped(type(layer), before, after)
 
 
 def _now(x: mx.array) -> mx.array:
