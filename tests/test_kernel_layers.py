@@ -254,6 +254,14 @@ class _RoundedBatchKVCache(_RoundedToHalf, BatchKVCache):
     pass
 
 
+def caches(model, batch_cache: bool, rounded: bool = False, lefts: tuple[int, ...] = (1, 0)) -> list:
+    """A KV cache a layer, plain or batch (left padding ``lefts``), rounding its rows to
+    float16's values where ``rounded``."""
+    if batch_cache:
+        return [(_RoundedBatchKVCache if rounded else BatchKVCache)(list(lefts)) for _ in model.model.layers]
+    return [(_RoundedKVCache if rounded else KVCache)() for _ in model.model.layers]
+
+
 @pytest.fixture(params=["float32", "float16"])
 def kv(request: pytest.FixtureRequest):
     """The fused layers' KV caches in float32, or in float16 (decision 0035)."""
@@ -283,44 +291,31 @@ def test_fused_layers_give_the_unfused_layers_logits(arch, bits, batch_cache, kv
     assert sum(a.nbytes for _, a in tree_flatten(fused.parameters())) == before  # views, nothing twice
     tokens = mx.array([[3, 1, 4, 1, 5, 9, 2]] * (2 if batch_cache else 1))
 
-    def cache(model, rounded=False):
-        if batch_cache:
-            return [(_RoundedBatchKVCache if rounded else BatchKVCache)([1, 0]) for _ in model.model.layers]
-        return [(_RoundedKVCache if rounded else KVCache)() for _ in model.model.layers]
-
-    fused_cache = cache(fused)
-    for got, want in zip(run(fused, tokens, fused_cache), run(plain, tokens, cache(plain, kv == "float16")),
+    fused_cache = caches(fused, batch_cache)
+    for got, want in zip(run(fused, tokens, fused_cache), run(plain, tokens, caches(plain, batch_cache, kv == "float16")),
                          strict=True):
         np.testing.assert_array_equal(got, want)
     assert {c.keys.dtype for c in fused_cache} == {mx.float16 if kv == "float16" else mx.float32}
 
 
 @needs_kernels
+@pytest.mark.parametrize("kv", ["float16"], indirect=True)
 @pytest.mark.parametrize("batch_cache", [False, True])
-def test_a_float16_cache_keeps_its_type_as_it_grows(batch_cache) -> None:
+def test_a_float16_cache_keeps_its_type_as_it_grows(batch_cache, kv) -> None:
     """mlx-lm's caches grow 256 rows at a time by concatenation, in the new rows' type: a fused
     layer hands them float16 rows, so the cache stays float16 past its first 256 rows, and the
     logits stay those of an unfused model reading the same rounded rows."""
-    before = kernels.kv_half()
-    kernels.set_kv_half(True)
-    try:
-        plain, fused = tiny("llama", seed=9), tiny("llama", seed=9)
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(mlx_blocks, "fuse", lambda model, ours: (0, len(model.model.layers)))
-            mlx_kernels.install(plain)
-        mlx_kernels.install(fused)
-        tokens = mx.array([[(7 * i) % 64 for i in range(254)]] * (2 if batch_cache else 1))
-        if batch_cache:
-            fused_cache = [BatchKVCache([0, 3]) for _ in fused.model.layers]
-            plain_cache = [_RoundedBatchKVCache([0, 3]) for _ in plain.model.layers]
-        else:
-            fused_cache = [KVCache() for _ in fused.model.layers]
-            plain_cache = [_RoundedKVCache() for _ in plain.model.layers]
-        for got, want in zip(run(fused, tokens, fused_cache), run(plain, tokens, plain_cache), strict=True):
-            np.testing.assert_array_equal(got, want)
-        assert all(c.keys.dtype == mx.float16 and c.keys.shape[2] == 512 for c in fused_cache)
-    finally:
-        kernels.set_kv_half(before)
+    plain, fused = tiny("llama", seed=9), tiny("llama", seed=9)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(mlx_blocks, "fuse", lambda model, ours: (0, len(model.model.layers)))
+        mlx_kernels.install(plain)
+    mlx_kernels.install(fused)
+    tokens = mx.array([[(7 * i) % 64 for i in range(254)]] * (2 if batch_cache else 1))
+    fused_cache = caches(fused, batch_cache, lefts=(0, 3))
+    plain_cache = caches(plain, batch_cache, rounded=True, lefts=(0, 3))
+    for got, want in zip(run(fused, tokens, fused_cache), run(plain, tokens, plain_cache), strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert all(c.keys.dtype == mx.float16 and c.keys.shape[2] == 512 for c in fused_cache)
 
 
 @needs_kernels

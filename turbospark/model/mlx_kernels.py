@@ -112,7 +112,7 @@ def install(model: nn.Module) -> str:
     huge = kernels.huge_pages([a for _, a in tree_flatten(model.parameters())])
     return (f"{kernels.describe()}: {ours} of {linear} linear layers" + (" and the tied output head" if tied else "")
             + f", RMSNorm, RoPE and attention; {fused} of {layers} decoder layers fused"
-            + (", their KV cache in float16" if fused and kernels.kv_half() else "")
+            + (", their KV cache in float16" if mlx_blocks.half_kv(model) else "")
             + f"; weights in huge pages: {huge >> 20} MiB")
 
 
