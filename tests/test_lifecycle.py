@@ -15,6 +15,7 @@ import trio
 
 from turbospark.errors import RequestInvalid
 from turbospark.actors.lifecycle import Loadable, Resident, evictions, parse_keep_alive, parse_size
+from turbospark.actors.resolver import STRANGER_S
 from turbospark.messages import Generated, ModelLoaded, ModelUnloaded
 from turbospark.model.scripted import ScriptedBackend
 
@@ -280,3 +281,18 @@ async def test_delete_of_a_model_busy_past_the_wait_is_refused(start_server, cli
     r = await _delete_during_a_stream(client, server.url, store)
     assert r.status_code == 409 and "still answering requests" in r.json()["error"]
     assert store.deleted == []
+
+
+async def test_a_model_stored_while_serving_answers_to_its_name_on_every_route(start_server, client) -> None:
+    """A name no known model has is looked for in the library before a fallback answers it:
+    ``models import`` beside a running server, then the OpenAI route asks for it by name."""
+    shelf = Shelf("alpha")
+    server = await start_server(backends=[], library=lambda: tuple(shelf.models))
+    body = {"model": "beta", "messages": HELLO, "max_tokens": 4}
+    r = await client.post(f"{server.url}/v1/chat/completions", json=body)
+    assert r.status_code == 200 and shelf.loads == {"alpha": 1}  # the only chat model answers any name
+    stored = Shelf("beta")
+    shelf.models += stored.models  # stored now
+    await trio.sleep(STRANGER_S)  # a name no model had is looked for again after a while
+    r = await client.post(f"{server.url}/v1/chat/completions", json=body)
+    assert r.status_code == 200 and stored.loads == {"beta": 1} and shelf.loads == {"alpha": 1}

@@ -41,6 +41,7 @@ from ._mailbox import answer
 from ._residency import Decision, Granted, Instance, Load, Loaded, Refused, Residency, Stop, Unloaded
 from .lifecycle import Loadable, described, entry_for
 from .registry import Capability, ModelEntry, Registry
+from ._resolver_notes import Ended as _Ended, Known as _Known, Looked as _Looked, Ready as _Ready
 from .resolution import (
     Abandon, Adopt, Grant, Lifecycle, LoadedModel, Published, Refresh, Release, Resolve, Running, Unload,
 )
@@ -49,6 +50,9 @@ __all__ = ["Library", "ResolveFn", "resolve_in_registry", "resolver"]
 
 log = logging.getLogger("turbospark")
 
+#: A name no model has is looked for in the library at most once in this many seconds.
+STRANGER_S = 2.0
+
 
 ResolveFn = Callable[[Registry, str | None, Capability], Awaitable[ModelEntry]]
 Library = Callable[[], Sequence[Loadable]]
@@ -56,34 +60,6 @@ Library = Callable[[], Sequence[Loadable]]
 
 async def resolve_in_registry(registry: Registry, name: str | None, want: Capability) -> ModelEntry:
     return registry.resolve(name, want)
-
-
-# --- internal messages, posted by the resolver's own tasks ---------------------------------
-
-
-@attrs.frozen
-class _Looked:
-    request: Resolve
-    result: ModelEntry | TurboSparkError
-    asked: float
-
-
-@attrs.frozen
-class _Known:
-    loadables: tuple[Loadable, ...]
-    reply: trio.MemorySendChannel[Registry] | None = None
-
-
-@attrs.frozen
-class _Ready:
-    model: Instance
-    info: Any
-
-
-@attrs.frozen
-class _Ended:
-    model: Instance
-    error: BaseException | None
 
 
 class _Resolver:
@@ -119,6 +95,7 @@ class _Resolver:
         self.scopes: dict[Instance, trio.CancelScope] = {}  # each loading or loaded model's
         self.waiting: trio.CancelScope | None = None  # the inbox loop's wait for a deadline
         self.known: dict[str, Loadable] = dict(self.pinned)
+        self.strangers: dict[str, float] = {}  # names looked for in the library, and when
         self._publish()
 
     # --- the registry ---------------------------------------------------------------------
@@ -158,6 +135,12 @@ class _Resolver:
         try:
             try:
                 result: ModelEntry | TurboSparkError = await self._find(msg)
+                if self._stranger(msg):  # answered by a fallback: unless the library knows it now
+                    await self._refresh()
+                    now = trio.current_time()  # the names of the last few seconds only
+                    self.strangers = {n: t for n, t in self.strangers.items() if now - t <= STRANGER_S}
+                    self.strangers[msg.name or ""] = now
+                    result = await self._find(msg)
             except (ModelNotFound, NoModel):
                 await self._refresh()  # a model stored since the last look
                 result = await self._find(msg)
@@ -247,9 +230,18 @@ class _Resolver:
                 self._looked(_Looked(msg, exc, trio.current_time()))
                 return
             else:
-                self._looked(_Looked(msg, found, trio.current_time()))
-                return
+                if not self._stranger(msg):
+                    self._looked(_Looked(msg, found, trio.current_time()))
+                    return
         self.tasks.start_soon(self._look_up, msg)
+
+    def _stranger(self, msg: Resolve) -> bool:
+        """A name no known model has, not looked for in the library these last ``STRANGER_S``
+        seconds: it may be a model stored since (``models import`` beside a running server), not
+        a client's own (``gpt-4o``), which a fallback answers."""
+        name = msg.name or ""
+        return (bool(name) and not msg.exact and self.published.registry.lookup(name) is None
+                and trio.current_time() - self.strangers.get(name, -math.inf) > STRANGER_S)
 
     def _looked(self, msg: _Looked) -> None:
         request, found = msg.request, msg.result
