@@ -102,8 +102,25 @@ def convert_hf(src: Path, out: Path, *, dtype: str, progress: Progress) -> dict[
                 for key, a in mx.load(str(f)).items()
             }
             mx.save_safetensors(str(out / f.name), arrays, {"format": "mlx"})
+    config = legacy_rope(config)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return config
+
+
+def legacy_rope(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with RoPE's settings where mlx-lm reads them: transformers 5 writes them in
+    ``rope_parameters`` (``rope_theta``, and the scaling's ``rope_type`` and factors), mlx-lm
+    reads ``rope_theta`` and ``rope_scaling``."""
+    out = dict(config)
+    if isinstance(out.get("text_config"), dict):
+        out["text_config"] = legacy_rope(out["text_config"])
+    rope = out.get("rope_parameters")
+    if isinstance(rope, dict):
+        if "rope_theta" in rope:
+            out.setdefault("rope_theta", rope["rope_theta"])
+        if rope.get("rope_type") not in (None, "default"):
+            out.setdefault("rope_scaling", {k: v for k, v in rope.items() if k != "rope_theta"})
+    return out
 
 
 def _rebuilt(src: Path, out: Path, *, dtype: str, progress: Progress) -> dict[str, Any]:
