@@ -67,6 +67,9 @@ class ChatPrompt:
     messages: tuple[dict[str, Any], ...]
     tools: tuple[dict[str, Any], ...] = ()
     template_kwargs: dict[str, Any] = attrs.field(factory=dict)
+    #: A vision model's: the request's images (their files' bytes), in the order of the
+    #: ``{"type": "image"}`` parts of the messages' contents (lists of parts where they hold one).
+    images: tuple[bytes, ...] = ()
 
 
 @attrs.frozen

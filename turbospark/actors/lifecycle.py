@@ -152,7 +152,8 @@ def entry_for(loadable: Loadable, info: Any | None = None, *, now: float) -> Mod
     return ModelEntry(
         id=info.id,
         context_window=info.context_window,
-        capabilities=frozenset({"chat", "completion"} if info.has_chat_template else {"completion"}),
+        capabilities=frozenset({"chat", "completion"} if info.has_chat_template else {"completion"})
+        | (loadable.capabilities & {"vision"}),
         aliases=aliases,
         created=created,
         sampling_defaults=info.sampling_defaults,

@@ -32,7 +32,7 @@ from ..errors import ModelNotFound, NoModel, RequestInvalid
 
 __all__ = ["Capability", "ModelEntry", "Registry", "alias_for", "untagged"]
 
-Capability = Literal["chat", "completion", "embedding", "speech_to_text", "text_to_speech", "text_to_image"]
+Capability = Literal["chat", "completion", "embedding", "speech_to_text", "text_to_speech", "text_to_image", "vision"]
 
 #: Ollama's default tag: ``name:latest`` is ``name``.
 LATEST = ":latest"

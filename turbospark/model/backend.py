@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 
@@ -115,9 +115,12 @@ class Backend(Protocol):
         """Bytes of KV cache the running sequences hold now."""
         ...
 
-    def insert(self, seq: int, prompt: list[int], params: SamplingParams) -> int: ...
+    def insert(self, seq: int, prompt: list[int], params: SamplingParams, images: Any = None) -> int:
+        """``seq`` starts; how many of its prompt's tokens came from the prefix cache.  ``images``:
+        what a vision model's ``vision.see`` made of the request's images (``mlx_vision``)."""
+        ...
 
-    def cached_prefix(self, prompt: list[int]) -> int:
+    def cached_prefix(self, prompt: list[int], images: Any = None) -> int:
         """How many of ``prompt``'s tokens ``insert`` would find in the prefix cache now."""
         ...
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ from .lookup import Backoff, Lookup, Pace
 from .pacing import JoinPacer
 from .pipeline import pipeline
 from .constraint import Matcher
-from .mlx_sampling import Sampler, constrain, greedy, make_processors, make_sampler, top_logprobs
+from .mlx_sampling import Sampler, constrain, greedy, guard, make_processors, make_sampler, top_logprobs
 from .mlx_blocks import half_kv
 from .mlx_draft import ModelDrafter, check_vocabularies
 from .mlx_fused import can_fuse, fusable, fused_next
@@ -55,9 +55,10 @@ from .mlx_joining import settle
 from .mlx_kernels import install as install_kernels
 from .mlx_kernels import serves as kernels_serve
 from .mlx_speculate import can_speculate, pending_tokens, verify
+from .mlx_vision import Seen, vision_side
 from .prefix_cache import PrefixCache, trimmable
 from .prompt_files import PromptFiles, tokenizer_digest
-from .prompt_slots import Slots
+from .prompt_slots import slots_of
 from .tokenizer import Tokenizer
 
 __all__ = ["MlxBackend", "PrefixCache", "generation_defaults"]
@@ -67,7 +68,9 @@ __all__ = ["MlxBackend", "PrefixCache", "generation_defaults"]
 class _Running:
     uid: int  # the engine's id
     prompt: list[int]
-    cached: int
+    cached: int  # prompt tokens in its cache when it joined
+    reused: int | None = None  # of which the prefix cache gave (None: all of them)
+    key: list[int] | None = None  # its prompt as the prefix cache knows it (images: ``mlx_vision``)
     reading: bool = True  # still in prefill
     logprobs: int | None = None  # alternatives to report per token, when asked
     sampler: Sampler | None = None  # its own draws (None: greedy)
@@ -112,6 +115,8 @@ class MlxBackend:
             self.kernels = install_kernels(self.model)  # which kernels serve it (startup lines)
             self._kv_size = kv_sizes(self.model)
         self.tokenizer = Tokenizer.from_dir(path)
+        # a vision tower beside the language model: images read between steps (``mlx_vision``)
+        self.vision = vision_side(path, self)
         self.tokenizer.grammars  # constrained decoding's tokenizer (~0.2 s): now, not in a step
         self.draft_model: Any = None  # --draft-model: drafts come from it instead of prompt lookup
         if draft_path is not None:
@@ -179,10 +184,12 @@ class MlxBackend:
 
     # --- sequences -------------------------------------------------------------------------
 
-    def cached_prefix(self, prompt: list[int]) -> int:
-        return self.prefix_cache.peek(prompt)
+    def cached_prefix(self, prompt: list[int], images: Seen | None = None) -> int:
+        return self.prefix_cache.peek(images.key if images is not None else prompt)
 
-    def insert(self, seq: int, prompt: list[int], params: SamplingParams) -> int:
+    def insert(self, seq: int, prompt: list[int], params: SamplingParams, images: Seen | None = None) -> int:
+        if images is not None and self.vision is not None:  # its images are read first
+            return self.vision.start(seq, prompt, params, images)
         cache, cached = self.prefix_cache.take(prompt)
         self._insert(seq, prompt, params, cache, cached)
         return cached
@@ -202,19 +209,20 @@ class MlxBackend:
         if trim and any(trim_prompt_cache(c, trim) != trim for c in copies):
             return False  # before any of them is inserted: the caller inserts them afresh
         for (sid, params), cache_copy in zip(new.items(), copies, strict=True):
-            self._insert(sid, run.prompt, params, cache_copy, keep)
+            self._insert(sid, run.prompt, params, cache_copy, keep, key=run.key)
         return True
 
-    def _insert(self, seq: int, prompt: list[int], params: SamplingParams, cache: list[Any] | None, cached: int) -> None:
+    def _insert(self, seq: int, prompt: list[int], params: SamplingParams, cache: list[Any] | None, cached: int,
+                *, reused: int | None = None, key: list[int] | None = None) -> None:
         sampler = own = make_sampler(params)
         if sampler is not greedy:
-            own = self._guard(seq, sampler, greedy)
+            own = guard(self._failed, seq, sampler, greedy)
         steps = make_processors(params, len(prompt))
         matcher = None
         if params.grammar is not None:
             matcher = self.tokenizer.grammars.matcher(params.grammar)
             steps.append(constrain(matcher))
-        processors = [self._guard(seq, p, lambda tokens, logits: logits) for p in steps]
+        processors = [guard(self._failed, seq, p, lambda tokens, logits: logits) for p in steps]
         with mx.stream(self.stream):
             (uid,) = self.engine.insert(
                 [prompt[cached:]],
@@ -225,7 +233,7 @@ class MlxBackend:
                 logits_processors=[processors],
             )
         self._running[seq] = _Running(
-            uid, prompt, cached, logprobs=params.logprobs,
+            uid, prompt, cached, reused, key, logprobs=params.logprobs,
             sampler=sampler if isinstance(sampler, Sampler) else None,
             drafter=(Lookup() if self.draft_model is None else ModelDrafter(self.draft_model))
             if params.speculative else None,
@@ -234,23 +242,15 @@ class MlxBackend:
         self._by_uid[uid] = seq
         self.looks.reset()
 
-    def _guard(self, seq: int, fn: Callable[..., mx.array], stand_in: Callable[..., mx.array]) -> Callable[..., mx.array]:
-        """``fn`` for one sequence; if it raises, the sequence is marked failed and the step goes
-        on with ``stand_in`` for it."""
-
-        def guarded(*args: mx.array) -> mx.array:
-            if seq not in self._failed:
-                try:
-                    return fn(*args)
-                except Exception as exc:
-                    self._failed[seq] = exc
-            return stand_in(*args)
-
-        return guarded
-
     def step(self) -> StepOutput:
-        if (out := self._speculate()) is not None:
-            return out
+        seen: dict[int, PrefillProgress] = {}
+        if self.vision is not None and self.vision.reading:  # a piece of a request's images first
+            seen, lost = self.vision.advance(self.pacer.size(len(self.engine._generation_batch)))
+            self._failed.update(lost)
+        out = self._speculate() or self._step()
+        return attrs.evolve(out, progress={**out.progress, **seen}) if seen else out
+
+    def _step(self) -> StepOutput:
         prefilling = sum(r.reading for r in self._running.values())
         decoding = len(self.engine._generation_batch)
         # One chunk a step in all, shared by the prompts being read, sized by the pacer so the
@@ -276,7 +276,8 @@ class MlxBackend:
             done, total = r.progress
             if r.end_of_prompt:
                 run.reading = False
-            progress[seq] = PrefillProgress(run.cached + done, run.cached + total, run.cached)
+            progress[seq] = PrefillProgress(run.cached + done, run.cached + total,
+                                            run.cached if run.reused is None else run.reused)
         tokens: dict[int, int] = {}
         asked: list[tuple[int, mx.array, int, int]] = []
         for r in generation_responses:
@@ -358,6 +359,8 @@ class MlxBackend:
                           more_logprobs={s: v[1:] for s, v in logprobs.items() if len(v) > 1})
 
     def remove(self, seq: int, *, keep_cache: bool = True) -> None:
+        if self.vision is not None and self.vision.drop(seq):  # still reading its images
+            return
         run = self._running.get(seq)
         if run is None:
             return
@@ -368,7 +371,8 @@ class MlxBackend:
                 # An extracted cache is a lazy slice of the whole batch's buffers: evaluate it
                 # so the prefix cache holds this sequence's KV only, as its byte count says.
                 mx.eval([c.state for c in cache])
-                self.prefix_cache.put(list(tokens), cache)
+                tokens = list(tokens) if run.key is None else run.key + list(tokens)[len(run.key):]
+                self.prefix_cache.put(tokens, cache)
         del self._running[seq], self._by_uid[run.uid]
 
     def persist(self) -> None:
@@ -378,12 +382,7 @@ class MlxBackend:
 
     def slot_command(self, action: str, slot: int | None, filename: str | None) -> Any:
         """llama.cpp's slot actions on the prefix cache (``prompt_slots``)."""
-        cache = self.prefix_cache
-        slots = Slots(
-            cache.max_entries, self.context_window, self.model_id,
-            entries=lambda: [(e.tokens, e.cache) for e in cache.entries],
-            place=cache.place, erase=cache.entries.pop, decode=self.tokenizer.decode, files=cache.files,
-        )
+        slots = slots_of(self.prefix_cache, self.context_window, self.model_id, self.tokenizer.decode)
         with mx.stream(self.stream):
             return slots.run(action, slot, filename)
 
@@ -392,4 +391,6 @@ class MlxBackend:
         self._running.clear()
         self._by_uid.clear()
         self._failed.clear()
+        if self.vision is not None:
+            self.vision.reading.clear()
         old.close()

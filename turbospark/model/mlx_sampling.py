@@ -34,7 +34,7 @@ from .constraint import Matcher
 
 K = TypeVar("K", bound=Hashable)
 
-__all__ = ["Sampler", "constrain", "greedy", "make_processors", "make_sampler", "top_logprobs"]
+__all__ = ["Sampler", "constrain", "greedy", "guard", "make_processors", "make_sampler", "top_logprobs"]
 
 
 def greedy(logprobs: mx.array) -> mx.array:
@@ -77,6 +77,23 @@ class Sampler:
         assert self._keys is not None, "rewind without mark"
         self.key = self._keys[min(kept, len(self._keys) - 1)]  # fewer: a guard stood in
         self._keys = None
+
+
+def guard(
+    failed: dict[int, BaseException], seq: int, fn: Callable[..., mx.array], stand_in: Callable[..., mx.array]
+) -> Callable[..., mx.array]:
+    """``fn`` for one sequence; if it raises, the sequence is marked failed (in ``failed``) and
+    the step goes on with ``stand_in`` for it."""
+
+    def guarded(*args: mx.array) -> mx.array:
+        if seq not in failed:
+            try:
+                return fn(*args)
+            except Exception as exc:
+                failed[seq] = exc
+        return stand_in(*args)
+
+    return guarded
 
 
 def make_sampler(params: SamplingParams) -> Callable[[mx.array], mx.array]:

@@ -20,7 +20,7 @@ import attrs
 
 from .prompt_files import PromptFiles
 
-__all__ = ["SlotError", "Slots", "valid_filename"]
+__all__ = ["SlotError", "Slots", "slots_of", "valid_filename"]
 
 
 class SlotError(Exception):
@@ -107,3 +107,13 @@ class Slots:
                 "model": self.model, "n_tokens": len(tokens), "prompt": self.decode(tokens) if tokens else "",
             })
         return out
+
+
+def slots_of(cache: Any, n_ctx: int, model: str, decode: Callable[[list[int]], str]) -> Slots:
+    """The slot view of a ``PrefixCache``.  An image's tokens (marked by its hash, below 0:
+    ``mlx_vision``) are not text: the listing leaves them out."""
+    return Slots(
+        cache.max_entries, n_ctx, model, entries=lambda: [(e.tokens, e.cache) for e in cache.entries],
+        place=cache.place, erase=cache.entries.pop, decode=lambda ids: decode([i for i in ids if i >= 0]),
+        files=cache.files,
+    )

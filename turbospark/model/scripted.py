@@ -104,13 +104,13 @@ class ScriptedBackend:
     def kv_bytes(self) -> int:
         return sum(s.in_cache for s in self._seqs.values()) * KV_BYTES_PER_TOKEN
 
-    def cached_prefix(self, prompt: list[int]) -> int:
+    def cached_prefix(self, prompt: list[int], images: object = None) -> int:
         """Like a real prefix cache: the longest start of ``prompt`` that a recent sequence
         (prompt and output) held, all but its last token."""
         best = max((common_prefix(prompt, seen) for seen in self._seen), default=0)
         return min(best, len(prompt) - 1) if best > 0 else 0
 
-    def insert(self, seq: int, prompt: list[int], params: SamplingParams) -> int:
+    def insert(self, seq: int, prompt: list[int], params: SamplingParams, images: object = None) -> int:
         self.counters.generations += 1
         cached = self.cached_prefix(prompt)
         self._seqs[seq] = _ScriptedSeq(

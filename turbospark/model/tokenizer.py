@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -93,6 +93,8 @@ class Tokenizer:
         self.eos_token = eos_token
         self.add_bos_token = add_bos_token
         self.chat_template = chat_template
+        self.content_parts = False  # a vision model's: its template reads contents as lists of parts
+        self.count_images: Callable[[Sequence[bytes]], Callable[[str], str]] | None = None  # and what images add
         self.bos_id = tokenizer.token_to_id(bos_token) if bos_token else None
         self.eos_id = tokenizer.token_to_id(eos_token) if eos_token else None
         stops = set(extra_stop_ids)
@@ -186,13 +188,14 @@ class Tokenizer:
             ids = [self.bos_id, *ids]
         return ids
 
-    def encode_rendered(self, text: str, contents: Iterable[str]) -> list[int]:
+    def encode_rendered(self, text: str, contents: Iterable[str], expand: Callable[[str], str] = str) -> list[int]:
         """A rendered chat's ids, with every special-token text inside the messages' own
         ``contents`` encoded as plain text: only the template writes control tokens.  Contents
         are found in the rendered text in order; where none holds special-token text (nearly
-        always) this is ``encode(text)``."""
+        always) this is ``encode(text)``.  ``expand`` rewrites the template's own text (not the
+        contents) before it is encoded: a vision model's image placeholders."""
         if self._special_text is None:
-            return self.encode(text)
+            return self.encode(expand(text))
         spans, at = [], 0
         for content in contents:
             if not content or not self._special_text.search(content):
@@ -204,14 +207,14 @@ class Tokenizer:
                 spans.append((found, found + len(content)))
                 at = found + len(content)
         if not spans:
-            return self.encode(text)
+            return self.encode(expand(text))
         ids: list[int] = []
         at = 0
         for start, end in spans:
-            ids += _ids(self._tok, text[at:start])
+            ids += _ids(self._tok, expand(text[at:start]))
             ids += _ids(self._plain, text[start:end])
             at = end
-        return ids + _ids(self._tok, text[at:])
+        return ids + _ids(self._tok, expand(text[at:]))
 
     @functools.cached_property
     def longest_token(self) -> int:
@@ -321,6 +324,9 @@ class Tokenizer:
             messages, tools = tools_in_preamble(messages, tools or (), system_tools=self._system_tools), None
         if self.dialect.name == "mistral":
             messages = short_call_ids(messages)
+        if self.content_parts:  # a vision model's template reads every content as a list of parts
+            messages = [{**m, "content": [{"type": "text", "text": m["content"]}]} if isinstance(m.get("content"), str)
+                        else m for m in messages]
         try:
             return self._template.render(
                 {

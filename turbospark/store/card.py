@@ -12,7 +12,8 @@ when the resolver's library is read, so that the routes only format it.
 - **context length**: the manifest's, else ``max_position_embeddings``;
 - **capabilities** (Ollama's words): a generation model ``completion``, ``tools`` when its chat
   template handles tools, ``thinking`` when it has thinking markers (``<think>``,
-  ``enable_thinking``, ``reasoning_content``); an embedding model ``embedding``; audio models
+  ``enable_thinking``, ``reasoning_content``), ``vision`` with a vision tower beside it (``vision/``,
+  ``store/vision_import.py``); an embedding model ``embedding``; audio models
   their task (``speech_to_text``, ``text_to_speech``); an image pipeline ``text_to_image`` and
   ``image_to_image`` (its parameters: every component's, from ``*/*.safetensors``);
 - Ollama's ``model_info`` keys (``general.architecture``, ``general.parameter_count``,
@@ -186,7 +187,9 @@ def card_for(stored: StoredModel) -> ModelCard:
     inner = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     settings = {**inner, **config}
     template = chat_template(path) if stored.kind == "generation" else ""
-    weights = weights_of(path) if stored.kind != "text-to-image" else sorted(path.glob("*/*.safetensors"))
+    # an image pipeline's parameters are every component's; a vision model's its tower's too
+    weights = (weights_of(path) + sorted(path.glob("vision/*.safetensors"))) if stored.kind != "text-to-image" \
+        else sorted(path.glob("*/*.safetensors"))
     params, stored_as = count_parameters(weights, settings.get("quantization"))
     arch = str(manifest.get("architecture") or config.get("model_type") or "")
     context = int(manifest.get("context_length") or settings.get("max_position_embeddings") or 0)
@@ -216,5 +219,5 @@ def card_for(stored: StoredModel) -> ModelCard:
         architecture=arch,
         parameter_count=params,
         context_length=context,
-        capabilities=_capabilities(stored.kind, template),
+        capabilities=_capabilities(stored.kind, template) + (("vision",) if (path / "vision").is_dir() else ()),
     )

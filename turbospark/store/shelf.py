@@ -162,6 +162,8 @@ def loadable_from(stored: StoredModel, load: Loader, *, pinned: bool = False) ->
     kind = stored.kind if stored.kind in KINDS else "generation"
     if kind == "generation":
         capabilities: frozenset[Capability] = frozenset({"chat", "completion"} if card.template else {"completion"})
+        if "vision" in card.capabilities:  # it reads images (a vision tower beside it)
+            capabilities |= {"vision"}
         size = sum(w.stat().st_size for w in weights_of(path))
     else:
         capabilities = frozenset({_CAPABILITY[kind]})

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ from .gguf_import import DTYPES, ModelImportError, check_dtype, convert_gguf, de
 from .hashing import copy_and_hash, hash_files, opened
 from .image_import import import_pipeline
 from .hf_import import check_architecture, check_loads, convert_hf, directory_sha256, is_quantized
+from .vision_import import is_vision, split_vision, vision_family
 from .manifest import add_generation_config, new_manifest
 from .ollama_import import apply_layers
 from .progress import Progress, progress_from
@@ -104,7 +106,9 @@ class ModelStore(StoreDirectory):
         Args:
             source: a GGUF file; a Hugging Face directory (``config.json``, ``model*.safetensors``,
                 ``tokenizer.json``, ``tokenizer_config.json``), an ``mlx-community`` one included
-                (quantized when its config says ``quantization``); ``ollama:NAME[:TAG]``, a model in
+                (quantized when its config says ``quantization``), and a vision-language one
+                (``store.vision_import``: its language model, and its tower beside it);
+                ``ollama:NAME[:TAG]``, a model in
                 Ollama's store (:mod:`~turbospark.store.ollama_import`); a BERT sentence-encoder directory
                 (``config.json`` with ``model_type: bert``, ``model*.safetensors``, ``tokenizer.json``,
                 optionally sentence-transformers' ``1_Pooling/`` and ``sentence_bert_config.json``),
@@ -205,15 +209,24 @@ class ModelStore(StoreDirectory):
             config = json.loads((src / "config.json").read_text())
         except ValueError as exc:
             raise ModelImportError(f"{src / 'config.json'} is not valid JSON ({exc})") from None
-        architecture = check_architecture(config)
+        vision = is_vision(config)
+        architecture = vision_family(config) if vision else check_architecture(config)
+        if vision:
+            check_architecture(config["text_config"])
         sha256 = directory_sha256(src, progress=job.progress)
 
         def convert(model_dir: Path) -> _Built:
-            config = convert_hf(src, model_dir, dtype=dtype, progress=job.progress)
+            # a vision-language model: its language model converted as any other, its tower beside
+            source = split_vision(src, job.work) if vision else src
+            config = convert_hf(source, model_dir, dtype=dtype, progress=job.progress)
+            if vision:
+                shutil.move(job.work / "vision", model_dir / "vision")
             context = config.get("max_position_embeddings") or config.get("text_config", {}).get(
                 "max_position_embeddings"
             )
             more: dict[str, Any] = {}
+            if vision:
+                more["vision"] = architecture
             if dtype == "native" and is_quantized(config):
                 quantization = config.get("quantization") or config.get("quantization_config")
                 more["quantization"] = quantization if isinstance(quantization, dict) else True

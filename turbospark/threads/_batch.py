@@ -143,7 +143,7 @@ class Batch:
         try:
             if not self.backend.fork(sid, {c.sid: c.params for c in others}):
                 for c in others:  # its cache cannot be shared: each reads the prompt itself
-                    self.backend.insert(c.sid, job.ids, c.params)
+                    self._insert(job, c)
         except Exception:
             self._fail(job, self._logged("sharing the prompt of request %d failed", job.job.request_id))
 
@@ -163,6 +163,7 @@ class Batch:
             self.ended.append(entry)
             return
         entry.job, entry.ids, entry.in_reasoning, entry.grow = ready.job, ready.ids, ready.in_reasoning, ready.grow
+        entry.images = ready.images
         self.waiting.append(entry)
 
     def admit(self) -> None:
@@ -200,11 +201,13 @@ class Batch:
             self.admission.admit(choice.sid, job.grow)
         job.admitted = True
         self.jobs.append(job)
-        job.outbox.append(Started(len(job.ids), self._cached_prefix(job.ids)))
+        job.outbox.append(Started(len(job.ids), self._cached_prefix(job)))
 
-    def _cached_prefix(self, ids: list[int]) -> int:
+    def _cached_prefix(self, job: Job) -> int:
         try:
-            return int(self.backend.cached_prefix(ids))
+            if job.images is not None:  # the prompt as the cache knows it: its images' hashes in it
+                return int(self.backend.cached_prefix(job.ids, images=job.images))
+            return int(self.backend.cached_prefix(job.ids))
         except Exception:  # a report, never a reason to fail the job
             log.exception("model %s: looking up the prefix cache failed", self.backend.model_id)
             return 0
@@ -218,7 +221,7 @@ class Batch:
             self.events.append(GenerationBegan(job.job.request_id, self.backend.model_id))
             first, *others = job.choices
             try:
-                job.cached = self.backend.insert(first.sid, job.ids, first.params)
+                job.cached = self._insert(job, first)
             except Exception:
                 self._fail(job, self._logged("starting request %d failed", job.job.request_id))
                 continue
@@ -228,6 +231,11 @@ class Batch:
             job.outbox.append(Progress(len(job.ids), job.cached, job.cached, time.monotonic() - first.state.began))
             if others:
                 self.forks[first.sid] = others
+
+    def _insert(self, job: Job, choice: Choice) -> int:
+        if job.images is not None:
+            return self.backend.insert(choice.sid, job.ids, choice.params, images=job.images)
+        return self.backend.insert(choice.sid, job.ids, choice.params)
 
     # --- how a job ends ----------------------------------------------------------------------
 

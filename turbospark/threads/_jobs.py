@@ -8,6 +8,7 @@ crossing (``model_thread``) carries their outboxes to Trio.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import attrs
 
@@ -44,6 +45,7 @@ class Job:
     inserted: bool = False  # in the engine (after its route has had Started)
     cached: int = 0
     in_reasoning: bool = False  # the prompt opened a reasoning span
+    images: Any = None  # what the backend's vision side made of its images (None: it has none)
 
 
 def generated(job: Job, model: str, reason: StopReason) -> Generated:

@@ -10,6 +10,9 @@ ids, ``n`` against the batch and the KV budget).  Whatever they raise is that jo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import attrs
 
 from ..errors import ContextOverflow, RequestInvalid
@@ -18,7 +21,7 @@ from ._admission import Admission
 from ..model.backend import Backend
 from ..model.tokenizer import Tokenizer
 
-__all__ = ["EXACT_UP_TO", "Prepared", "encode_prompt", "prepare", "render_prompt"]
+__all__ = ["EXACT_UP_TO", "Prepared", "count_prompt", "encode_prompt", "prepare", "render_prompt", "texts_of"]
 
 #: Characters of prompt text encoded in full even when it is surely too long, so that its
 #: refusal gives its exact size.  256 KiB (about 100,000 tokens) held the model thread 0.36 s
@@ -34,6 +37,7 @@ def render_prompt(
     *,
     window: int | None = None,
     special_tokens_in_content: bool = False,
+    expand: Callable[[str], str] = str,
 ) -> tuple[list[int], bool]:
     """A prompt's token ids, and whether it leaves the model inside a reasoning span.  The
     model thread and ``count_tokens`` both count with this, so they agree exactly.  Special-token
@@ -43,11 +47,13 @@ def render_prompt(
     refused (``ContextOverflow``, naming a lower bound on its tokens and the model's context
     ``window``, which is ``limit`` unless given) without being encoded in full (see
     ``Tokenizer.tokens_past``): a 25 MiB prompt would otherwise hold the model thread, and every
-    stream it runs, for seconds.  A shorter one is encoded, and the caller sees its exact size."""
+    stream it runs, for seconds.  A shorter one is encoded, and the caller sees its exact size.
+
+    ``expand`` rewrites the template's own text before it is encoded: a vision model's image
+    placeholders become the tokens its images are read into (``mlx_vision.Seen.expand``)."""
     if isinstance(prompt, ChatPrompt):
         # the users' own words alone can be too long to render at all (the template copies them)
-        said = sum(len(m["content"]) for m in prompt.messages
-                   if m.get("role") == "user" and isinstance(m.get("content"), str))
+        said = sum(len(t) for m in prompt.messages if m.get("role") == "user" for t in texts_of(m.get("content")))
         if limit is not None and said > EXACT_UP_TO and tok.surely_more_than(said, limit):
             raise _too_long(window or limit, tok.fewest_tokens(said))
         text = tok.render_chat(
@@ -55,12 +61,25 @@ def render_prompt(
         )
         _within(tok, text, limit, window)
         if special_tokens_in_content:
-            return tok.encode(text), tok.opens_reasoning(text)
-        contents = [m["content"] for m in prompt.messages if isinstance(m.get("content"), str)]
-        return tok.encode_rendered(text, contents), tok.opens_reasoning(text)
+            return tok.encode(expand(text)), tok.opens_reasoning(text)
+        contents = [t for m in prompt.messages for t in texts_of(m.get("content"))]
+        return tok.encode_rendered(text, contents, expand), tok.opens_reasoning(text)
     assert isinstance(prompt, TextPrompt)
     _within(tok, prompt.text, limit, window)
     return tok.encode(prompt.text, add_bos=tok.add_bos_token), False
+
+
+def count_prompt(
+    tok: Tokenizer, prompt: ChatPrompt | TextPrompt, limit: int | None = None, *, window: int | None = None,
+    special_tokens_in_content: bool = False,
+) -> list[int]:
+    """A prompt's ids as ``render_prompt`` gives them, off the model thread (``count_tokens``):
+    a vision model's images count as the tokens they are read into."""
+    expand: Callable[[str], str] = str
+    if isinstance(prompt, ChatPrompt) and prompt.images and tok.count_images is not None:
+        expand = tok.count_images(prompt.images)
+    return render_prompt(tok, prompt, limit, window=window, special_tokens_in_content=special_tokens_in_content,
+                         expand=expand)[0]
 
 
 def _within(tok: Tokenizer, text: str, limit: int | None, window: int | None) -> None:
@@ -75,13 +94,23 @@ def _too_long(window: int, least: int) -> ContextOverflow:
     return ContextOverflow.prompt_too_long(window, least, exact=False)
 
 
+def texts_of(content: Any) -> list[str]:
+    """A message's texts: its content, or the text parts of a list of parts (a vision model's)."""
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text"]
+    return []
+
+
 def encode_prompt(
-    backend: Backend, job: GenerationJob, *, special_tokens_in_content: bool = False
+    backend: Backend, job: GenerationJob, *, special_tokens_in_content: bool = False,
+    expand: Callable[[str], str] = str,
 ) -> tuple[list[int], bool]:
     """The prompt's token ids, and whether it leaves the model inside a reasoning span."""
     ids, in_reasoning = render_prompt(
         backend.tokenizer, job.prompt, backend.context_window,
-        special_tokens_in_content=special_tokens_in_content,
+        special_tokens_in_content=special_tokens_in_content, expand=expand,
     )
     if not ids:
         raise RequestInvalid("the prompt is empty", param="messages")
@@ -110,13 +139,22 @@ class Prepared:
     ids: list[int]
     in_reasoning: bool  # the prompt opened a reasoning span
     grow: int  # prompt and budget, in tokens
+    images: Any = None  # what the backend's vision side made of its images
 
 
 def prepare(
     backend: Backend, job: GenerationJob, admission: Admission, *, special_tokens_in_content: bool = False
 ) -> Prepared:
     """Tokenise ``job`` and check it can ever run here; raises what its client is answered."""
-    ids, in_reasoning = encode_prompt(backend, job, special_tokens_in_content=special_tokens_in_content)
+    images = None
+    if isinstance(job.prompt, ChatPrompt) and job.prompt.images:
+        if (vision := getattr(backend, "vision", None)) is None:
+            raise RequestInvalid(f"the model {backend.model_id} reads no images", param="messages")
+        images = vision.see(job.prompt.images)  # decoded and processed: what each becomes
+    ids, in_reasoning = encode_prompt(backend, job, special_tokens_in_content=special_tokens_in_content,
+                                      expand=images.expand if images is not None else str)
+    if images is not None:
+        images.keyed(ids)
     room = backend.context_window - len(ids)
     if job.params.max_tokens > room:  # a clamping job: its budget is what the context leaves
         job = attrs.evolve(job, params=attrs.evolve(job.params, max_tokens=room))
@@ -138,4 +176,4 @@ def prepare(
             f"{job.n} choices of {len(ids)} prompt tokens and up to "
             f"{job.params.max_tokens} new tokens each need more KV-cache memory than "
             "this model may use; lower n or max_tokens", param="n")
-    return Prepared(job, ids, in_reasoning, grow)
+    return Prepared(job, ids, in_reasoning, grow, images)

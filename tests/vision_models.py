@@ -1,0 +1,104 @@
+"""Tiny random vision-language models written by transformers (torch's CPU build), for the vision tests.
+
+``tiny_idefics3(directory)`` builds an ``Idefics3ForConditionalGeneration`` (SmolVLM's layout) at toy
+sizes: a 2-layer llama of width 64 over the package's ChatML BPE (SmolLM2's vocabulary, with
+SmolVLM's image tokens added), and a 2-layer SigLIP tower of width 32 reading 32x32 tiles in 8x8
+patches (16 patches, 4 image tokens a tile after the 2x2 pixel shuffle).  Images whose longest
+edge passes 32 pixels are split into tiles, each with its ``<row_i_col_j>`` tag, before the
+global view, as SmolVLM's processor does.  Every parameter is randomised (no zero- or
+one-initialised weight hides a bug) and the model, its processor and its chat template are saved
+with ``save_pretrained``: the directory a user would import.
+
+``reference_generate`` runs transformers' own ``generate`` (greedy) on such a directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .image_pipelines import TOKENIZER, _randomise
+
+__all__ = ["IDEFICS3_TEMPLATE", "reference_generate", "tiny_idefics3"]
+
+#: SmolVLM's chat template
+IDEFICS3_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}"
+    "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
+    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"
+)
+TEXT: dict[str, Any] = {
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+    "rope_theta": 100000.0, "tie_word_embeddings": False,
+}  # fmt: skip
+VISION: dict[str, Any] = {
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+    "image_size": 32, "patch_size": 8, "num_channels": 3,
+}  # fmt: skip
+IMAGE_TOKENS = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"] + [
+    f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)
+]
+
+
+def _tokenizer(directory: Path) -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_file=str(TOKENIZER), bos_token="<|im_start|>", eos_token="<end_of_utterance>",
+        pad_token="<|im_end|>", unk_token="<|endoftext|>",
+    )
+    tok.add_special_tokens({"additional_special_tokens": IMAGE_TOKENS})
+    return tok
+
+
+def tiny_idefics3(directory: Path, *, seed: int = 0) -> Path:
+    """A tiny random Idefics3 model and its processor, saved in ``directory`` as transformers
+    writes them."""
+    import torch
+    from transformers import (
+        Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessorPil, Idefics3Processor,
+    )
+
+    directory = Path(directory)
+    tokenizer = _tokenizer(directory)
+    vocab = len(tokenizer)
+    config = Idefics3Config(
+        text_config={"model_type": "llama", **TEXT, "vocab_size": vocab,
+                     "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+                     "pad_token_id": tokenizer.pad_token_id},
+        vision_config=VISION, scale_factor=2,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"), tie_word_embeddings=False,
+    )
+    model = Idefics3ForConditionalGeneration(config).eval()
+    _randomise(model, torch, seed)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(directory)
+    images = Idefics3ImageProcessorPil(
+        size={"longest_edge": 64}, max_image_size={"longest_edge": 32}, do_image_splitting=True,
+    )
+    processor = Idefics3Processor(images, tokenizer, image_seq_len=4, chat_template=IDEFICS3_TEMPLATE)
+    processor.save_pretrained(directory)
+    return directory
+
+
+def reference_generate(directory: Path, messages: list[dict[str, Any]], images: list[Any], max_new_tokens: int) -> list[int]:
+    """transformers' greedy ``generate`` on the model in ``directory``: the new token ids."""
+    import json
+
+    import torch
+    import transformers
+    from transformers import AutoModelForImageTextToText
+
+    # the class by name: mlx-vlm, once imported, answers AutoProcessor with processors of its own
+    name = json.loads((Path(directory) / "processor_config.json").read_text())["processor_class"]
+    processor = getattr(transformers, name).from_pretrained(directory)
+    model = AutoModelForImageTextToText.from_pretrained(directory, dtype=torch.float32).eval()
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    inputs = processor(text=text, images=images or None, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()

@@ -1,0 +1,242 @@
+"""Images read on the model thread between decode steps, then decoded in the same batch as text.
+
+A request with images (a vision model's, ``vision/tower.py``) is seen in two places:
+
+- ``VisionSide.see`` (when the job is prepared): each image is decoded and processed, which says
+  what each image placeholder of the rendered prompt becomes (``Seen.expand``) and which bounded
+  pieces encode it.  ``Seen.keyed`` then marks every image token of the prompt's ids with its
+  image's content hash: that is the prompt as the prefix cache knows it, so two prompts that
+  differ only in an image share no KV past it, and the same image again is a hit.
+- ``VisionSide.advance`` (once a step, before the engine's): one piece of one waiting request's
+  work, in arrival order: one tile through the tower, or one chunk of its prompt (the token
+  embeddings with the image features in place of the image tokens) through the language model
+  into a KV cache of its own.  When all but the last token are in, the sequence joins the engine
+  with that cache, as a prefix-cache hit does, and decodes beside the others.  A client that
+  leaves is ``drop``-ped at the next crossing: its work stops within one piece.
+
+The language model is the backend's own (one copy of the weights, its fused layers included).
+A piece that raises fails its own sequence only (``StepOutput.failed``).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import make_prompt_cache
+
+from ..errors import RequestInvalid
+from ..vision.tower import Prepared, Tower, digest
+from .backend import PrefillProgress, SamplingParams
+
+__all__ = ["Expander", "Seen", "VisionSide", "vision_side"]
+
+log = logging.getLogger(__name__)
+
+
+def vision_side(path: Path, backend: Any) -> VisionSide | None:
+    """The vision side of the model at ``path``, if it has a tower (``vision/``) and mlx-vlm is
+    installed (``scripts/setup``); without mlx-vlm it serves text alone, and says so."""
+    if not (path / "vision").is_dir():
+        return None
+    try:
+        import mlx_vlm  # noqa: F401
+    except ImportError:
+        log.warning("model %s: its vision tower needs mlx-vlm (scripts/setup installs it); "
+                    "it reads text only", backend.model_id)
+        backend.kernels += "; its vision tower: not loaded (mlx-vlm is not installed)"
+        return None
+    side = VisionSide(path, backend)
+    backend.kernels += f"; its vision tower ({side.tower.family}): mlx-vlm's modules on MLX's own ops"
+    return side
+
+
+@attrs.define(eq=False)
+class Expander:
+    """Rewrites the template's own text: each image placeholder becomes what its image is read
+    into (``replacements``, in order); ``used`` counts those placed."""
+
+    token: str
+    replacements: Sequence[str]
+    used: int = 0
+
+    def __call__(self, text: str) -> str:
+        head, *rest = text.split(self.token)
+        out = [head]
+        for part in rest:
+            if self.used >= len(self.replacements):
+                raise RequestInvalid("the chat template wrote more image placeholders than the request has images",
+                                     param="messages")
+            out += [self.replacements[self.used], part]
+            self.used += 1
+        return "".join(out)
+
+
+@attrs.define(eq=False)
+class Seen:
+    """A request's images, processed: what the prompt's placeholders become (``expand``), and
+    (``keyed``) the prompt as the prefix cache knows it."""
+
+    prepared: Prepared
+    token: str
+    token_id: int
+    key: list[int] = attrs.field(factory=list)
+    expand: Expander = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.expand = Expander(self.token, self.prepared.replacements)
+
+    def keyed(self, ids: list[int]) -> None:
+        """Check ``ids`` hold every image's tokens, and mark each with its image's hash."""
+        counts = [r.count(self.token) for r in self.prepared.replacements]
+        at = np.flatnonzero(np.asarray(ids) == self.token_id)
+        if self.expand.used != len(counts) or len(at) != sum(counts):
+            raise RequestInvalid(
+                f"the chat template placed {self.expand.used} of the request's {len(counts)} images; "
+                "images are read in user messages", param="messages")
+        key, k = list(ids), 0
+        for image, n in enumerate(counts):
+            mark = -1 - int(self.prepared.hashes[image][:15], 16)  # never a token id
+            for i in at[k:k + n]:
+                key[i] = mark
+            k += n
+        self.key = key
+
+    def tokens_of(self, image: int) -> int:
+        return self.prepared.replacements[image].count(self.token)
+
+
+def _decoded(images: Sequence[bytes]) -> list[Any]:
+    """Each image's pixels, RGB (``RequestInvalid`` for one that does not decode)."""
+    from PIL import Image, UnidentifiedImageError
+
+    decoded = []
+    for i, data in enumerate(images):
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                decoded.append(image.convert("RGB"))
+        except (UnidentifiedImageError, OSError, ValueError) as exc:
+            raise RequestInvalid(f"image {i + 1} of the request could not be decoded ({type(exc).__name__})",
+                                 param="messages") from None
+    return decoded
+
+
+@attrs.define(eq=False)
+class _Reading:
+    """A request's vision work under way: its pieces, then its prompt's chunks."""
+
+    seq: int
+    prompt: list[int]
+    params: SamplingParams
+    seen: Seen
+    cache: list[Any]
+    at: int  # prompt tokens in ``cache``
+    reused: int  # of which the prefix cache gave
+    parts: dict[int, list[mx.array]] = attrs.field(factory=dict)  # image -> features, piece by piece
+    next_piece: int = 0
+    features: mx.array | None = None  # every image token's, in prompt order
+
+
+class VisionSide:
+    """A backend's tower and the requests whose images it is reading."""
+
+    def __init__(self, path: Path, backend: Any) -> None:
+        self.backend = backend
+        with mx.stream(backend.stream):
+            self.tower = Tower(path)
+        backend.tokenizer.content_parts = True
+        backend.tokenizer.count_images = self.counting
+        self.reading: dict[int, _Reading] = {}
+        self.pieces_run = 0  # tiles encoded (tests, benchmarks)
+
+    def see(self, images: Sequence[bytes]) -> Seen:
+        """Decode and process a request's images (``RequestInvalid`` for one that does not decode)."""
+        with mx.stream(self.backend.stream):
+            prepared = self.tower.prepare(_decoded(images), [digest(d) for d in images])
+        return Seen(prepared, self.tower.image_token, self.tower.image_token_id)
+
+    def counting(self, images: Sequence[bytes]) -> Expander:
+        """What ``images`` add to a prompt, for counting it off the model thread (``count_tokens``):
+        the processor alone (PIL and numpy), no tower, no MLX."""
+        return Expander(self.tower.image_token, self.tower.replacements(_decoded(images)))
+
+    def start(self, seq: int, prompt: list[int], params: SamplingParams, seen: Seen) -> int:
+        """``seq`` begins reading: from the longest prefix the cache holds of its keyed prompt."""
+        cache, cached = self.backend.prefix_cache.take(seen.key)
+        cached = min(cached, len(prompt) - 1)
+        if cache is None:
+            cache, cached = make_prompt_cache(self.backend.model), 0
+        self.reading[seq] = _Reading(seq, prompt, params, seen, cache, cached, cached)
+        return cached
+
+    def drop(self, seq: int) -> bool:
+        return self.reading.pop(seq, None) is not None
+
+    def advance(self, chunk: int) -> tuple[dict[int, PrefillProgress], dict[int, BaseException]]:
+        """One bounded piece of the first waiting request's work; the progress of every one."""
+        failed: dict[int, BaseException] = {}
+        if self.reading:
+            run = next(iter(self.reading.values()))
+            try:
+                with mx.stream(self.backend.stream):
+                    self._piece(run, chunk)
+            except Exception as exc:
+                del self.reading[run.seq]
+                failed[run.seq] = exc
+        progress = {r.seq: PrefillProgress(r.at, len(r.prompt), r.reused) for r in self.reading.values()}
+        return progress, failed
+
+    def _piece(self, run: _Reading, chunk: int) -> None:
+        pieces = run.seen.prepared.pieces
+        if run.features is None and run.next_piece < len(pieces):
+            piece = pieces[run.next_piece]
+            features = piece.run()
+            mx.eval(features)
+            run.parts.setdefault(piece.image, []).append(features)
+            run.next_piece += 1
+            self.pieces_run += 1
+            return
+        if run.features is None:
+            run.features = self._features(run)
+        end = min(run.at + chunk, len(run.prompt) - 1)
+        if end > run.at:
+            self._prefill(run, run.at, end)
+            run.at = end
+        if run.at >= len(run.prompt) - 1:  # the last token is the engine's: it samples the first
+            del self.reading[run.seq]
+            self.backend._insert(run.seq, run.prompt, run.params, run.cache, run.at,
+                                  reused=run.reused, key=run.seen.key)
+
+    def _features(self, run: _Reading) -> mx.array:
+        prepared, tower = run.seen.prepared, self.tower
+        images = []
+        for image, digest_ in enumerate(prepared.hashes):
+            if image in prepared.cached:
+                images.append(prepared.cached[image])
+                continue
+            whole = mx.concatenate(run.parts.get(image, []), axis=0)
+            if whole.shape[0] != run.seen.tokens_of(image):
+                raise ValueError(f"image {image}: {whole.shape[0]} features for {run.seen.tokens_of(image)} tokens")
+            tower.features.put(digest_, whole)
+            images.append(whole)
+        return mx.concatenate(images, axis=0)
+
+    def _prefill(self, run: _Reading, start: int, end: int) -> None:
+        model = self.backend.model
+        ids = np.asarray(run.prompt)
+        chunk = mx.array(ids[start:end])[None]
+        embeddings = model.model.embed_tokens(chunk)
+        image_at = np.flatnonzero(ids == run.seen.token_id)
+        inside = image_at[(image_at >= start) & (image_at < end)]
+        if len(inside):
+            rows = np.searchsorted(image_at, inside)  # which image token of the prompt each is
+            assert run.features is not None
+            embeddings[0, mx.array(inside - start)] = run.features[mx.array(rows)].astype(embeddings.dtype)
+        model(chunk, cache=run.cache, input_embeddings=embeddings)
+        mx.eval([c.state for c in run.cache])

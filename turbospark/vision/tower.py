@@ -1,0 +1,170 @@
+"""A model's vision tower: mlx-vlm's modules, transformers' image processor, on the model thread.
+
+``Tower.load(path)`` reads ``vision/`` (``store/vision_import.py``): the source's config, and
+the tower's and projector's weights, which it builds with mlx-vlm's classes for the family
+(pinned in ``pyproject.toml``).  The processor is transformers' own class for the directory,
+with its PIL image processor (no torch, no torchvision): it sizes, splits and normalises the
+images and says what each becomes in the prompt (``replace_image_token``).
+
+An image is encoded in pieces (``Piece``: one tile, for the Idefics3 family), so that the model
+thread can run one between two decode steps and a client that leaves stops the work within one
+piece.  What a piece gives is the projected features of its image tokens, in prompt order; the
+features of a whole image are kept by its content's hash (``FeatureCache``), so an image sent
+again (the next turn of a conversation) is not encoded again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+__all__ = ["FeatureCache", "Piece", "Prepared", "Tower"]
+
+
+@attrs.frozen
+class Piece:
+    """One bounded piece of an image's encoding: ``run()`` gives the features of some of its tokens."""
+
+    image: int  # which image of the request
+    run: Callable[[], mx.array]
+
+
+@attrs.frozen(eq=False)
+class Prepared:
+    """A request's images, processed: what each image token placeholder becomes in the prompt's
+    text, each image's content hash, and the pieces that encode those not cached."""
+
+    replacements: tuple[str, ...]
+    hashes: tuple[str, ...]
+    pieces: tuple[Piece, ...]
+    cached: dict[int, mx.array]  # image -> its features, from the cache
+
+
+class FeatureCache:
+    """Images' features by content hash, the most recently used kept (a few images' worth)."""
+
+    def __init__(self, entries: int = 8) -> None:
+        self.entries = entries
+        self._items: OrderedDict[str, mx.array] = OrderedDict()
+
+    def get(self, key: str) -> mx.array | None:
+        if (found := self._items.get(key)) is not None:
+            self._items.move_to_end(key)
+        return found
+
+    def put(self, key: str, features: mx.array) -> None:
+        self._items[key] = features
+        self._items.move_to_end(key)
+        while len(self._items) > self.entries:
+            self._items.popitem(last=False)
+
+
+class _Idefics3(nn.Module):
+    """SigLIP tower and pixel-shuffle projector (Idefics3, SmolVLM): a tile at a time."""
+
+    prefixes = ("vision_model.", "connector.")
+
+    def __init__(self, arch: Any, config: Any) -> None:
+        super().__init__()
+        from mlx_vlm.models.idefics3.idefics3 import Idefics3Connector
+
+        self.vision_model = arch.VisionModel(config.vision_config)
+        self.connector = Idefics3Connector(config)
+        self.patch = config.vision_config.patch_size
+
+    def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        return self.vision_model.sanitize(weights)
+
+    def pieces(self, inputs: dict[str, Any], counts: Sequence[int]) -> list[tuple[int, Callable[[], mx.array]]]:
+        pixels = np.asarray(inputs["pixel_values"])[0]  # (tiles, C, H, W): every image's, in order
+        masks = np.asarray(inputs["pixel_attention_mask"])[0]
+        out, at = [], 0
+        for image, tiles in enumerate(counts):
+            for t in range(at, at + tiles):
+                out.append((image, lambda t=t: self._tile(pixels[t], masks[t])))
+            at += tiles
+        return out
+
+    def _tile(self, pixels: np.ndarray, mask: np.ndarray) -> mx.array:
+        p = self.patch
+        h, w = mask.shape
+        patches = mask[: h // p * p, : w // p * p].reshape(h // p, p, w // p, p).transpose(0, 2, 1, 3)
+        patch_mask = mx.array(patches.sum(axis=(-1, -2)) > 0)[None]
+        x = mx.array(pixels, dtype=mx.float32).transpose(1, 2, 0)[None]
+        hidden, *_ = self.vision_model(x, patch_attention_mask=patch_mask, output_hidden_states=True)
+        return self.connector(hidden).reshape(-1, self.connector.modality_projection.proj.weight.shape[0])
+
+    @staticmethod
+    def tiles(inputs: dict[str, Any]) -> list[int]:
+        """How many tiles each image became (its grid and the global view)."""
+        rows = [r for sample in inputs["rows"] for r in sample]
+        cols = [c for sample in inputs["cols"] for c in sample]
+        return [r * c + 1 if r or c else 1 for r, c in zip(rows, cols, strict=True)]
+
+
+_FAMILIES: dict[str, Any] = {"idefics3": _Idefics3, "smolvlm": _Idefics3}
+
+
+class Tower:
+    """The vision side of a model in the store (its ``vision/`` directory)."""
+
+    def __init__(self, path: Path, *, features: int = 8) -> None:
+        from mlx_vlm.utils import update_module_configs
+        import transformers
+
+        config = json.loads((path / "vision" / "config.json").read_text())
+        self.family = str(config["model_type"])
+        arch = importlib.import_module(f"mlx_vlm.models.{self.family}")
+        model_config = arch.ModelConfig.from_dict(config)
+        model_config = update_module_configs(model_config, arch, config, ["text", "vision", "perceiver", "projector"])
+        self.module = _FAMILIES[self.family](arch, model_config)
+        weights = self.module.sanitize(dict(mx.load(str(path / "vision" / "weights.safetensors"))))
+        if any(k.endswith(".scales") for k in weights):  # a quantized tower (mlx-community)
+            q = config.get("quantization") or {}
+            nn.quantize(self.module, group_size=q.get("group_size", 64), bits=q.get("bits", 4),
+                        class_predicate=lambda p, _m: f"{p}.scales" in weights)
+        on_cpu = mx.default_device().type == mx.cpu  # MLX's CPU is slow in half precision
+        weights = {k: v.astype(mx.float32) if on_cpu and mx.issubdtype(v.dtype, mx.floating) else v
+                   for k, v in weights.items()}
+        self.module.load_weights(list(weights.items()), strict=True)
+        mx.eval(self.module.parameters())
+        name = json.loads((path / "processor_config.json").read_text()).get("processor_class", "")
+        processor_class = getattr(transformers, name, None)
+        if processor_class is None:
+            raise ValueError(f"the processor {name!r} of {path.name} is not one of transformers'")
+        self.processor = processor_class.from_pretrained(path)
+        self.image_token = str(self.processor.image_token)
+        self.image_token_id = int(self.processor.image_token_id)
+        self.features = FeatureCache(features)
+
+    def _processed(self, images: Sequence[Any]) -> tuple[dict[str, Any], list[str]]:
+        # the processor's own defaults for its images (Idefics3: the tiles' grid is returned)
+        kwargs = self.processor._merge_kwargs(tokenizer_init_kwargs=self.processor.tokenizer.init_kwargs)["images_kwargs"]
+        return self.processor._process_images([list(images)], **kwargs)
+
+    def replacements(self, images: Sequence[Any]) -> list[str]:
+        """What each image placeholder becomes in the prompt's text (no MLX: any thread)."""
+        return self._processed(images)[1]
+
+    def prepare(self, images: Sequence[Any], digests: Sequence[str]) -> Prepared:
+        """Process ``images`` (PIL images, RGB) whose content hashes are ``digests``."""
+        inputs, replacements = self._processed(images)
+        counts = self.module.tiles(inputs)
+        cached = {i: f for i, d in enumerate(digests) if (f := self.features.get(d)) is not None}
+        pieces = tuple(Piece(i, run) for i, run in self.module.pieces(inputs, counts) if i not in cached)
+        return Prepared(tuple(replacements), tuple(digests), pieces, cached)
+
+
+def digest(data: bytes) -> str:
+    """An image's content hash (of its encoded bytes)."""
+    return hashlib.sha256(data).hexdigest()
