@@ -22,7 +22,7 @@ from quart import Blueprint, Response, g, request
 
 from ..errors import ContextOverflow, RequestInvalid, TurboSparkError
 from ..messages import RequestRouted, Started
-from ..threads.prompt import render_prompt
+from ..threads.prompt import count_prompt
 from ..web.app import exception_body, json_response, system
 from ..wire.anthropic import MessagesRequest
 from ..web.bodies import read_json
@@ -70,14 +70,14 @@ async def count_tokens() -> Response:
     # makes up the prompt counts
     body = structure(normalise(await read_json()), MessagesRequest)
     entry = await sys_.resolve(body.model, "chat")
-    p = plan(body, sys_.settings.system_prompt)
+    p = plan(body, sys_.settings.system_prompt, "vision" in entry.capabilities)
     if entry.tokenizer is None:
         raise RequestInvalid("this model cannot count tokens")
     # exact up to 4 context windows, or EXACT_UP_TO characters; a prompt surely longer than
     # both is refused before it is all encoded
     with _hinting(_from_claude_code()):
-        ids, _ = await trio.to_thread.run_sync(
-            partial(render_prompt, entry.tokenizer, p.prompt, 4 * entry.context_window,
+        ids = await trio.to_thread.run_sync(
+            partial(count_prompt, entry.tokenizer, p.prompt, 4 * entry.context_window,
                     window=entry.context_window, special_tokens_in_content=sys_.settings.special_tokens_in_content)
         )
     response = json_response({"input_tokens": len(ids)})
@@ -92,7 +92,7 @@ async def messages() -> Response:
     body = structure(normalise(await read_json()), MessagesRequest)
     entry = await sys_.resolve(body.model, "chat")
     sys_.emit(RequestRouted(g.record.id, body.model, entry.id, body.stream))
-    p = plan(body, sys_.settings.system_prompt)
+    p = plan(body, sys_.settings.system_prompt, "vision" in entry.capabilities)
     p.labels += unhonoured(body)
     asked = body.max_tokens or default_max_tokens(entry.context_window)
     params = sampling_params(body, p, defaults=entry.sampling_defaults, max_tokens=asked)

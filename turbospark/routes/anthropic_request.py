@@ -21,6 +21,7 @@ from ..messages import ChatPrompt
 from ..model.backend import SamplingParams
 from ..turns.chat import TemplateMessage, apply_default_system
 from ..turns.sampling import sampling
+from ..turns.images import images_in, with_images
 from ..turns.structured import check_images, function_tools, grammar_for, select_tools
 from ..wire.anthropic import CountTokensRequest, MessagesRequest
 
@@ -49,7 +50,7 @@ class Plan:
 
     @property
     def prompt(self) -> ChatPrompt:
-        return ChatPrompt(tuple(self.messages), self.tools, self.template_kwargs)
+        return ChatPrompt(tuple(self.messages), self.tools, self.template_kwargs, images=images_in(self.messages))
 
 
 def normalise(raw: Any) -> Any:
@@ -72,14 +73,16 @@ def normalise(raw: Any) -> Any:
     return {**raw, "messages": messages}
 
 
-def plan(body: CountTokensRequest, default_system: str | None) -> Plan:
-    """What makes up the prompt (``count_tokens`` takes no more than this)."""
+def plan(body: CountTokensRequest, default_system: str | None, vision: bool = False) -> Plan:
+    """What makes up the prompt (``count_tokens`` takes no more than this).  A ``vision``
+    model's user messages keep their images (``turns.images``); ``Plan.images`` counts those
+    dropped (every image for other models, a tool result's for a vision model)."""
     labels: list[str] = []
     if body.mcp_servers:
         raise RequestInvalid("mcp_servers is not supported: this server cannot connect to MCP servers")
-    messages, urls = _conversation(body, labels)
+    messages, urls = _conversation(body, labels, vision)
     messages = apply_default_system(messages, default_system)
-    images = check_images(urls)
+    images = check_images(urls) - len(images_in(messages))
     choice, parallel = _tool_choice(body.tool_choice)
     tools, required = select_tools(_tools(body), choice)
     if body.context_management:
@@ -163,7 +166,9 @@ def _tool_result(block: Mapping[str, Any], where: str, urls: list[str]) -> Templ
     return {"role": "tool", "tool_call_id": block["tool_use_id"], "content": content}
 
 
-def _conversation(body: CountTokensRequest, labels: list[str]) -> tuple[list[TemplateMessage], list[str]]:
+def _conversation(
+    body: CountTokensRequest, labels: list[str], vision: bool = False
+) -> tuple[list[TemplateMessage], list[str]]:
     out: list[TemplateMessage] = []
     urls: list[str] = []
     if body.system is not None:
@@ -179,6 +184,7 @@ def _conversation(body: CountTokensRequest, labels: list[str]) -> tuple[list[Tem
         calls: list[dict[str, Any]] = []
         reasoning: list[str] = []
         results: list[TemplateMessage] = []
+        parts: list[tuple[str, Any]] = []  # text and images in order (a vision model's)
         for j, block in enumerate(m.content):
             kind, at = block["type"], f"{where}.content[{j}]"
             if kind not in allowed:
@@ -187,8 +193,10 @@ def _conversation(body: CountTokensRequest, labels: list[str]) -> tuple[list[Tem
                 if not isinstance(block.get("text"), str):
                     raise RequestInvalid(f"{at}.text must be a string")
                 texts.append(block["text"])
+                parts.append(("text", block["text"]))
             elif kind == "image":
                 urls.append(_image_url(block, at))
+                parts.append(("image", urls[-1]))
             elif kind == "tool_result":
                 results.append(_tool_result(block, at, urls))
             elif kind == "document":
@@ -202,8 +210,9 @@ def _conversation(body: CountTokensRequest, labels: list[str]) -> tuple[list[Tem
             elif kind == "thinking" and isinstance(block.get("thinking"), str):
                 reasoning.append(block["thinking"])
         out.extend(results)
-        if texts or calls:
-            msg: TemplateMessage = {"role": m.role, "content": "\n".join(texts)}
+        seen = vision and any(kind == "image" for kind, _ in parts)
+        if texts or calls or seen:
+            msg: TemplateMessage = {"role": m.role, "content": with_images(parts, where) if seen else "\n".join(texts)}
             if calls:
                 msg["tool_calls"] = calls
             if reasoning:

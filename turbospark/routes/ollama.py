@@ -29,6 +29,7 @@ from ..errors import ContextOverflow, RequestInvalid
 from ..messages import ChatPrompt, RequestRouted, Started, TextPrompt
 from ..model.backend import SamplingParams
 from ..turns.chat import TemplateMessage, apply_default_system
+from ..turns.images import images_in, with_images
 from ..turns.sampling import sampling
 from ..turns.structured import check_images, function_tools, grammar_for
 from ..web.app import json_response, system
@@ -77,10 +78,15 @@ def _think_kwargs(think: Any) -> dict[str, Any]:
     return {"enable_thinking": think}
 
 
-def _ollama_history(messages: list[dict[str, Any]]) -> list[TemplateMessage]:
+def _ollama_history(messages: list[dict[str, Any]], vision: bool = False) -> list[TemplateMessage]:
+    """The conversation for the template; a ``vision`` model's messages keep their images (before
+    their text, as Ollama places them)."""
     out: list[TemplateMessage] = []
     for i, m in enumerate(messages):
         msg: TemplateMessage = {"role": m["role"], "content": m["content"]}
+        if vision and m["images"]:
+            parts = [("image", url) for url in m["images"]] + [("text", m["content"])]
+            msg["content"] = with_images(parts, f"messages[{i}]")
         if m["tool_calls"]:
             msg["tool_calls"] = [
                 {"id": f"call_{i}_{k}", "type": "function",
@@ -91,7 +97,7 @@ def _ollama_history(messages: list[dict[str, Any]]) -> list[TemplateMessage]:
             msg["reasoning_content"] = m["thinking"]
         if m["role"] == "tool" and m["tool_name"]:
             msg["name"] = m["tool_name"]
-        if m["content"] or m["tool_calls"]:
+        if msg["content"] or m["tool_calls"]:
             out.append(msg)
     return out
 
@@ -176,10 +182,11 @@ async def chat() -> Response:
     entry = grant.entry
     sys_.emit(RequestRouted(g.record.id, body.model, entry.id, body.stream))
     _check_num_ctx(entry, options.num_ctx)
-    history = apply_default_system(_ollama_history(messages), sys_.settings.system_prompt)
-    prompt = ChatPrompt(tuple(history), tools, template_kwargs)
+    vision = "vision" in entry.capabilities
+    history = apply_default_system(_ollama_history(messages, vision), sys_.settings.system_prompt)
+    prompt = ChatPrompt(tuple(history), tools, template_kwargs, images=images_in(history))
     params = _params(entry, options.sampling, grammar)
-    return await _run(out, body.stream, entry, prompt, params, options.num_ctx, labels, images)
+    return await _run(out, body.stream, entry, prompt, params, options.num_ctx, labels, 0 if vision else images)
 
 
 @blueprint.post("/api/generate")
@@ -224,6 +231,11 @@ async def generate() -> Response:
     else:
         turns: list[TemplateMessage] = [{"role": "system", "content": body.system}] if body.system else []
         turns.append({"role": "user", "content": body.prompt})
-        prompt = ChatPrompt(tuple(apply_default_system(turns, sys_.settings.system_prompt)), (), template_kwargs)
+        if "vision" in entry.capabilities and body.images:
+            urls = [("image", check_image(img, f"images[{k}]")) for k, img in enumerate(body.images)]
+            turns[-1]["content"] = with_images([*urls, ("text", body.prompt)], "prompt")
+            images = 0
+        turns = apply_default_system(turns, sys_.settings.system_prompt)
+        prompt = ChatPrompt(tuple(turns), (), template_kwargs, images=images_in(turns))
     params = _params(entry, options.sampling, grammar)
     return await _run(out, body.stream, entry, prompt, params, options.num_ctx, labels, images)

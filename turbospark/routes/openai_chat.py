@@ -13,6 +13,7 @@ from typing import Any
 from quart import Blueprint, Response, g
 
 from ..turns.chat import TemplateMessage, apply_default_system, image_urls, text_of, tool_call
+from ..turns.images import images_in, openai_parts, with_images
 from ..errors import RequestInvalid
 from ..messages import ChatPrompt, RequestRouted
 from ..turns.grammars import demanded_grammar, peer_grammar
@@ -26,15 +27,18 @@ from .openai_chat_events import ChatStream, Envelope, chat_whole
 
 blueprint = Blueprint("openai_chat", __name__)
 
-def _messages(body: ChatCompletionRequest) -> tuple[list[TemplateMessage], int]:
-    """The conversation for the template, and how many images it carried (validated; the
-    models served here have no vision tower, so they are dropped)."""
+def _messages(body: ChatCompletionRequest, vision: bool = False) -> tuple[list[TemplateMessage], int]:
+    """The conversation for the template, and how many images it carried (validated).  For a
+    ``vision`` model a message with images keeps them, in a list of parts (``turns.images``);
+    otherwise images are dropped."""
     out: list[TemplateMessage] = []
     images = check_images(url for m in body.messages for url in image_urls(m.content))
     for i, m in enumerate(body.messages):
         text, _ = text_of(m.content)
         role = {"function": "tool", "developer": "system"}.get(m.role, m.role)
         msg: TemplateMessage = {"role": role, "content": text}
+        if vision and image_urls(m.content):
+            msg["content"] = with_images(openai_parts(m.content or ()), f"messages[{i}]")
         calls = list(m.tool_calls or ())
         if m.function_call is not None:  # the deprecated single-call form
             calls.append({"id": f"call_{i}", "type": "function", "function": m.function_call})
@@ -46,7 +50,7 @@ def _messages(body: ChatCompletionRequest) -> tuple[list[TemplateMessage], int]:
             msg["name"] = m.name
         if m.tool_call_id is not None:
             msg["tool_call_id"] = m.tool_call_id
-        if text or calls or role == "tool":  # an empty tool result is still the call's answer
+        if text or calls or role == "tool" or msg["content"]:  # an empty tool result is still the call's answer
             out.append(msg)
     return out, images
 
@@ -95,7 +99,8 @@ async def chat_completions() -> Response:
     body = await read_body(ChatCompletionRequest)
     entry = await sys_.resolve(body.model, "chat")
     sys_.emit(RequestRouted(g.record.id, body.model, entry.id, body.stream))
-    messages, images = _messages(body)
+    vision = "vision" in entry.capabilities
+    messages, images = _messages(body, vision)
     messages = apply_default_system(messages, sys_.settings.system_prompt)
     tools, required = select_tools(function_tools(body.tools), body.tool_choice)
     schema, any_object = json_demand(body.response_format)
@@ -108,7 +113,7 @@ async def chat_completions() -> Response:
     if body.top_logprobs is not None and not body.logprobs:
         raise RequestInvalid("top_logprobs requires logprobs to be true", param="top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    prompt = ChatPrompt(tuple(messages), tools, _template_kwargs(body))
+    prompt = ChatPrompt(tuple(messages), tools, _template_kwargs(body), images=images_in(messages))
     params = sampling_params(
         body,
         max_tokens=body.max_tokens or body.max_completion_tokens,
@@ -131,6 +136,6 @@ async def chat_completions() -> Response:
         response = await json_answer(chat_whole(env, whole, logprobs), numbers=whole.numbers)
         if turn.retries:
             response.headers[RETRIES_HEADER] = str(turn.retries)
-    if header := degradation(_unhonoured(body), images):
+    if header := degradation(_unhonoured(body), 0 if vision else images):
         response.headers[DEGRADATION_HEADER] = header
     return response

@@ -50,7 +50,7 @@ async def create_response() -> Response:
                 param="previous_response_id", code="previous_response_not_found",
             )
         history = stored.messages
-    p = plan(body, history, sys_.settings.system_prompt)
+    p = plan(body, history, sys_.settings.system_prompt, "vision" in entry.capabilities)
     params = sampling_params(
         body, max_tokens=body.max_output_tokens or DEFAULT_MAX_OUTPUT,
         model_defaults=entry.sampling_defaults, grammar=p.grammar,

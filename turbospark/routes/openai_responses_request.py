@@ -18,6 +18,7 @@ import attrs
 from ..errors import RequestInvalid
 from ..messages import ChatPrompt
 from ..turns.chat import TemplateMessage, apply_default_system, image_urls, text_of, tool_call
+from ..turns.images import images_in, openai_parts, with_images
 from ..turns.structured import Grammar, check_images, function_tools, grammar_for, select_tools
 from ..wire.openai import ResponsesRequest
 
@@ -37,9 +38,11 @@ class Plan:
     images: int
 
 
-def plan(body: ResponsesRequest, history: Sequence[TemplateMessage], default_system: str | None) -> Plan:
-    """The request after ``history`` (the stored conversation it continues, if any)."""
-    new, urls = _items(body.input)
+def plan(body: ResponsesRequest, history: Sequence[TemplateMessage], default_system: str | None,
+         vision: bool = False) -> Plan:
+    """The request after ``history`` (the stored conversation it continues, if any).  A
+    ``vision`` model's messages keep their images (``turns.images``); others' drop them."""
+    new, urls = _items(body.input, vision)
     if not new and not history:
         raise RequestInvalid("input must hold at least one message or item", param="input")
     images = check_images(urls)
@@ -54,7 +57,8 @@ def plan(body: ResponsesRequest, history: Sequence[TemplateMessage], default_sys
         json_schema=schema, json_object=any_object, tools=tools, call_required=required,
         parallel=body.parallel_tool_calls is True,
     )
-    return Plan(conversation, ChatPrompt(tuple(messages), tools, _effort(body)), required, grammar, images)
+    prompt = ChatPrompt(tuple(messages), tools, _effort(body), images=images_in(messages))
+    return Plan(conversation, prompt, required, grammar, 0 if vision else images)
 
 
 def unhonoured(body: ResponsesRequest) -> list[str]:
@@ -104,7 +108,7 @@ def _text(content: Any, where: str) -> tuple[str, list[str]]:
     return text, image_urls(content)
 
 
-def _items(items: str | list[dict[str, Any]]) -> tuple[list[TemplateMessage], list[str]]:
+def _items(items: str | list[dict[str, Any]], vision: bool = False) -> tuple[list[TemplateMessage], list[str]]:
     """The input as template messages, and the image URLs it carried."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}], []
@@ -123,7 +127,9 @@ def _items(items: str | list[dict[str, Any]]) -> tuple[list[TemplateMessage], li
             text, urls = _text(item.get("content"), where)
             images += urls
             msg = {"role": "system" if role == "developer" else role, "content": text}
-            if text:
+            if vision and urls:
+                msg["content"] = with_images(openai_parts(item["content"]), where)
+            if msg["content"]:
                 out.append(msg)
         elif kind == "function_call":
             name, call_id, arguments = item.get("name"), item.get("call_id"), item.get("arguments", "{}")

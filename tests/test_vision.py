@@ -1,0 +1,348 @@
+"""Vision as a new user meets it: a tiny random Idefics3 model written by transformers is imported
+with ``turbospark models import``, served from the store, and asked about an image through the
+openai SDK (chat and Responses), the anthropic SDK and the Ollama client: the greedy text is
+transformers' own ``generate`` on the same image and prompt.  ``/v1/models`` and ``/api/show``
+list ``vision``; a bad image is a 400 naming the part, in each family's shape.  On the model thread
+(``MlxBackend`` directly): the prompt's ids are the processor's; image and text requests decode in
+one batch as each does alone; a request dropped while its image is encoded stops within one
+piece; the prefix cache tells images apart."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+pytest.importorskip("torch")
+pytest.importorskip("mlx_vlm")
+
+import anthropic  # noqa: E402
+import numpy as np  # noqa: E402
+import ollama  # noqa: E402
+import openai  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from turbospark.cli.attach import load_mlx, store_loaders  # noqa: E402
+from turbospark.config import Settings  # noqa: E402
+from turbospark.messages import ChatPrompt  # noqa: E402
+from turbospark.model.backend import SamplingParams  # noqa: E402
+from turbospark.server import serve  # noqa: E402
+from turbospark.store.gguf_import import ModelImportError  # noqa: E402
+from turbospark.store.shelf import StoreShelf  # noqa: E402
+from turbospark.store.store import ModelStore  # noqa: E402
+from turbospark.threads.prompt import render_prompt  # noqa: E402
+
+from .vision_models import reference_generate, tiny_idefics3  # noqa: E402
+
+MODEL = "tiny-vlm"
+QUESTION = "What is in this image?"
+NEW = 8
+
+
+def _png(seed: int, size: tuple[int, int] = (48, 40)) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 255, (*size, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+def _rgb(data: bytes) -> Image.Image:
+    return Image.open(io.BytesIO(data)).convert("RGB")
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Idefics3 directory, as transformers writes it."""
+    return tiny_idefics3(tmp_path_factory.mktemp("transformers") / "tiny-idefics3")
+
+
+@pytest.fixture(scope="module")
+def store_home(tmp_path_factory: pytest.TempPathFactory, source: Path) -> Path:
+    """A store holding the tiny model, imported the way a user imports one."""
+    home = tmp_path_factory.mktemp("home")
+    done = subprocess.run(
+        [sys.executable, "-m", "turbospark", "models", "import", str(source), "--name", MODEL, "--dtype", "float32"],
+        env={**os.environ, "TURBOSPARK_HOME": str(home)}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert MODEL in done.stdout and "idefics3" in done.stdout
+    return home
+
+
+@pytest.fixture(scope="module")
+def expected(source: Path) -> dict[str, Any]:
+    """transformers' greedy tokens and text for the question about image 1, and without an image."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast.from_pretrained(source)
+    image = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    ids = reference_generate(source, image, [_rgb(_png(1))], NEW)
+    text = [{"role": "user", "content": [{"type": "text", "text": QUESTION}]}]
+    plain = reference_generate(source, text, [], NEW)
+    return {"ids": ids, "text": tok.decode(ids, skip_special_tokens=True),
+            "plain_ids": plain, "plain": tok.decode(plain, skip_special_tokens=True)}
+
+
+async def _serve(nursery: trio.Nursery, home: Path, **settings: Any) -> Any:
+    shelf = StoreShelf(ModelStore(home / "models"), load_mlx, store_loaders())
+    return await nursery.start(partial(
+        serve, Settings(host="127.0.0.1", port=0, graceful_timeout=1.0, **settings), [],
+        library=shelf.loadables, shelf=shelf,
+    ))  # fmt: skip
+
+
+async def test_every_sdk_reads_the_image_as_transformers_does(
+    nursery: trio.Nursery, store_home: Path, expected: dict[str, Any]
+) -> None:
+    server = await _serve(nursery, store_home)
+    data = _png(1)
+    b64 = base64.b64encode(data).decode()
+    url = f"data:image/png;base64,{b64}"
+    try:
+        sdk = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        chat = await sdk.chat.completions.create(model=MODEL, max_tokens=NEW, temperature=0, messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": QUESTION}]}])  # fmt: skip
+        assert chat.choices[0].message.content == expected["text"]
+        assert chat.usage is not None and chat.usage.prompt_tokens == 14 + 5 * 4 + 13  # text, 5 tiles' tokens, tags
+        plain = await sdk.chat.completions.create(model=MODEL, max_tokens=NEW, temperature=0,
+                                                  messages=[{"role": "user", "content": QUESTION}])
+        assert plain.choices[0].message.content == expected["plain"]
+
+        responses = await sdk.responses.create(model=MODEL, max_output_tokens=NEW, temperature=0, input=[
+            {"role": "user", "content": [{"type": "input_image", "image_url": url},
+                                         {"type": "input_text", "text": QUESTION}]}])  # fmt: skip
+        assert responses.output_text == expected["text"]
+
+        claude = anthropic.AsyncAnthropic(base_url=server.url, api_key="unused", max_retries=0)
+        message = await claude.messages.create(model=MODEL, max_tokens=NEW, extra_body={"temperature": 0}, messages=[
+            {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                       "data": b64}},
+                                         {"type": "text", "text": QUESTION}]}])  # fmt: skip
+        assert message.content[0].text == expected["text"]  # type: ignore[union-attr]
+        counted = await claude.messages.count_tokens(model=MODEL, messages=[
+            {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                       "data": b64}},
+                                         {"type": "text", "text": QUESTION}]}])  # fmt: skip
+        assert counted.input_tokens == chat.usage.prompt_tokens  # its image's tokens included
+
+        client = ollama.AsyncClient(host=server.url)
+        answer = await client.chat(model=MODEL, options={"temperature": 0, "num_predict": NEW},
+                                   messages=[{"role": "user", "content": QUESTION, "images": [data]}])
+        assert answer.message.content == expected["text"]
+        generated = await client.generate(model=MODEL, prompt=QUESTION, images=[data],
+                                          options={"temperature": 0, "num_predict": NEW})
+        assert generated.response == expected["text"]
+
+        shown = await client.show(MODEL)
+        assert "vision" in (shown.capabilities or [])
+        async with httpx.AsyncClient() as h:
+            row = (await h.get(f"{server.url}/v1/models/{MODEL}")).json()
+            assert "vision" in row["capabilities"] and row["architecture"] == "idefics3"
+            tags = (await h.get(f"{server.url}/api/tags")).json()["models"]
+            assert any(t["name"].startswith(MODEL) and "vision" in t.get("capabilities", ["vision"]) for t in tags)
+    finally:
+        server.stop.set()
+
+
+async def test_a_bad_image_is_a_400_naming_the_part_in_each_family(nursery: trio.Nursery, store_home: Path) -> None:
+    server = await _serve(nursery, store_home)
+    not_png = "data:image/png;base64," + base64.b64encode(b"hello, not an image").decode()
+    try:
+        async with httpx.AsyncClient(timeout=60) as h:
+            r = await h.post(f"{server.url}/v1/chat/completions", json={"model": MODEL, "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": not_png}}]}]})  # fmt: skip
+            assert r.status_code == 400
+            assert r.json()["error"]["message"].startswith("messages[1] image 2: the data is not an image")
+            r = await h.post(f"{server.url}/v1/messages", json={"model": MODEL, "max_tokens": 4, "messages": [
+                {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                           "data": "!!"}}]}]})  # fmt: skip
+            assert r.status_code == 400 and r.json()["type"] == "error"
+            assert "messages[0] image 1: the image is not valid base64" in r.json()["error"]["message"]
+            r = await h.post(f"{server.url}/api/chat", json={"model": MODEL, "stream": False, "messages": [
+                {"role": "user", "content": "x", "images": [base64.b64encode(b"GIF89a..").decode()]}]})  # fmt: skip
+            assert r.status_code == 400 and r.json()["error"].startswith("messages[0] image 1:")
+            big = Image.new("RGB", (8000, 7000))
+            out = io.BytesIO()
+            big.save(out, format="PNG")
+            r = await h.post(f"{server.url}/v1/chat/completions", json={"model": MODEL, "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {
+                    "url": "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()}}]}]})  # fmt: skip
+            assert r.status_code == 400 and "8000x7000 pixels" in r.json()["error"]["message"]
+            # the server keeps serving
+            ok = await h.post(f"{server.url}/v1/chat/completions", json={
+                "model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+            assert ok.status_code == 200
+    finally:
+        server.stop.set()
+
+
+# --- on the model thread ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def backend(store_home: Path) -> Any:
+    from turbospark.model.mlx_backend import MlxBackend
+
+    return MlxBackend(store_home / "models" / MODEL, model_id=MODEL)
+
+
+def _job(backend: Any, images: list[bytes], question: str = QUESTION) -> tuple[list[int], Any]:
+    content = [{"type": "image"} for _ in images] + [{"type": "text", "text": question}]
+    prompt = ChatPrompt(({"role": "user", "content": content},), images=tuple(images))
+    seen = backend.vision.see(list(images)) if images else None
+    ids, _ = render_prompt(backend.tokenizer, prompt, expand=seen.expand if seen else str)
+    if seen is not None:
+        seen.keyed(ids)
+    return ids, seen
+
+
+def _run(backend: Any, jobs: dict[int, tuple[list[int], Any]], steps: int = 200) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {seq: [] for seq in jobs}
+    for seq, (ids, seen) in jobs.items():
+        backend.insert(seq, ids, SamplingParams(max_tokens=NEW, temperature=0.0), images=seen)
+    for _ in range(steps):
+        step = backend.step()
+        for seq, token in step.tokens.items():
+            out[seq].append(token)
+        for seq in [s for s, t in out.items() if len(t) >= NEW]:
+            if seq in jobs:
+                backend.remove(seq)
+                del jobs[seq]
+        if not jobs:
+            break
+    return out
+
+
+def test_the_prompt_is_the_processors_and_a_batch_gives_each_its_own_tokens(
+    backend: Any, source: Path, expected: dict[str, Any]
+) -> None:
+    import transformers
+
+    processor = transformers.Idefics3Processor.from_pretrained(source)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    two = [_png(1), _png(2, (30, 20))]
+    theirs = processor(text=text, images=[[_rgb(d) for d in two]], return_tensors="np")["input_ids"][0].tolist()
+    ours, _ = _job(backend, two)
+    assert ours == theirs
+
+    alone = _run(backend, {0: _job(backend, [_png(1)])})[0]
+    assert alone == expected["ids"]
+    mixed = _run(backend, {1: _job(backend, [_png(1)]), 2: _job(backend, []), 3: _job(backend, [_png(3)]),
+                           4: _job(backend, [_png(1)], "Describe it.")})
+    assert mixed[1] == expected["ids"] and mixed[2] == expected["plain_ids"]
+    assert _run(backend, {5: _job(backend, [_png(3)])})[5] == mixed[3]
+
+
+def test_a_request_dropped_while_its_image_is_encoded_stops_within_a_piece(backend: Any) -> None:
+    backend.vision.tower.features = type(backend.vision.tower.features)()  # nothing cached
+    before = backend.vision.pieces_run
+    ids, seen = _job(backend, [_png(11), _png(12)])  # 5 tiles each
+    backend.insert(7, ids, SamplingParams(max_tokens=NEW, temperature=0.0), images=seen)
+    progress = backend.step().progress
+    assert backend.vision.pieces_run == before + 1  # one tile through the tower, no prompt token yet
+    assert progress[7].done == progress[7].cached <= ids.index(seen.token_id) and progress[7].total == len(ids)
+    backend.remove(7)
+    for _ in range(3):
+        assert backend.step().tokens == {}
+    assert backend.vision.pieces_run == before + 1 and not backend.vision.reading
+
+
+def test_the_prefix_cache_tells_images_apart(backend: Any) -> None:
+    first = _job(backend, [_png(21)])
+    _run(backend, {8: first})
+    first_image = first[0].index(backend.vision.tower.image_token_id)
+    same = _job(backend, [_png(21)])
+    assert backend.cached_prefix(same[0], images=same[1]) > first_image + 20  # past the image
+    other = _job(backend, [_png(22)])
+    assert other[0] == same[0]  # the same ids: only the image differs
+    assert backend.cached_prefix(other[0], images=other[1]) <= first_image
+    before = backend.vision.pieces_run
+    _run(backend, {9: same})
+    assert backend.vision.pieces_run == before  # its features were kept by the image's hash
+
+
+def test_an_unsupported_vision_family_is_refused_by_name(tmp_path: Path) -> None:
+    src = tmp_path / "qwen2-vl"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"model_type": "qwen2_vl", "vision_config": {}, "text_config": {}}))
+    for name in ("tokenizer.json", "tokenizer_config.json", "model.safetensors"):
+        (src / name).write_text("{}")
+    store = ModelStore(tmp_path / "models")
+    with pytest.raises(ModelImportError, match="vision-language architecture 'qwen2_vl' is not supported"):
+        store.import_source(src, progress=False)
+
+
+async def test_the_playground_sends_picked_pasted_and_dropped_images_and_shows_them(
+    nursery: trio.Nursery, store_home: Path, expected: dict[str, Any], tmp_path: Path
+) -> None:
+    from ._browser import browse, shot
+
+    picked = tmp_path / "picked.png"
+    picked.write_bytes(_png(1))
+    more = base64.b64encode(_png(3)).decode()
+    server = await _serve(nursery, store_home)
+
+    def drive(page):  # type: ignore[no-untyped-def]
+        page.goto(server.url)
+        conv = page.locator('[data-conversation="1"]')
+        conv.locator(f".model option[value={MODEL}]").wait_for(state="attached")
+        conv.locator(".settings summary").click()
+        conv.locator(".model").select_option(MODEL)
+        conv.locator(".temperature").fill("0")
+        conv.locator(".max-tokens").fill(str(NEW))
+        conv.locator(".attach").set_input_files(str(picked))  # the file picker
+        conv.locator(".attached img").wait_for()
+        conv.locator(".input").fill(QUESTION)
+        conv.locator(".send").click()
+        answer = conv.locator("li.assistant[data-state=done]")
+        answer.wait_for()
+        first = (answer.locator(".content").inner_text(), conv.locator("li.user img").count(),
+                 conv.locator(".attached img").count())
+        # a pasted image and a dropped one, then one of them removed before sending
+        page.evaluate("""([b64, target]) => {
+            const file = (name) => new File([Uint8Array.from(atob(b64), (c) => c.charCodeAt(0))], name, { type: "image/png" });
+            const pasted = new DataTransfer(); pasted.items.add(file("pasted.png"));
+            document.querySelector(`${target} .input`).dispatchEvent(
+                new ClipboardEvent("paste", { clipboardData: pasted, bubbles: true, cancelable: true }));
+            const dropped = new DataTransfer(); dropped.items.add(file("dropped.png")); dropped.items.add(file("second.png"));
+            document.querySelector(target).dispatchEvent(new DragEvent("drop", { dataTransfer: dropped, bubbles: true, cancelable: true }));
+        }""", [more, '[data-conversation="1"]'])
+        page.wait_for_function("() => document.querySelectorAll('[data-conversation=\"1\"] .attached img').length === 3")
+        conv.locator('.attached button[aria-label="Remove second.png"]').click()
+        conv.locator(".input").fill("And these?")
+        conv.locator(".send").click()
+        conv.locator("li.assistant[data-state=done]").nth(1).wait_for()
+        shot(page, "playground-vision")
+        second = conv.locator("li.user").nth(1).locator("img").count()
+        return first, second
+
+    try:
+        (text, shown, left), second = await browse(server.url, drive)
+    finally:
+        server.stop.set()
+    assert text == expected["text"]  # the page sent the image as the SDKs do
+    assert shown == 1 and left == 0 and second == 2
+
+
+def test_ropes_settings_are_written_where_mlx_lm_reads_them() -> None:
+    from turbospark.store.hf_import import legacy_rope
+
+    config = {"text_config": {"rope_parameters": {"rope_theta": 1e5, "rope_type": "default"}},
+              "rope_parameters": {"rope_theta": 5e5, "rope_type": "llama3", "factor": 8.0}}
+    out = legacy_rope(config)
+    assert out["text_config"]["rope_theta"] == 1e5 and "rope_scaling" not in out["text_config"]
+    assert out["rope_theta"] == 5e5 and out["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0}
+    assert legacy_rope({"rope_theta": 1e4, "rope_parameters": {"rope_theta": 2e4}})["rope_theta"] == 1e4
