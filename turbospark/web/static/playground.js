@@ -50,6 +50,39 @@ class Conversation {
     });
     node.querySelector(".stop").addEventListener("click", () => this.stop());
     node.querySelector(".clear").addEventListener("click", () => { this.stop(); this.messages = []; this.log.replaceChildren(); });
+    // images for the next message: picked, pasted or dropped (a vision model reads them)
+    this.images = [];
+    this.attached = node.querySelector(".attached");
+    const attach = node.querySelector(".attach");
+    attach.addEventListener("change", () => { this.attach(attach.files); attach.value = ""; });
+    node.querySelector(".input").addEventListener("paste", (e) => {
+      const files = [...(e.clipboardData?.files || [])].filter((f) => f.type.startsWith("image/"));
+      if (files.length) { e.preventDefault(); this.attach(files); }
+    });
+    node.addEventListener("dragover", (e) => { e.preventDefault(); node.classList.add("dropping"); });
+    node.addEventListener("dragleave", () => node.classList.remove("dropping"));
+    node.addEventListener("drop", (e) => {
+      e.preventDefault();
+      node.classList.remove("dropping");
+      this.attach(e.dataTransfer?.files || []);
+    });
+  }
+
+  async attach(files) {
+    for (const file of files) {
+      if (!file.type.startsWith("image/")) continue;
+      const url = await new Promise((resolve, reject) => {
+        const reader = new FileReader();
+        reader.onload = () => resolve(reader.result);
+        reader.onerror = () => reject(reader.error);
+        reader.readAsDataURL(file);
+      });
+      this.images.push(url);
+      const remove = el("button", { type: "button", "aria-label": `Remove ${file.name}` }, "×");
+      const item = el("li", {}, el("img", { src: url, alt: file.name }), remove);
+      remove.addEventListener("click", () => { this.images.splice(this.images.indexOf(url), 1); item.remove(); });
+      this.attached.append(item);
+    }
   }
 
   request() {
@@ -73,9 +106,13 @@ class Conversation {
     const input = this.node.querySelector(".input");
     const text = input.value.trim();
     if (!text || this.controller) return;
+    const images = this.images;
+    const content = images.length
+      ? [...images.map((url) => ({ type: "image_url", image_url: { url } })), { type: "text", text }]
+      : text;
     let body;
     try {
-      this.messages.push({ role: "user", content: text });
+      this.messages.push({ role: "user", content });
       body = this.request();
     } catch (err) {
       this.messages.pop();
@@ -83,7 +120,12 @@ class Conversation {
       return;
     }
     input.value = "";
-    this.log.append(el("li", { class: "user" }, el("span", { class: "who" }, "You"), text));
+    this.images = [];
+    this.attached.replaceChildren();
+    const shown = images.length
+      ? el("ul", { class: "thumbs" }, ...images.map((url, i) => el("li", {}, el("img", { src: url, alt: `Image ${i + 1}` }))))
+      : null;
+    this.log.append(el("li", { class: "user" }, el("span", { class: "who" }, "You"), shown, text));
     const answer = new Answer(this.log);
     this.controller = new AbortController();
     this.busy(true);
