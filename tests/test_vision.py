@@ -346,3 +346,41 @@ def test_ropes_settings_are_written_where_mlx_lm_reads_them() -> None:
     assert out["text_config"]["rope_theta"] == 1e5 and "rope_scaling" not in out["text_config"]
     assert out["rope_theta"] == 5e5 and out["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0}
     assert legacy_rope({"rope_theta": 1e4, "rope_parameters": {"rope_theta": 2e4}})["rope_theta"] == 1e4
+
+
+async def test_a_client_that_hangs_up_while_its_images_are_read_stops_them(start_server, store_home: Path) -> None:
+    """Over a raw socket on a real Hypercorn: the request's 40 images (200 tiles) are read a tile a
+    step; the client leaves during them; the job ends in phase prefill within a piece, its prompt
+    never read, and the model serves the next request."""
+    from turbospark.actors.lifecycle import Loadable
+    from turbospark.model.mlx_backend import MlxBackend
+
+    from ._support import raw_post, wait_for
+    from .test_cancellation import generated_event, metric
+
+    built: list[Any] = []
+
+    def make() -> Any:  # on the model thread: MLX streams are the thread's own
+        built.append(MlxBackend(store_home / "models" / MODEL, model_id=MODEL))
+        return built[-1]
+
+    lazy = Loadable(id=MODEL, make=make, capabilities=frozenset({"chat", "completion", "vision"}),
+                    context_window=2048, size=30 << 20)
+    server = await start_server(backends=[], library=[lazy])
+    events = server.system.subscribe()
+    urls = [f"data:image/png;base64,{base64.b64encode(_png(100 + i)).decode()}" for i in range(40)]
+    body = {"model": MODEL, "max_tokens": 4, "stream": True, "messages": [{"role": "user", "content": [
+        *({"type": "image_url", "image_url": {"url": u}} for u in urls), {"type": "text", "text": QUESTION}]}]}
+    sock = await raw_post(server.url, "/v1/chat/completions", body)
+    await wait_for(lambda: bool(built) and built[0].vision.pieces_run >= 3, timeout=60)
+    await sock.aclose()
+    at_close = built[0].vision.pieces_run
+    event = await generated_event(events, timeout=30)
+    assert event.stop_reason == "Cancelled" and event.phase == "prefill" and event.new_tokens == 0
+    assert built[0].vision.pieces_run - at_close <= 2 and built[0].vision.pieces_run < 200  # a piece, and the crossing's
+    assert event.prefilled_tokens < event.prompt_tokens // 10 and not built[0].vision.reading
+    async with httpx.AsyncClient(timeout=60) as h:
+        assert await metric(h, server.url, 'turbospark_cancellations_total{phase="prefill"}') == 1
+        r = await h.post(f"{server.url}/v1/chat/completions",
+                         json={"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.json()["usage"]["completion_tokens"] == 2
