@@ -1,4 +1,4 @@
-"""Vision as a new user meets it: a tiny random Idefics3 model written by transformers is imported
+"""Vision as a new user meets it: a tiny random Idefics3 model (and a LLaVA one) written by transformers is imported
 with ``turbospark models import``, served from the store, and asked about an image through the
 openai SDK (chat and Responses), the anthropic SDK and the Ollama client: the greedy text is
 transformers' own ``generate`` on the same image and prompt.  ``/v1/models`` and ``/api/show``
@@ -42,7 +42,7 @@ from turbospark.store.shelf import StoreShelf  # noqa: E402
 from turbospark.store.store import ModelStore  # noqa: E402
 from turbospark.threads.prompt import render_prompt  # noqa: E402
 
-from .vision_models import reference_generate, tiny_idefics3  # noqa: E402
+from .vision_models import reference_generate, tiny_idefics3, tiny_llava  # noqa: E402
 
 MODEL = "tiny-vlm"
 QUESTION = "What is in this image?"
@@ -384,3 +384,37 @@ async def test_a_client_that_hangs_up_while_its_images_are_read_stops_them(start
         r = await h.post(f"{server.url}/v1/chat/completions",
                          json={"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
         assert r.json()["usage"]["completion_tokens"] == 2
+
+
+async def test_a_llava_model_reads_the_image_as_transformers_does(
+    nursery: trio.Nursery, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """LLaVA 1.5's layout (transformers 5 writes its tower without ``vision_model``): a CLIP tower,
+    the second-to-last layer's patches, the projector; one image is one piece."""
+    source = tiny_llava(tmp_path_factory.mktemp("transformers") / "tiny-llava")
+    home = tmp_path_factory.mktemp("home")
+    done = subprocess.run(
+        [sys.executable, "-m", "turbospark", "models", "import", str(source), "--name", "tiny-llava"],
+        env={**os.environ, "TURBOSPARK_HOME": str(home)}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0 and "llava" in done.stdout, done.stderr
+    question = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
+    want = reference_generate(source, question, [_rgb(_png(1))], NEW)
+    from transformers import PreTrainedTokenizerFast
+
+    text = PreTrainedTokenizerFast.from_pretrained(source).decode(want, skip_special_tokens=True)
+    server = await _serve(nursery, home)
+    url = f"data:image/png;base64,{base64.b64encode(_png(1)).decode()}"
+    try:
+        sdk = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        chat = await sdk.chat.completions.create(model="tiny-llava", max_tokens=NEW, temperature=0, messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": QUESTION}]}])  # fmt: skip
+        assert chat.choices[0].message.content == text
+        assert chat.usage is not None and chat.usage.prompt_tokens == 32  # 16 image tokens
+        answer = await ollama.AsyncClient(host=server.url).chat(
+            model="tiny-llava", options={"temperature": 0, "num_predict": NEW},
+            messages=[{"role": "user", "content": QUESTION, "images": [_png(1)]}])
+        assert answer.message.content == text
+    finally:
+        server.stop.set()

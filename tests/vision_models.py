@@ -9,6 +9,11 @@ global view, as SmolVLM's processor does.  Every parameter is randomised (no zer
 one-initialised weight hides a bug) and the model, its processor and its chat template are saved
 with ``save_pretrained``: the directory a user would import.
 
+``tiny_llava(directory)`` builds a ``LlavaForConditionalGeneration`` (LLaVA 1.5's layout): the same
+llama over the same BPE (with ``<image>`` added), a 2-layer CLIP tower of width 32 reading a 32x32
+crop in 8x8 patches, its second-to-last layer's patches (16 tokens, the class token dropped)
+through the two-layer projector, as LLaVA 1.5 selects them.
+
 ``reference_generate`` runs transformers' own ``generate`` (greedy) on such a directory.
 """
 
@@ -19,7 +24,7 @@ from typing import Any
 
 from .image_pipelines import TOKENIZER, _randomise
 
-__all__ = ["IDEFICS3_TEMPLATE", "reference_generate", "tiny_idefics3"]
+__all__ = ["IDEFICS3_TEMPLATE", "LLAVA_TEMPLATE", "reference_generate", "tiny_idefics3", "tiny_llava"]
 
 #: SmolVLM's chat template
 IDEFICS3_TEMPLATE = (
@@ -82,6 +87,47 @@ def tiny_idefics3(directory: Path, *, seed: int = 0) -> Path:
     )
     processor = Idefics3Processor(images, tokenizer, image_seq_len=4, chat_template=IDEFICS3_TEMPLATE)
     processor.save_pretrained(directory)
+    return directory
+
+
+#: A ChatML template that places each image part as ``<image>`` and a newline, as LLaVA's do
+LLAVA_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<image>\n{% else %}{{ part['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CLIP: dict[str, Any] = {
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 2,
+    "image_size": 32, "patch_size": 8, "projection_dim": 32,
+}  # fmt: skip
+
+
+def tiny_llava(directory: Path, *, seed: int = 0) -> Path:
+    """A tiny random LLaVA model and its processor, saved in ``directory`` as transformers writes them."""
+    import torch
+    from transformers import CLIPImageProcessorPil, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+    from transformers import PreTrainedTokenizerFast
+
+    directory = Path(directory)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_file=str(TOKENIZER), bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    config = LlavaConfig(
+        text_config={"model_type": "llama", **TEXT, "vocab_size": len(tokenizer),
+                     "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id},
+        vision_config={"model_type": "clip_vision_model", **CLIP},
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"), vision_feature_layer=-2,
+        vision_feature_select_strategy="default", projector_hidden_act="gelu", tie_word_embeddings=False,
+    )
+    model = LlavaForConditionalGeneration(config).eval()
+    _randomise(model, torch, seed)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(directory)
+    images = CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    LlavaProcessor(images, tokenizer, patch_size=8, vision_feature_select_strategy="default",
+                   num_additional_image_tokens=1, chat_template=LLAVA_TEMPLATE).save_pretrained(directory)
     return directory
 
 

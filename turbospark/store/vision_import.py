@@ -33,11 +33,13 @@ __all__ = ["VISION_FAMILIES", "is_vision", "split_vision", "vision_family"]
 VISION_FAMILIES: dict[str, tuple[str, ...]] = {
     "idefics3": ("vision_model.", "connector."),
     "smolvlm": ("vision_model.", "connector."),
+    "llava": ("vision_tower.", "multi_modal_projector."),
 }
 
 # Where each layout keeps the language model, and where the tower's tensors sit (the first match).
 _RENAMES = (
     ("model.text_model.", "text", "model."),
+    ("model.language_model.", "text", "model."),
     ("language_model.model.", "text", "model."),
     ("language_model.lm_head.", "text", "lm_head."),
     ("lm_head.", "text", "lm_head."),
@@ -93,6 +95,8 @@ def split_vision(src: Path, work: Path) -> Path:
                 if not key.startswith(prefix):
                     continue
                 name = to + key[len(prefix):]
+                if family == "llava" and name.startswith("vision_tower.") and ".vision_model." not in name:
+                    name = "vision_tower.vision_model." + name[len("vision_tower."):]  # transformers 5 drops it
                 if part == "vision" and not name.startswith(tower):
                     raise ModelImportError(f"{f.name}: tensor {key!r} belongs to no part of a {family} model")
                 (text if part == "text" else vision)[name] = array

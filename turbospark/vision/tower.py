@@ -6,7 +6,7 @@ the tower's and projector's weights, which it builds with mlx-vlm's classes for 
 with its PIL image processor (no torch, no torchvision): it sizes, splits and normalises the
 images and says what each becomes in the prompt (``replace_image_token``).
 
-An image is encoded in pieces (``Piece``: one tile, for the Idefics3 family), so that the model
+An image is encoded in pieces (``Piece``: a tile for the Idefics3 family, an image for LLaVA), so that the model
 thread can run one between two decode steps and a client that leaves stops the work within one
 piece.  What a piece gives is the projected features of its image tokens, in prompt order; the
 features of a whole image are kept by its content's hash (``FeatureCache``), so an image sent
@@ -85,9 +85,12 @@ class _Idefics3(nn.Module):
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         return self.vision_model.sanitize(weights)
 
-    def pieces(self, inputs: dict[str, Any], counts: Sequence[int]) -> list[tuple[int, Callable[[], mx.array]]]:
+    def pieces(self, inputs: dict[str, Any]) -> list[tuple[int, Callable[[], mx.array]]]:
         pixels = np.asarray(inputs["pixel_values"])[0]  # (tiles, C, H, W): every image's, in order
         masks = np.asarray(inputs["pixel_attention_mask"])[0]
+        rows = [r for sample in inputs["rows"] for r in sample]
+        cols = [c for sample in inputs["cols"] for c in sample]
+        counts = [r * c + 1 if r or c else 1 for r, c in zip(rows, cols, strict=True)]  # the grid, the global view
         out, at = [], 0
         for image, tiles in enumerate(counts):
             for t in range(at, at + tiles):
@@ -104,15 +107,37 @@ class _Idefics3(nn.Module):
         hidden, *_ = self.vision_model(x, patch_attention_mask=patch_mask, output_hidden_states=True)
         return self.connector(hidden).reshape(-1, self.connector.modality_projection.proj.weight.shape[0])
 
-    @staticmethod
-    def tiles(inputs: dict[str, Any]) -> list[int]:
-        """How many tiles each image became (its grid and the global view)."""
-        rows = [r for sample in inputs["rows"] for r in sample]
-        cols = [c for sample in inputs["cols"] for c in sample]
-        return [r * c + 1 if r or c else 1 for r, c in zip(rows, cols, strict=True)]
+
+class _Llava(nn.Module):
+    """CLIP (or SigLIP) tower and two-layer projector (LLaVA 1.5): an image at a time, its chosen
+    layer's patches (the class token dropped, by the ``default`` strategy)."""
+
+    def __init__(self, arch: Any, config: Any) -> None:
+        super().__init__()
+        from mlx_vlm.models.llava.llava import LlavaMultiModalProjector
+
+        self.vision_tower = arch.VisionModel(config.vision_config)
+        self.multi_modal_projector = LlavaMultiModalProjector(config)
+        self.layer = config.vision_feature_layer
+        self.default = config.vision_feature_select_strategy == "default"
+
+    def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        return self.vision_tower.sanitize(weights)
+
+    def pieces(self, inputs: dict[str, Any]) -> list[tuple[int, Callable[[], mx.array]]]:
+        pixels = np.asarray(inputs["pixel_values"])  # (images, C, H, W)
+        return [(i, lambda i=i: self._image(pixels[i])) for i in range(len(pixels))]
+
+    def _image(self, pixels: np.ndarray) -> mx.array:
+        x = mx.array(pixels, dtype=mx.float32).transpose(1, 2, 0)[None]
+        *_, hidden = self.vision_tower(x, output_hidden_states=True)
+        layers = [self.layer] if isinstance(self.layer, int) else list(self.layer)
+        chosen = mx.concatenate([hidden[k][:, 1:] if self.default else hidden[k] for k in layers], axis=-1)
+        projected = self.multi_modal_projector(chosen)
+        return projected.reshape(-1, projected.shape[-1])
 
 
-_FAMILIES: dict[str, Any] = {"idefics3": _Idefics3, "smolvlm": _Idefics3}
+_FAMILIES: dict[str, Any] = {"idefics3": _Idefics3, "smolvlm": _Idefics3, "llava": _Llava}
 
 
 class Tower:
@@ -159,9 +184,8 @@ class Tower:
     def prepare(self, images: Sequence[Any], digests: Sequence[str]) -> Prepared:
         """Process ``images`` (PIL images, RGB) whose content hashes are ``digests``."""
         inputs, replacements = self._processed(images)
-        counts = self.module.tiles(inputs)
         cached = {i: f for i, d in enumerate(digests) if (f := self.features.get(d)) is not None}
-        pieces = tuple(Piece(i, run) for i, run in self.module.pieces(inputs, counts) if i not in cached)
+        pieces = tuple(Piece(i, run) for i, run in self.module.pieces(inputs) if i not in cached)
         return Prepared(tuple(replacements), tuple(digests), pieces, cached)
 
 
