@@ -252,7 +252,7 @@ def test_a_request_dropped_while_its_image_is_encoded_stops_within_a_piece(backe
     ids, seen = _job(backend, [_png(11), _png(12)])  # 5 tiles each
     backend.insert(7, ids, SamplingParams(max_tokens=NEW, temperature=0.0), images=seen)
     progress = backend.step().progress
-    assert backend.vision.pieces_run == before + 1  # one tile through the tower, no prompt token yet
+    assert backend.vision.pieces_run == before + 1  # a tile's embeddings, no prompt token yet
     assert progress[7].done == progress[7].cached <= ids.index(seen.token_id) and progress[7].total == len(ids)
     backend.remove(7)
     for _ in range(3):
@@ -349,8 +349,8 @@ def test_ropes_settings_are_written_where_mlx_lm_reads_them() -> None:
 
 
 async def test_a_client_that_hangs_up_while_its_images_are_read_stops_them(start_server, store_home: Path) -> None:
-    """Over a raw socket on a real Hypercorn: the request's 40 images (200 tiles) are read a tile a
-    step; the client leaves during them; the job ends in phase prefill within a piece, its prompt
+    """Over a raw socket on a real Hypercorn: the request's 40 images (200 tiles, 800 pieces) are
+    read a piece a step; the client leaves during them; the job ends in phase prefill within a piece, its prompt
     never read, and the model serves the next request."""
     from turbospark.actors.lifecycle import Loadable
     from turbospark.model.mlx_backend import MlxBackend
@@ -377,7 +377,7 @@ async def test_a_client_that_hangs_up_while_its_images_are_read_stops_them(start
     at_close = built[0].vision.pieces_run
     event = await generated_event(events, timeout=30)
     assert event.stop_reason == "Cancelled" and event.phase == "prefill" and event.new_tokens == 0
-    assert built[0].vision.pieces_run - at_close <= 2 and built[0].vision.pieces_run < 200  # a piece, and the crossing's
+    assert built[0].vision.pieces_run - at_close <= 2 and built[0].vision.pieces_run < 800  # a piece, and the crossing's
     assert event.prefilled_tokens < event.prompt_tokens // 10 and not built[0].vision.reading
     async with httpx.AsyncClient(timeout=60) as h:
         assert await metric(h, server.url, 'turbospark_cancellations_total{phase="prefill"}') == 1

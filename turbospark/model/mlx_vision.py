@@ -8,7 +8,7 @@ A request with images (a vision model's, ``vision/tower.py``) is seen in two pla
   image's content hash: that is the prompt as the prefix cache knows it, so two prompts that
   differ only in an image share no KV past it, and the same image again is a hit.
 - ``VisionSide.advance`` (once a step, before the engine's): one piece of one waiting request's
-  work, in arrival order: one tile through the tower, or one chunk of its prompt (the token
+  work, in arrival order: one layer of the tower over one tile, or one chunk of its prompt (the token
   embeddings with the image features in place of the image tokens) through the language model
   into a KV cache of its own.  When all but the last token are in, the sequence joins the engine
   with that cache, as a prefix-cache hit does, and decodes beside the others.  A client that
@@ -196,9 +196,10 @@ class VisionSide:
         pieces = run.seen.prepared.pieces
         if run.features is None and run.next_piece < len(pieces):
             piece = pieces[run.next_piece]
-            features = piece.run()
-            mx.eval(features)
-            run.parts.setdefault(piece.image, []).append(features)
+            out = piece.run()
+            mx.eval(out)  # this piece's work now, not a graph left for the next
+            if piece.final:
+                run.parts.setdefault(piece.image, []).append(out)
             run.next_piece += 1
             self.pieces_run += 1
             return

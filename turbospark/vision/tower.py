@@ -6,9 +6,9 @@ the tower's and projector's weights, which it builds with mlx-vlm's classes for 
 with its PIL image processor (no torch, no torchvision): it sizes, splits and normalises the
 images and says what each becomes in the prompt (``replace_image_token``).
 
-An image is encoded in pieces (``Piece``: a tile for the Idefics3 family, an image for LLaVA), so that the model
-thread can run one between two decode steps and a client that leaves stops the work within one
-piece.  What a piece gives is the projected features of its image tokens, in prompt order; the
+An image is encoded in pieces (``Piece``: one layer of the tower for one tile, for the Idefics3
+family, or for one image, for LLaVA), so that the model thread can run one between two decode
+steps, and a client that leaves stops the work within one piece.  What a piece gives is the projected features of its image tokens, in prompt order; the
 features of a whole image are kept by its content's hash (``FeatureCache``), so an image sent
 again (the next turn of a conversation) is not encoded again.
 """
@@ -20,6 +20,7 @@ import importlib
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +34,13 @@ __all__ = ["FeatureCache", "Piece", "Prepared", "Tower"]
 
 @attrs.frozen
 class Piece:
-    """One bounded piece of an image's encoding: ``run()`` gives the features of some of its tokens."""
+    """One bounded piece of an image's encoding: ``run()`` gives what the model thread evaluates
+    (a tile's hidden state after one more layer), and for a ``final`` piece the features of some
+    of its image's tokens."""
 
     image: int  # which image of the request
     run: Callable[[], mx.array]
+    final: bool = True
 
 
 @attrs.frozen(eq=False)
@@ -85,7 +89,7 @@ class _Idefics3(nn.Module):
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         return self.vision_model.sanitize(weights)
 
-    def pieces(self, inputs: dict[str, Any]) -> list[tuple[int, Callable[[], mx.array]]]:
+    def pieces(self, inputs: dict[str, Any]) -> list[Piece]:
         pixels = np.asarray(inputs["pixel_values"])[0]  # (tiles, C, H, W): every image's, in order
         masks = np.asarray(inputs["pixel_attention_mask"])[0]
         rows = [r for sample in inputs["rows"] for r in sample]
@@ -94,18 +98,33 @@ class _Idefics3(nn.Module):
         out, at = [], 0
         for image, tiles in enumerate(counts):
             for t in range(at, at + tiles):
-                out.append((image, lambda t=t: self._tile(pixels[t], masks[t])))
+                out += self._tile(image, pixels[t], masks[t])
             at += tiles
         return out
 
-    def _tile(self, pixels: np.ndarray, mask: np.ndarray) -> mx.array:
-        p = self.patch
+    def _tile(self, image: int, pixels: np.ndarray, mask: np.ndarray) -> list[Piece]:
+        """A tile's pieces: its embeddings, each encoder layer, then the norm and projector (the
+        tower's own call, cut at its layers)."""
+        p, tower, hidden = self.patch, self.vision_model, {}
         h, w = mask.shape
         patches = mask[: h // p * p, : w // p * p].reshape(h // p, p, w // p, p).transpose(0, 2, 1, 3)
         patch_mask = mx.array(patches.sum(axis=(-1, -2)) > 0)[None]
-        x = mx.array(pixels, dtype=mx.float32).transpose(1, 2, 0)[None]
-        hidden, *_ = self.vision_model(x, patch_attention_mask=patch_mask, output_hidden_states=True)
-        return self.connector(hidden).reshape(-1, self.connector.modality_projection.proj.weight.shape[0])
+
+        def embed() -> mx.array:
+            x = mx.array(pixels, dtype=mx.float32).transpose(1, 2, 0)[None]
+            hidden["x"] = tower.embeddings(x, patch_mask).astype(tower.embeddings.patch_embedding.weight.dtype)
+            return hidden["x"]
+
+        def layer(block: Any) -> mx.array:
+            hidden["x"] = block(hidden["x"], mask=None)
+            return hidden["x"]
+
+        def project() -> mx.array:
+            out = self.connector(tower.post_layernorm(hidden.pop("x")))
+            return out.reshape(-1, out.shape[-1])
+
+        return [Piece(image, embed, False), *(Piece(image, partial(layer, b), False) for b in tower.encoder.layers),
+                Piece(image, project)]
 
 
 class _Llava(nn.Module):
@@ -124,17 +143,35 @@ class _Llava(nn.Module):
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         return self.vision_tower.sanitize(weights)
 
-    def pieces(self, inputs: dict[str, Any]) -> list[tuple[int, Callable[[], mx.array]]]:
+    def pieces(self, inputs: dict[str, Any]) -> list[Piece]:
         pixels = np.asarray(inputs["pixel_values"])  # (images, C, H, W)
-        return [(i, lambda i=i: self._image(pixels[i])) for i in range(len(pixels))]
+        return [piece for i in range(len(pixels)) for piece in self._image(i, pixels[i])]
 
-    def _image(self, pixels: np.ndarray) -> mx.array:
-        x = mx.array(pixels, dtype=mx.float32).transpose(1, 2, 0)[None]
-        *_, hidden = self.vision_tower(x, output_hidden_states=True)
-        layers = [self.layer] if isinstance(self.layer, int) else list(self.layer)
-        chosen = mx.concatenate([hidden[k][:, 1:] if self.default else hidden[k] for k in layers], axis=-1)
-        projected = self.multi_modal_projector(chosen)
-        return projected.reshape(-1, projected.shape[-1])
+    def _image(self, image: int, pixels: np.ndarray) -> list[Piece]:
+        """An image's pieces: its embeddings, each encoder layer up to the last one chosen (the
+        layers after it never run), then the chosen layers' patches through the projector."""
+        clip = self.vision_tower.vision_model
+        blocks = clip.encoder.layers
+        chosen = [k % (len(blocks) + 1) for k in ([self.layer] if isinstance(self.layer, int) else self.layer)]
+        states: list[mx.array] = []  # the embeddings' output, then each layer's, as the tower's own call keeps them
+
+        def embed() -> mx.array:
+            x = clip.embeddings(mx.array(pixels, dtype=mx.float32).transpose(1, 2, 0)[None])
+            states.append(clip.pre_layrnorm(x) if clip.config.model_type == "clip_vision_model" else x)
+            return states[-1]
+
+        def layer(block: Any) -> mx.array:
+            states.append(block(states[-1], mask=None))
+            return states[-1]
+
+        def project() -> mx.array:
+            picked = mx.concatenate([states[k][:, 1:] if self.default else states[k] for k in chosen], axis=-1)
+            states.clear()
+            out = self.multi_modal_projector(picked)
+            return out.reshape(-1, out.shape[-1])
+
+        return [Piece(image, embed, False), *(Piece(image, partial(layer, b), False) for b in blocks[:max(chosen)]),
+                Piece(image, project)]
 
 
 _FAMILIES: dict[str, Any] = {"idefics3": _Idefics3, "smolvlm": _Idefics3, "llava": _Llava}
@@ -185,7 +222,7 @@ class Tower:
         """Process ``images`` (PIL images, RGB) whose content hashes are ``digests``."""
         inputs, replacements = self._processed(images)
         cached = {i: f for i, d in enumerate(digests) if (f := self.features.get(d)) is not None}
-        pieces = tuple(Piece(i, run) for i, run in self.module.pieces(inputs) if i not in cached)
+        pieces = tuple(p for p in self.module.pieces(inputs) if p.image not in cached)
         return Prepared(tuple(replacements), tuple(digests), pieces, cached)
 
 
