@@ -138,7 +138,7 @@ class _Reading:
     cache: list[Any]
     at: int  # prompt tokens in ``cache``
     reused: int  # of which the prefix cache gave
-    parts: dict[int, list[mx.array]] = attrs.field(factory=dict)  # image -> features, piece by piece
+    parts: dict[int, list[mx.array]] = attrs.field(factory=dict)  # image -> features, tile by tile
     next_piece: int = 0
     features: mx.array | None = None  # every image token's, in prompt order
 
@@ -153,7 +153,7 @@ class VisionSide:
         backend.tokenizer.content_parts = True
         backend.tokenizer.count_images = self.counting
         self.reading: dict[int, _Reading] = {}
-        self.pieces_run = 0  # tiles encoded (tests, benchmarks)
+        self.pieces_run = 0  # pieces of towers run (tests, benchmarks)
 
     def see(self, images: Sequence[bytes]) -> Seen:
         """Decode and process a request's images (``RequestInvalid`` for one that does not decode)."""

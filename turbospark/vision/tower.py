@@ -1,16 +1,17 @@
 """A model's vision tower: mlx-vlm's modules, transformers' image processor, on the model thread.
 
-``Tower.load(path)`` reads ``vision/`` (``store/vision_import.py``): the source's config, and
-the tower's and projector's weights, which it builds with mlx-vlm's classes for the family
-(pinned in ``pyproject.toml``).  The processor is transformers' own class for the directory,
+``Tower(path)`` reads ``vision/`` (``store/vision_import.py``): the source's config, and the
+tower's and projector's weights, which it builds with mlx-vlm's classes for the family (mlx-vlm
+is pinned by ``scripts/setup``).  The processor is transformers' own class for the directory,
 with its PIL image processor (no torch, no torchvision): it sizes, splits and normalises the
 images and says what each becomes in the prompt (``replace_image_token``).
 
 An image is encoded in pieces (``Piece``: one layer of the tower for one tile, for the Idefics3
 family, or for one image, for LLaVA), so that the model thread can run one between two decode
-steps, and a client that leaves stops the work within one piece.  What a piece gives is the projected features of its image tokens, in prompt order; the
-features of a whole image are kept by its content's hash (``FeatureCache``), so an image sent
-again (the next turn of a conversation) is not encoded again.
+steps, and a client that leaves stops the work within one piece.  The last piece of a tile (or
+image) gives the projected features of its image tokens, in prompt order; the features of a
+whole image are kept by its content's hash (``FeatureCache``), so an image sent again (the next
+turn of a conversation) is not encoded again.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-__all__ = ["FeatureCache", "Piece", "Prepared", "Tower"]
+__all__ = ["FeatureCache", "Piece", "Prepared", "Tower", "digest"]
 
 
 @attrs.frozen
@@ -74,9 +75,7 @@ class FeatureCache:
 
 
 class _Idefics3(nn.Module):
-    """SigLIP tower and pixel-shuffle projector (Idefics3, SmolVLM): a tile at a time."""
-
-    prefixes = ("vision_model.", "connector.")
+    """SigLIP tower and pixel-shuffle projector (Idefics3, SmolVLM): a layer of a tile at a time."""
 
     def __init__(self, arch: Any, config: Any) -> None:
         super().__init__()
