@@ -56,7 +56,9 @@ def test_a_pull_interrupted_leaves_nothing_behind(tmp_path: Path, signum: int) -
             pytest.skip(f"the pull ended before it could be interrupted: {err.strip()[-300:]}")
         assert time.monotonic() < deadline, "the pull never started"
         time.sleep(0.05)
-    time.sleep(0.3)
+    time.sleep(0.05)
+    if proc.poll() is not None:  # a warm cache can finish a 100 MB pull between two looks
+        pytest.skip("the pull ended before it could be interrupted")
     proc.send_signal(signum)
     assert _wait(proc, 30) == 130
     assert b"nothing half-written" in proc.stderr.read()
