@@ -418,3 +418,34 @@ async def test_a_llava_model_reads_the_image_as_transformers_does(
         assert answer.message.content == text
     finally:
         server.stop.set()
+
+
+def test_the_mlx_community_layout_imports_and_reads_as_transformers_does(
+    source: Path, tmp_path: Path, expected: dict[str, Any]
+) -> None:
+    """The directory as mlx-vlm's converter writes it: ``language_model.model.*``, the tower's
+    tensors without ``model.``, its patch convolution laid out for MLX (channels last)."""
+    import shutil
+
+    import mlx.core as mx
+
+    from turbospark.model.mlx_backend import MlxBackend
+
+    mlx_dir = tmp_path / "tiny-idefics3-mlx"
+    shutil.copytree(source, mlx_dir, ignore=shutil.ignore_patterns("*.safetensors"))
+    renamed = {}
+    for key, array in mx.load(str(source / "model.safetensors")).items():
+        if key.startswith("model.text_model."):
+            key = "language_model.model." + key[len("model.text_model."):]
+        elif key.startswith("lm_head."):
+            key = "language_model." + key
+        else:
+            key = key.removeprefix("model.")
+            if key.endswith("patch_embedding.weight"):
+                array = array.transpose(0, 2, 3, 1)
+        renamed[key] = array
+    mx.save_safetensors(str(mlx_dir / "model.safetensors"), renamed, {"format": "mlx"})
+    store = ModelStore(tmp_path / "models")
+    stored = store.import_source(mlx_dir, name="tiny-mlx", dtype="float32", progress=False)
+    backend = MlxBackend(stored.path, model_id="tiny-mlx")
+    assert _run(backend, {0: _job(backend, [_png(1)])})[0] == expected["ids"]
