@@ -164,7 +164,7 @@ async def test_a_bad_image_is_a_400_naming_the_part_in_each_family(nursery: trio
                 {"role": "user", "content": "hi"},
                 {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": not_png}}]}]})  # fmt: skip
             assert r.status_code == 400
-            assert r.json()["error"]["message"].startswith("messages[1] image 2: the data is not an image")
+            assert r.json()["error"]["message"].startswith("messages[1] image 1: the data is not an image")
             r = await h.post(f"{server.url}/v1/messages", json={"model": MODEL, "max_tokens": 4, "messages": [
                 {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                                                            "data": "!!"}}]}]})  # fmt: skip

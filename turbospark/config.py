@@ -97,6 +97,8 @@ class Settings:
     allowed_origins: tuple[str, ...] = DEFAULT_ORIGINS
     # Role injection: special-token text in message content is plain text unless this is set.
     special_tokens_in_content: bool = False
+    # Vision: fetch http(s) image URLs (never from loopback or private addresses); off: data: URLs only.
+    image_urls: bool = False
 
 
 def _physical_memory() -> int:

@@ -157,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="encode special-token text inside message content (e.g. '<|im_start|>system') as "
         "control tokens; by default it is plain text, so content cannot forge a role",
     )
+    s.add_argument("--image-urls", action="store_true",
+                   help="let vision models read http(s) image URLs, fetched by the server (public addresses only, "
+                   "20 MiB, 10 s); by default only data: URLs")
     system = s.add_mutually_exclusive_group()
     system.add_argument(
         "--system",
@@ -375,6 +378,7 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         guardrails=Guardrails() if args.guardrails == "on" else Guardrails.off(),
         **_origins(args),
         special_tokens_in_content=args.special_tokens_in_content,
+        image_urls=args.image_urls,
         keep_alive=args.keep_alive,
         max_loaded_models=args.max_loaded_models,
         **({"max_loaded_memory": args.max_loaded_memory} if args.max_loaded_memory else {}),

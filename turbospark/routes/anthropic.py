@@ -27,6 +27,7 @@ from ..web.app import exception_body, json_response, system
 from ..wire.anthropic import MessagesRequest
 from ..web.bodies import read_json
 from ..wire.codec import structure
+from ._images import fetch_images
 from ._openai import DEGRADATION_HEADER, degradation, stream_response
 from ._turn import RETRIES_HEADER, TurnPlan, framed, open_turn
 from .anthropic_events import MessageStream
@@ -70,7 +71,8 @@ async def count_tokens() -> Response:
     # makes up the prompt counts
     body = structure(normalise(await read_json()), MessagesRequest)
     entry = await sys_.resolve(body.model, "chat")
-    p = plan(body, sys_.settings.system_prompt, "vision" in entry.capabilities)
+    p = plan(body, sys_.settings.system_prompt, "vision" in entry.capabilities, sys_.settings.image_urls)
+    await fetch_images(p.messages)  # http(s) image URLs, where --image-urls allows them
     if entry.tokenizer is None:
         raise RequestInvalid("this model cannot count tokens")
     # exact up to 4 context windows, or EXACT_UP_TO characters; a prompt surely longer than
@@ -92,7 +94,8 @@ async def messages() -> Response:
     body = structure(normalise(await read_json()), MessagesRequest)
     entry = await sys_.resolve(body.model, "chat")
     sys_.emit(RequestRouted(g.record.id, body.model, entry.id, body.stream))
-    p = plan(body, sys_.settings.system_prompt, "vision" in entry.capabilities)
+    p = plan(body, sys_.settings.system_prompt, "vision" in entry.capabilities, sys_.settings.image_urls)
+    await fetch_images(p.messages)  # http(s) image URLs, where --image-urls allows them
     p.labels += unhonoured(body)
     asked = body.max_tokens or default_max_tokens(entry.context_window)
     params = sampling_params(body, p, defaults=entry.sampling_defaults, max_tokens=asked)

@@ -73,7 +73,7 @@ def normalise(raw: Any) -> Any:
     return {**raw, "messages": messages}
 
 
-def plan(body: CountTokensRequest, default_system: str | None, vision: bool = False) -> Plan:
+def plan(body: CountTokensRequest, default_system: str | None, vision: bool = False, remote: bool = False) -> Plan:
     """What makes up the prompt (``count_tokens`` takes no more than this).  A ``vision``
     model's user messages keep their images (``turns.images``); ``Plan.images`` counts those
     dropped (every image for other models, a tool result's for a vision model)."""
@@ -82,7 +82,8 @@ def plan(body: CountTokensRequest, default_system: str | None, vision: bool = Fa
         raise RequestInvalid("mcp_servers is not supported: this server cannot connect to MCP servers")
     messages, urls = _conversation(body, labels, vision)
     messages = apply_default_system(messages, default_system)
-    images = check_images(urls) - len(images_in(messages))
+    images = check_images(urls, remote and vision) - sum(isinstance(m.get("content"), list) and sum(
+        p.get("type") == "image" for p in m["content"]) for m in messages)
     choice, parallel = _tool_choice(body.tool_choice)
     tools, required = select_tools(_tools(body), choice)
     if body.context_management:

@@ -21,18 +21,19 @@ from ..turns.structured import check_images, function_tools, grammar_for, json_d
 from ..wire.openai import ChatCompletionRequest
 from ..web.app import exception_body, system
 from ..web.bodies import json_answer, read_body
+from ._images import fetch_images
 from ._openai import DEGRADATION_HEADER, degradation, sampling_params, stream_response
 from ._turn import RETRIES_HEADER, TurnPlan, framed, open_turn
 from .openai_chat_events import ChatStream, Envelope, chat_whole
 
 blueprint = Blueprint("openai_chat", __name__)
 
-def _messages(body: ChatCompletionRequest, vision: bool = False) -> tuple[list[TemplateMessage], int]:
+def _messages(body: ChatCompletionRequest, vision: bool = False, remote: bool = False) -> tuple[list[TemplateMessage], int]:
     """The conversation for the template, and how many images it carried (validated).  For a
     ``vision`` model a message with images keeps them, in a list of parts (``turns.images``);
     otherwise images are dropped."""
     out: list[TemplateMessage] = []
-    images = check_images(url for m in body.messages for url in image_urls(m.content))
+    images = check_images((url for m in body.messages for url in image_urls(m.content)), remote and vision)
     for i, m in enumerate(body.messages):
         text, _ = text_of(m.content)
         role = {"function": "tool", "developer": "system"}.get(m.role, m.role)
@@ -100,7 +101,8 @@ async def chat_completions() -> Response:
     entry = await sys_.resolve(body.model, "chat")
     sys_.emit(RequestRouted(g.record.id, body.model, entry.id, body.stream))
     vision = "vision" in entry.capabilities
-    messages, images = _messages(body, vision)
+    messages, images = _messages(body, vision, sys_.settings.image_urls)
+    await fetch_images(messages)  # http(s) image URLs, where --image-urls allows them
     messages = apply_default_system(messages, sys_.settings.system_prompt)
     tools, required = select_tools(function_tools(body.tools), body.tool_choice)
     schema, any_object = json_demand(body.response_format)

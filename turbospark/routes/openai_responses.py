@@ -16,15 +16,18 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 from quart import Blueprint, Response, g
 
 from ..errors import NotFound
 from ..messages import RequestRouted
 from ..turns.chat import TemplateMessage
 from ..turns.conversations import StoredResponse
+from ..turns.images import images_in
 from ..web.app import exception_body, json_response, system
 from ..web.bodies import json_answer, read_body
 from ..wire.openai import ResponsesRequest
+from ._images import fetch_images
 from ._openai import DEGRADATION_HEADER, degradation, sampling_params, stream_response
 from ._turn import RETRIES_HEADER, TurnPlan, framed, open_turn
 from .openai_responses_events import ResponseStream, new_id
@@ -50,7 +53,10 @@ async def create_response() -> Response:
                 param="previous_response_id", code="previous_response_not_found",
             )
         history = stored.messages
-    p = plan(body, history, sys_.settings.system_prompt, "vision" in entry.capabilities)
+    p = plan(body, history, sys_.settings.system_prompt, "vision" in entry.capabilities, sys_.settings.image_urls)
+    if sys_.settings.image_urls:  # http(s) image URLs, fetched now
+        await fetch_images(p.prompt.messages)
+        p = attrs.evolve(p, prompt=attrs.evolve(p.prompt, images=images_in(p.prompt.messages)))
     params = sampling_params(
         body, max_tokens=body.max_output_tokens or DEFAULT_MAX_OUTPUT,
         model_defaults=entry.sampling_defaults, grammar=p.grammar,

@@ -39,13 +39,13 @@ class Plan:
 
 
 def plan(body: ResponsesRequest, history: Sequence[TemplateMessage], default_system: str | None,
-         vision: bool = False) -> Plan:
+         vision: bool = False, remote: bool = False) -> Plan:
     """The request after ``history`` (the stored conversation it continues, if any).  A
     ``vision`` model's messages keep their images (``turns.images``); others' drop them."""
     new, urls = _items(body.input, vision)
     if not new and not history:
         raise RequestInvalid("input must hold at least one message or item", param="input")
-    images = check_images(urls)
+    images = check_images(urls, remote and vision)
     conversation = [*history, *new]
     if body.instructions:
         messages = [{"role": "system", "content": body.instructions}, *conversation]

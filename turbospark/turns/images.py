@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import RequestInvalid
 
-__all__ = ["MAX_IMAGE_BYTES", "MAX_IMAGE_PIXELS", "image_bytes", "images_in", "openai_parts", "with_images"]
+__all__ = ["MAX_IMAGE_BYTES", "MAX_IMAGE_PIXELS", "checked", "image_bytes", "images_in", "openai_parts", "with_images"]
 
 #: One image's file, at most (OpenAI's limit is 20 MB a image).
 MAX_IMAGE_BYTES = 20 << 20
@@ -37,7 +37,15 @@ def image_bytes(url: str, where: str) -> bytes:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
         raise RequestInvalid(f"{where}: the image is not valid base64", param="messages") from None
+    return checked(data, where)
+
+
+def checked(data: bytes, where: str) -> bytes:
+    """``data`` if it is an image this server reads, within the limits (from its header alone)."""
     from PIL import Image, UnidentifiedImageError
+
+    if len(data) > MAX_IMAGE_BYTES:
+        raise RequestInvalid(f"{where}: the image is over {MAX_IMAGE_BYTES >> 20} MiB", param="messages")
 
     try:
         with Image.open(io.BytesIO(data)) as image:
@@ -56,11 +64,15 @@ def image_bytes(url: str, where: str) -> bytes:
 
 def with_images(parts: Iterable[tuple[str, Any]], where: str) -> list[dict[str, Any]]:
     """A content as a vision template reads it: ``parts`` are ``("text", str)`` or ``("image",
-    data URL)`` in order; an image part keeps its file (``data``), which templates never read."""
+    URL)`` in order; an image part keeps its file (``data``), which templates never read, or
+    for an http(s) URL (``--image-urls``) the ``url`` the route fetches (``routes/_images.py``)."""
     out: list[dict[str, Any]] = []
     for kind, value in parts:
-        if kind == "image":
-            out.append({"type": "image", "data": image_bytes(value, f"{where} image {len(out) + 1}")})
+        at = f"{where} image {sum(p['type'] == 'image' for p in out) + 1}"
+        if kind == "image" and isinstance(value, str) and value[:8].lower().startswith(("http://", "https://")):
+            out.append({"type": "image", "url": value, "where": at})
+        elif kind == "image":
+            out.append({"type": "image", "data": image_bytes(value, at)})
         elif value:
             out.append({"type": "text", "text": value})
     return out

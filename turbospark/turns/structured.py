@@ -347,17 +347,21 @@ def grammar_for(
 
 
 _DATA_URL = re.compile(r"^data:", re.IGNORECASE)
+_REMOTE_URL = re.compile(r"^https?://", re.IGNORECASE)
 
 
-def check_images(urls: Iterable[str]) -> int:
-    """Validate image URLs; the number of images."""
+def check_images(urls: Iterable[str], remote: bool = False) -> int:
+    """Validate image URLs (http(s) ones too where ``remote``: ``--image-urls``); the number of images."""
     count = 0
     for url in urls:
         count += 1
+        if remote and _REMOTE_URL.match(url):
+            continue
         if not _DATA_URL.match(url):
             shown = url[:60]
             raise RequestInvalid(
                 "image_url must be a data: URL; this server does not fetch remote images "
+                "(serve --image-urls lets vision models fetch them) "
                 f"(got {shown}... [{len(url.encode())} bytes])", param="messages",
             )
         comma = url.find(",")  # not partition: the payload may be megabytes, never copied here
