@@ -137,3 +137,34 @@ def tiny_llama(vocab: int, layers: int, seed: int, arch: str = "llama", hidden: 
     model.update(tree_map(lambda w: w * 3, model.parameters()))
     mx.eval(model.parameters())
     return model
+
+
+def import_into(home: Path, source: Path, name: str, *args: str) -> str:
+    """``turbospark models import SOURCE --name NAME`` into ``home``'s store, as a user runs it; its
+    output."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "turbospark", "models", "import", str(source), "--name", name, *args],
+        env={**os.environ, "TURBOSPARK_HOME": str(home)}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+async def serve_store(nursery: trio.Nursery, home: Path, **settings: Any) -> Any:
+    """A server on 127.0.0.1:0 whose models are ``home``'s store, each loaded when first asked for."""
+    from functools import partial
+
+    from turbospark.cli.attach import load_mlx, store_loaders
+    from turbospark.config import Settings
+    from turbospark.server import serve
+    from turbospark.store.shelf import StoreShelf
+    from turbospark.store.store import ModelStore
+
+    shelf = StoreShelf(ModelStore(home / "models"), load_mlx, store_loaders())
+    return await nursery.start(partial(
+        serve, Settings(host="127.0.0.1", port=0, graceful_timeout=1.0, **settings), [],
+        library=shelf.loadables, shelf=shelf,
+    ))  # fmt: skip

@@ -26,14 +26,12 @@ pytest.importorskip("diffusers")
 import openai  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from turbospark.cli.attach import load_mlx, store_loaders  # noqa: E402
 from turbospark.config import Settings  # noqa: E402
 from turbospark.images.messages import ImageJobBegan, ImageJobEnded  # noqa: E402
 from turbospark.server import serve  # noqa: E402
-from turbospark.store.shelf import StoreShelf  # noqa: E402
-from turbospark.store.store import ModelStore  # noqa: E402
 
-from ._support import raw_post, read_until, sse_events  # noqa: E402
+from ._support import import_into, raw_post, read_until, sse_events  # noqa: E402
+from ._support import serve_store as _serve  # noqa: E402
 from .image_pipelines import tiny_zimage  # noqa: E402
 
 MODEL = "tiny-zimage"
@@ -51,21 +49,8 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def store_home(tmp_path_factory: pytest.TempPathFactory, pipeline: Path) -> Path:
     """A store holding the tiny pipeline, imported the way a user imports one."""
     home = tmp_path_factory.mktemp("home")
-    done = subprocess.run(
-        [sys.executable, "-m", "turbospark", "models", "import", str(pipeline), "--name", MODEL],
-        env={**os.environ, "TURBOSPARK_HOME": str(home)}, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert MODEL in done.stdout
+    assert MODEL in import_into(home, pipeline, MODEL)
     return home
-
-
-async def _serve(nursery: trio.Nursery, home: Path, **settings: Any) -> Any:
-    shelf = StoreShelf(ModelStore(home / "models"), load_mlx, store_loaders())
-    return await nursery.start(partial(
-        serve, Settings(host="127.0.0.1", port=0, graceful_timeout=1.0, **settings), [],
-        library=shelf.loadables, shelf=shelf,
-    ))  # fmt: skip
 
 
 def _png(data: bytes) -> Image.Image:

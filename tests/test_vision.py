@@ -12,10 +12,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
-import subprocess
-import sys
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +28,14 @@ import ollama  # noqa: E402
 import openai  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from turbospark.cli.attach import load_mlx, store_loaders  # noqa: E402
-from turbospark.config import Settings  # noqa: E402
 from turbospark.messages import ChatPrompt  # noqa: E402
 from turbospark.model.backend import SamplingParams  # noqa: E402
-from turbospark.server import serve  # noqa: E402
 from turbospark.store.gguf_import import ModelImportError  # noqa: E402
-from turbospark.store.shelf import StoreShelf  # noqa: E402
 from turbospark.store.store import ModelStore  # noqa: E402
 from turbospark.threads.prompt import render_prompt  # noqa: E402
 
+from ._support import import_into  # noqa: E402
+from ._support import serve_store as _serve  # noqa: E402
 from .vision_models import reference_generate, tiny_idefics3, tiny_llava  # noqa: E402
 
 MODEL = "tiny-vlm"
@@ -70,12 +64,8 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def store_home(tmp_path_factory: pytest.TempPathFactory, source: Path) -> Path:
     """A store holding the tiny model, imported the way a user imports one."""
     home = tmp_path_factory.mktemp("home")
-    done = subprocess.run(
-        [sys.executable, "-m", "turbospark", "models", "import", str(source), "--name", MODEL, "--dtype", "float32"],
-        env={**os.environ, "TURBOSPARK_HOME": str(home)}, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert MODEL in done.stdout and "idefics3" in done.stdout
+    out = import_into(home, source, MODEL, "--dtype", "float32")
+    assert MODEL in out and "idefics3" in out
     return home
 
 
@@ -91,14 +81,6 @@ def expected(source: Path) -> dict[str, Any]:
     plain = reference_generate(source, text, [], NEW)
     return {"ids": ids, "text": tok.decode(ids, skip_special_tokens=True),
             "plain_ids": plain, "plain": tok.decode(plain, skip_special_tokens=True)}
-
-
-async def _serve(nursery: trio.Nursery, home: Path, **settings: Any) -> Any:
-    shelf = StoreShelf(ModelStore(home / "models"), load_mlx, store_loaders())
-    return await nursery.start(partial(
-        serve, Settings(host="127.0.0.1", port=0, graceful_timeout=1.0, **settings), [],
-        library=shelf.loadables, shelf=shelf,
-    ))  # fmt: skip
 
 
 async def test_every_sdk_reads_the_image_as_transformers_does(
@@ -183,7 +165,7 @@ async def test_a_bad_image_is_a_400_naming_the_part_in_each_family(nursery: trio
             # the server keeps serving
             ok = await h.post(f"{server.url}/v1/chat/completions", json={
                 "model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
-            assert ok.status_code == 200
+            assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
     finally:
         server.stop.set()
 
@@ -199,8 +181,9 @@ def backend(store_home: Path) -> Any:
 
 
 def _job(backend: Any, images: list[bytes], question: str = QUESTION) -> tuple[list[int], Any]:
-    content = [{"type": "image"} for _ in images] + [{"type": "text", "text": question}]
-    prompt = ChatPrompt(({"role": "user", "content": content},), images=tuple(images))
+    content = [{"type": "image", "data": d} for d in images] + [{"type": "text", "text": question}]
+    prompt = ChatPrompt(({"role": "user", "content": content},))
+    assert prompt.images == tuple(images)
     seen = backend.vision.see(list(images)) if images else None
     ids, _ = render_prompt(backend.tokenizer, prompt, expand=seen.expand if seen else str)
     if seen is not None:
@@ -393,11 +376,7 @@ async def test_a_llava_model_reads_the_image_as_transformers_does(
     the second-to-last layer's patches, the projector; one image is one piece."""
     source = tiny_llava(tmp_path_factory.mktemp("transformers") / "tiny-llava")
     home = tmp_path_factory.mktemp("home")
-    done = subprocess.run(
-        [sys.executable, "-m", "turbospark", "models", "import", str(source), "--name", "tiny-llava"],
-        env={**os.environ, "TURBOSPARK_HOME": str(home)}, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0 and "llava" in done.stdout, done.stderr
+    assert "llava" in import_into(home, source, "tiny-llava")
     question = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
     want = reference_generate(source, question, [_rgb(_png(1))], NEW)
     from transformers import PreTrainedTokenizerFast

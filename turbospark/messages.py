@@ -67,9 +67,11 @@ class ChatPrompt:
     messages: tuple[dict[str, Any], ...]
     tools: tuple[dict[str, Any], ...] = ()
     template_kwargs: dict[str, Any] = attrs.field(factory=dict)
-    #: A vision model's: the request's images (their files' bytes), in the order of the
-    #: ``{"type": "image"}`` parts of the messages' contents (lists of parts where they hold one).
-    images: tuple[bytes, ...] = ()
+
+    @property
+    def images(self) -> tuple[bytes, ...]:  # a vision model's: its image parts' files, in order
+        return tuple(p["data"] for m in self.messages if isinstance(m.get("content"), list)
+                     for p in m["content"] if isinstance(p, dict) and p.get("type") == "image" and "data" in p)
 
 
 @attrs.frozen

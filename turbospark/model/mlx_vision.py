@@ -87,6 +87,7 @@ class Seen:
     token: str
     token_id: int
     key: list[int] = attrs.field(factory=list)
+    at: np.ndarray = attrs.field(factory=lambda: np.zeros(0, dtype=np.int64))  # the image tokens' positions
     expand: Expander = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -106,7 +107,7 @@ class Seen:
             for i in at[k:k + n]:
                 key[i] = mark
             k += n
-        self.key = key
+        self.key, self.at = key, at
 
     def tokens_of(self, image: int) -> int:
         return self.prepared.replacements[image].count(self.token)
@@ -230,10 +231,9 @@ class VisionSide:
 
     def _prefill(self, run: _Reading, start: int, end: int) -> None:
         model = self.backend.model
-        ids = np.asarray(run.prompt)
-        chunk = mx.array(ids[start:end])[None]
+        chunk = mx.array(run.prompt[start:end])[None]
         embeddings = model.model.embed_tokens(chunk)
-        image_at = np.flatnonzero(ids == run.seen.token_id)
+        image_at = run.seen.at
         inside = image_at[(image_at >= start) & (image_at < end)]
         if len(inside):
             rows = np.searchsorted(image_at, inside)  # which image token of the prompt each is

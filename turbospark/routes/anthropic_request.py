@@ -21,7 +21,7 @@ from ..messages import ChatPrompt
 from ..model.backend import SamplingParams
 from ..turns.chat import TemplateMessage, apply_default_system
 from ..turns.sampling import sampling
-from ..turns.images import images_in, with_images
+from ..turns.images import image_parts, with_images
 from ..turns.structured import check_images, function_tools, grammar_for, select_tools
 from ..wire.anthropic import CountTokensRequest, MessagesRequest
 
@@ -50,7 +50,7 @@ class Plan:
 
     @property
     def prompt(self) -> ChatPrompt:
-        return ChatPrompt(tuple(self.messages), self.tools, self.template_kwargs, images=images_in(self.messages))
+        return ChatPrompt(tuple(self.messages), self.tools, self.template_kwargs)
 
 
 def normalise(raw: Any) -> Any:
@@ -82,8 +82,7 @@ def plan(body: CountTokensRequest, default_system: str | None, vision: bool = Fa
         raise RequestInvalid("mcp_servers is not supported: this server cannot connect to MCP servers")
     messages, urls = _conversation(body, labels, vision)
     messages = apply_default_system(messages, default_system)
-    images = check_images(urls, remote and vision) - sum(isinstance(m.get("content"), list) and sum(
-        p.get("type") == "image" for p in m["content"]) for m in messages)
+    images = check_images(urls, remote and vision) - image_parts(messages)
     choice, parallel = _tool_choice(body.tool_choice)
     tools, required = select_tools(_tools(body), choice)
     if body.context_management:

@@ -29,7 +29,7 @@ from ..errors import ContextOverflow, RequestInvalid
 from ..messages import ChatPrompt, RequestRouted, Started, TextPrompt
 from ..model.backend import SamplingParams
 from ..turns.chat import TemplateMessage, apply_default_system
-from ..turns.images import images_in, with_images
+from ..turns.images import with_images
 from ..turns.sampling import sampling
 from ..turns.structured import check_images, function_tools, grammar_for
 from ..web.app import json_response, system
@@ -184,7 +184,7 @@ async def chat() -> Response:
     _check_num_ctx(entry, options.num_ctx)
     vision = "vision" in entry.capabilities
     history = apply_default_system(_ollama_history(messages, vision), sys_.settings.system_prompt)
-    prompt = ChatPrompt(tuple(history), tools, template_kwargs, images=images_in(history))
+    prompt = ChatPrompt(tuple(history), tools, template_kwargs)
     params = _params(entry, options.sampling, grammar)
     return await _run(out, body.stream, entry, prompt, params, options.num_ctx, labels, 0 if vision else images)
 
@@ -236,6 +236,6 @@ async def generate() -> Response:
             turns[-1]["content"] = with_images([*urls, ("text", body.prompt)], "prompt")
             images = 0
         turns = apply_default_system(turns, sys_.settings.system_prompt)
-        prompt = ChatPrompt(tuple(turns), (), template_kwargs, images=images_in(turns))
+        prompt = ChatPrompt(tuple(turns), (), template_kwargs)
     params = _params(entry, options.sampling, grammar)
     return await _run(out, body.stream, entry, prompt, params, options.num_ctx, labels, images)

@@ -13,7 +13,7 @@ from typing import Any
 from quart import Blueprint, Response, g
 
 from ..turns.chat import TemplateMessage, apply_default_system, image_urls, text_of, tool_call
-from ..turns.images import images_in, openai_parts, with_images
+from ..turns.images import openai_parts, with_images
 from ..errors import RequestInvalid
 from ..messages import ChatPrompt, RequestRouted
 from ..turns.grammars import demanded_grammar, peer_grammar
@@ -115,7 +115,7 @@ async def chat_completions() -> Response:
     if body.top_logprobs is not None and not body.logprobs:
         raise RequestInvalid("top_logprobs requires logprobs to be true", param="top_logprobs")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    prompt = ChatPrompt(tuple(messages), tools, _template_kwargs(body), images=images_in(messages))
+    prompt = ChatPrompt(tuple(messages), tools, _template_kwargs(body))
     params = sampling_params(
         body,
         max_tokens=body.max_tokens or body.max_completion_tokens,

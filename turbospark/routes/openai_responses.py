@@ -16,14 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import attrs
 from quart import Blueprint, Response, g
 
 from ..errors import NotFound
 from ..messages import RequestRouted
 from ..turns.chat import TemplateMessage
 from ..turns.conversations import StoredResponse
-from ..turns.images import images_in
 from ..web.app import exception_body, json_response, system
 from ..web.bodies import json_answer, read_body
 from ..wire.openai import ResponsesRequest
@@ -54,9 +52,7 @@ async def create_response() -> Response:
             )
         history = stored.messages
     p = plan(body, history, sys_.settings.system_prompt, "vision" in entry.capabilities, sys_.settings.image_urls)
-    if sys_.settings.image_urls:  # http(s) image URLs, fetched now
-        await fetch_images(p.prompt.messages)
-        p = attrs.evolve(p, prompt=attrs.evolve(p.prompt, images=images_in(p.prompt.messages)))
+    await fetch_images(p.prompt.messages)  # http(s) image URLs, where --image-urls allows them
     params = sampling_params(
         body, max_tokens=body.max_output_tokens or DEFAULT_MAX_OUTPUT,
         model_defaults=entry.sampling_defaults, grammar=p.grammar,

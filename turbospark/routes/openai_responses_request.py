@@ -18,7 +18,7 @@ import attrs
 from ..errors import RequestInvalid
 from ..messages import ChatPrompt
 from ..turns.chat import TemplateMessage, apply_default_system, image_urls, text_of, tool_call
-from ..turns.images import images_in, openai_parts, with_images
+from ..turns.images import openai_parts, with_images
 from ..turns.structured import Grammar, check_images, function_tools, grammar_for, select_tools
 from ..wire.openai import ResponsesRequest
 
@@ -57,8 +57,7 @@ def plan(body: ResponsesRequest, history: Sequence[TemplateMessage], default_sys
         json_schema=schema, json_object=any_object, tools=tools, call_required=required,
         parallel=body.parallel_tool_calls is True,
     )
-    prompt = ChatPrompt(tuple(messages), tools, _effort(body), images=images_in(messages))
-    return Plan(conversation, prompt, required, grammar, 0 if vision else images)
+    return Plan(conversation, ChatPrompt(tuple(messages), tools, _effort(body)), required, grammar, 0 if vision else images)
 
 
 def unhonoured(body: ResponsesRequest) -> list[str]:

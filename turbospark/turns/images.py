@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import RequestInvalid
 
-__all__ = ["MAX_IMAGE_BYTES", "MAX_IMAGE_PIXELS", "checked", "image_bytes", "images_in", "openai_parts", "with_images"]
+__all__ = ["MAX_IMAGE_BYTES", "MAX_IMAGE_PIXELS", "checked", "image_bytes", "image_parts", "openai_parts", "with_images"]
 
 #: One image's file, at most (OpenAI's limit is 20 MB a image).
 MAX_IMAGE_BYTES = 20 << 20
@@ -78,10 +78,10 @@ def with_images(parts: Iterable[tuple[str, Any]], where: str) -> list[dict[str, 
     return out
 
 
-def images_in(messages: Iterable[Mapping[str, Any]]) -> tuple[bytes, ...]:
-    """The files of the image parts of ``messages``, in order (``ChatPrompt.images``)."""
-    return tuple(p["data"] for m in messages if isinstance(m.get("content"), list)
-                 for p in m["content"] if isinstance(p, Mapping) and p.get("type") == "image")
+def image_parts(messages: Iterable[Mapping[str, Any]]) -> int:
+    """How many image parts ``messages`` keep (fetched or not)."""
+    return sum(isinstance(p, Mapping) and p.get("type") == "image"
+               for m in messages if isinstance(m.get("content"), list) for p in m["content"])
 
 
 def openai_parts(content: Iterable[Mapping[str, Any]]) -> list[tuple[str, Any]]:
