@@ -58,7 +58,10 @@ NO_EMBEDDINGS = "none"
 
 
 class ModelSetupError(Exception):
-    """A model named on the command line cannot be attached (the message says why)."""
+    """A model named on the command line cannot be attached (the message says why; ``said``:
+    this process printed it already)."""
+
+    said = False
 
 
 def needs_mlx(settings: Settings) -> bool:

@@ -67,7 +67,7 @@ def sharded_spec(settings: Settings, group: Any) -> tuple[Any, Lifeline]:
     stored = stored_model(_the_model(settings), whole=True)
     lifeline = Lifeline(group.size() - 1)
     _barrier(group, lifeline.port)  # the others may look the model up now, and connect
-    mode = shard_mode(stored.path, group.size(), settings.shard)
+    mode = _agreed_mode(stored.path, group, settings.shard)
     lifeline.accept()
 
     def load(path: Any, model_id: str) -> Any:
@@ -90,7 +90,7 @@ def follow_rank(settings: Settings, group: Any) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     port = _barrier(group)  # rank 0 has imported the model, and listens for our heartbeats
     stored = stored_model(_the_model(settings), whole=True)
-    mode = shard_mode(stored.path, group.size(), settings.shard)  # refused here as on rank 0
+    mode = _agreed_mode(stored.path, group, settings.shard)  # refused here as on rank 0
     host = rank_zero_host()
     try:
         beat(host, port)
@@ -108,6 +108,20 @@ def follow_rank(settings: Settings, group: Any) -> int:
         leaving()  # mlx.launch ends the ranks left once one has exited: quietly, mid-cleanup
         return 1
     return 0
+
+
+def _agreed_mode(path: Any, group: Any, asked: str | None) -> str:
+    """``shard_mode`` on every rank, each saying its refusal before any ends: a rank that ended
+    first would have ``mlx.launch`` stop the others before they said theirs."""
+    try:
+        mode, refusal = shard_mode(path, group.size(), asked), None
+    except ModelSetupError as exc:
+        mode, refusal = "", exc
+        print(f"turbospark: {exc}", file=sys.stderr, flush=True)
+        exc.said = True
+    if _barrier(group, refusal is not None):
+        raise refusal or ModelSetupError(f"rank {group.rank()}: another rank refused the model")
+    return mode
 
 
 def _the_model(settings: Settings) -> str | None:

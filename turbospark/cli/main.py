@@ -116,7 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "the model store", file=sys.stderr)
         return 130
     except ModelSetupError as exc:
-        print(f"turbospark: {exc}", file=sys.stderr, flush=True)
+        if not exc.said:
+            print(f"turbospark: {exc}", file=sys.stderr, flush=True)
         leaving()  # other ranks' launcher may end this one now
         return 1
     except BaseExceptionGroup as group:
