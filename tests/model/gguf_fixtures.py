@@ -6,7 +6,7 @@ llama.cpp ships ``models/ggml-vocab-*.gguf`` (vocabulary-only GGUFs of real mode
 ``llama-cpp-python`` (pinned below, with its sha256) carries them in ``vendor/llama.cpp``. They are
 several MB, so they are not committed: :func:`llama_cpp_sources` downloads the sdist with pip into
 ``tests/.cache`` (gitignored; ``$TURBOSPARK_TEST_HOME`` instead when set) and extracts only the
-vocabulary fixtures and ``src/llama-vocab.cpp``. A test that needs them skips, saying why, when
+vocabulary fixtures and ``src/llama-vocab.cpp`` (its chat templates and its converter likewise). A test that needs them skips, saying why, when
 they are not cached and PyPI cannot be reached.
 """
 
@@ -19,12 +19,14 @@ import shutil
 import subprocess
 import sys
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 __all__ = [
-    "LLAMA_CPP_PYTHON", "SDIST_SHA256", "fixture_cases", "llama_cpp_sources", "llama_cpp_templates", "sdist_path",
+    "LLAMA_CPP_PYTHON", "SDIST_SHA256", "fixture_cases", "llama_cpp_converter", "llama_cpp_sources",
+    "llama_cpp_templates", "sdist_path",
 ]
 
 LLAMA_CPP_PYTHON = "0.3.36"
@@ -56,28 +58,25 @@ def sdist_path(*, download: bool = True) -> Path | None:
     return target
 
 
-@functools.cache
-def llama_cpp_sources() -> Path:
-    """A directory holding llama.cpp's ``models/ggml-vocab-*`` and ``src/llama-vocab.cpp``.
-
-    Skips the calling test when the sdist is not cached and cannot be downloaded.
-    """
-    root = _cache() / f"llama.cpp-{LLAMA_CPP_PYTHON}"
-    if (root / "src" / "llama-vocab.cpp").exists():
+def _extracted(root: Path, what: str, wanted: Callable[[str], bool], flat: bool = False) -> Path:
+    """``root``, holding the sdist's ``vendor/llama.cpp`` files whose paths ``wanted`` accepts
+    (``flat``: by their names alone), extracted once; skips the calling test when the sdist is not
+    cached and cannot be downloaded."""
+    if root.is_dir():
         return root
     sdist = sdist_path()
     if sdist is None:
-        pytest.skip(f"llama.cpp's tokenizer fixtures are not cached and llama-cpp-python {LLAMA_CPP_PYTHON} "
+        pytest.skip(f"llama.cpp's {what} are not cached and llama-cpp-python {LLAMA_CPP_PYTHON} "
                     "could not be downloaded from PyPI")
     prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
     scratch = root.with_name(root.name + f".tmp-{os.getpid()}")
     shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
     with tarfile.open(sdist) as archive:
         for member in archive:
             name = member.name.removeprefix(prefix)
-            wanted = name.startswith("models/ggml-vocab-") or name == "src/llama-vocab.cpp"
-            if member.isfile() and member.name.startswith(prefix) and wanted:
-                target = scratch / name
+            if member.isfile() and member.name.startswith(prefix) and wanted(name):
+                target = scratch / (Path(name).name if flat else name)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 with archive.extractfile(member) as src, target.open("wb") as dst:  # type: ignore[union-attr]
                     shutil.copyfileobj(src, dst)
@@ -87,31 +86,26 @@ def llama_cpp_sources() -> Path:
 
 
 @functools.cache
+def llama_cpp_sources() -> Path:
+    """A directory holding llama.cpp's ``models/ggml-vocab-*`` and ``src/llama-vocab.cpp``."""
+    return _extracted(_cache() / f"llama.cpp-{LLAMA_CPP_PYTHON}", "tokenizer fixtures",
+                      lambda name: name.startswith("models/ggml-vocab-") or name == "src/llama-vocab.cpp")
+
+
+@functools.cache
 def llama_cpp_templates() -> Path:
     """A directory holding llama.cpp's ``models/templates/*.jinja``: the real chat templates of
-    many model families, as their tokenizer configs ship them.
+    many model families, as their tokenizer configs ship them."""
+    return _extracted(_cache() / f"templates-{LLAMA_CPP_PYTHON}", "chat templates",
+                      lambda name: name.startswith("models/templates/") and name.endswith(".jinja"), flat=True)
 
-    Skips the calling test when the sdist is not cached and cannot be downloaded.
-    """
-    root = _cache() / f"templates-{LLAMA_CPP_PYTHON}"
-    if root.is_dir():
-        return root
-    sdist = sdist_path()
-    if sdist is None:
-        pytest.skip(f"llama.cpp's chat templates are not cached and llama-cpp-python {LLAMA_CPP_PYTHON} "
-                    "could not be downloaded from PyPI")
-    prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/models/templates/"
-    scratch = root.with_name(root.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir(parents=True)
-    with tarfile.open(sdist) as archive:
-        for member in archive:
-            if member.isfile() and member.name.startswith(prefix) and member.name.endswith(".jinja"):
-                with archive.extractfile(member) as src, (scratch / Path(member.name).name).open("wb") as dst:  # type: ignore[union-attr]
-                    shutil.copyfileobj(src, dst)
-    shutil.rmtree(root, ignore_errors=True)
-    scratch.rename(root)
-    return root
+
+@functools.cache
+def llama_cpp_converter() -> Path:
+    """A directory holding llama.cpp's ``convert_hf_to_gguf.py`` with its ``conversion/`` and
+    ``gguf-py/``: what writes the GGUFs and projector files users download."""
+    return _extracted(_cache() / f"converter-{LLAMA_CPP_PYTHON}", "converter sources",
+                      lambda name: name == "convert_hf_to_gguf.py" or name.startswith(("conversion/", "gguf-py/")))
 
 
 def fixture_cases(vocab: Path) -> list[tuple[str, list[int]]]:

@@ -43,7 +43,8 @@ def _fail(message: str, *, status: int = 1) -> int:
 
 def _describe(model: StoredModel) -> str:
     m = model.manifest
-    return f"{model.name} ({m.get('architecture')}, {m.get('dtype')}, {_size(model.disk_size())}) at {model.path}"
+    arch = m.get("architecture") if m.get("vision") in (None, m.get("architecture")) else f"{m['architecture']} + {m['vision']} vision"
+    return f"{model.name} ({arch}, {m.get('dtype')}, {_size(model.disk_size())}) at {model.path}"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     imp.add_argument("--name", help="model id (default: derived from the source; from Ollama: its Ollama name)")
     imp.add_argument("--dtype", choices=DTYPES, help="weight type (default: what fits this platform)")
+    imp.add_argument("--mmproj", metavar="FILE", help="a GGUF's vision projector (llama.cpp's mmproj file; "
+                     "default: the one *mmproj*.gguf beside the GGUF, if there is one)")
 
     lst = commands.add_parser("list", help="list stored models")
     lst.add_argument("--ollama", action="store_true", help="list the models in Ollama's store that can be imported")
@@ -138,9 +141,12 @@ def _create(store: ModelStore, name: str, file: Path) -> StoredModel:
 
 
 def _notes(model: StoredModel) -> None:
-    """What an import from Ollama's store did not honour, one line each on stderr."""
+    """What an import did not honour (an Ollama model's layers, a projector file beside the GGUF),
+    one line each on stderr."""
     for note in (model.manifest.get("ollama") or {}).get("not_honoured", []):
         print(f"  not honoured: {note}", file=sys.stderr)
+    if refused := model.manifest.get("vision_refused"):
+        print(f"  images: not read ({refused})", file=sys.stderr)
 
 
 def main(argv: list[str]) -> int:
@@ -154,7 +160,8 @@ def main(argv: list[str]) -> int:
     try:
         with interruptible():
             if args.command == "import":
-                model = store.import_source(args.source, name=args.name, dtype=args.dtype, progress=progress)
+                model = store.import_source(args.source, name=args.name, dtype=args.dtype, progress=progress,
+                                            projector=args.mmproj)
                 print(f"imported {_describe(model)}")
                 _notes(model)
             elif args.command == "list" and args.ollama:

@@ -21,7 +21,9 @@ GGUF), ``template`` (a Go template), ``system``, ``params`` (JSON options), ``li
 - ``system``: the default system prompt, written into the chat template (used when a request has
   no system message, as Ollama does);
 - ``license``: ``LICENSE`` files beside the weights;
-- ``messages`` and ``projector`` are not honoured (said so); an ``adapter`` is refused.
+- ``projector``: llama.cpp's vision projector file, read as ``--mmproj`` is
+  (``store.mmproj_import``; a type not served is said, and the model serves text);
+- ``messages`` is not honoured (said so); an ``adapter`` is refused.
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ class OllamaModel:
     params: dict[str, Any] = attrs.field(factory=dict)
     licenses: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()  #: layers that are not honoured, said in words
+    projector: Path | None = None  #: the ``projector`` layer's blob (llama.cpp's vision projector file)
 
 
 def _blob(root: Path, digest: str) -> Path:
@@ -196,9 +199,10 @@ def find(text: str, root: Path | None = None) -> OllamaModel:
         except ValueError as exc:
             raise ModelImportError(f"{name}'s params layer is not JSON ({exc})") from None
     default_templates = [t for t in kinds.get("template", []) if "name=" not in str(t.get("mediaType"))]
-    ignored = [f"the {kind} layer ({why})" for kind, why in (
-        ("messages", "preset conversation messages"), ("projector", "images: the vision projector"),
-    ) if kind in kinds]  # fmt: skip
+    ignored = ["the messages layer (preset conversation messages)"] if "messages" in kinds else []
+    projector = _blob(root, str(kinds["projector"][0].get("digest", ""))) if "projector" in kinds else None
+    if projector is not None and not projector.is_file():
+        raise ModelImportError(f"the Ollama store lacks {name}'s projector blob {projector.name}")
     return OllamaModel(
         name=name,
         manifest_digest=digest,
@@ -209,6 +213,7 @@ def find(text: str, root: Path | None = None) -> OllamaModel:
         params=params if isinstance(params, dict) else {},
         licenses=tuple(_text(root, layer) for layer in kinds.get("license", [])),
         ignored=tuple(ignored),
+        projector=projector,
     )
 
 

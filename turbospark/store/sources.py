@@ -1,7 +1,8 @@
 """What a ``models import`` source names, resolved: a GGUF file, a Hugging Face directory (an
 ``mlx-community`` one included, quantized or not), a BERT sentence-encoder directory, a model in
 Ollama's store (``ollama:NAME[:TAG]``), or an installed Python package carrying a GGUF (whole, or
-in parts it lists with ``chunk_paths()``); and the model name it suggests.
+in parts it lists with ``chunk_paths()``); the vision projector file that goes with a GGUF, if
+any; and the model name it suggests.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import attrs
 
 from .gguf_import import ModelImportError
+from .mmproj_import import projector_beside
 from .ollama_import import PREFIX as OLLAMA_PREFIX
 from .ollama_import import OllamaModel
 from .ollama_import import find as find_ollama
@@ -38,6 +40,10 @@ class Source:
     label: str  #: recorded as manifest["source"]
     default_name: str
     ollama: OllamaModel | None = None  #: what the Ollama manifest says (format "ollama")
+    #: llama.cpp's vision projector file for the GGUF (``--mmproj``, the one beside it, or Ollama's
+    #: ``projector`` layer); ``projector_named``: the user named it (a mismatch is then an error)
+    projector: Path | None = None
+    projector_named: bool = False
 
 
 def slug(text: str) -> str:
@@ -55,17 +61,32 @@ def is_embedding(directory: Path) -> bool:
     return isinstance(config, dict) and config.get("model_type") == "bert"
 
 
-def resolve(source: str | Path) -> Source:
+def resolve(source: str | Path, projector: str | Path | None = None) -> Source:
     """What ``source`` names: ``ollama:NAME[:TAG]`` (a model in Ollama's store, see
     :func:`~turbospark.store.ollama_import.ollama_root`), a file (a GGUF), a model directory, or
-    else an installed package.
+    else an installed package.  ``projector``: a GGUF's vision projector file (``--mmproj``).
 
     Raises:
         ModelImportError: nothing of the kind is there, or a directory lacks a file it needs.
     """
+    found = _resolve(source)
+    if projector is not None:
+        path = Path(projector).expanduser()
+        if found.format != "gguf":
+            raise ModelImportError("--mmproj goes with a GGUF file: a vision projector for its language model")
+        if not path.is_file():
+            raise ModelImportError(f"{projector}: no such file")
+        return attrs.evolve(found, projector=path.resolve(), projector_named=True)
+    if found.format == "gguf" and len(found.paths) == 1:
+        return attrs.evolve(found, projector=projector_beside(found.paths[0]))
+    return found
+
+
+def _resolve(source: str | Path) -> Source:
     if isinstance(source, str) and source.startswith(OLLAMA_PREFIX):
         model = find_ollama(source)
-        return Source("ollama", (model.gguf,), f"ollama {model.name} ({model.gguf})", model.name.store_name, model)
+        return Source("ollama", (model.gguf,), f"ollama {model.name} ({model.gguf})", model.name.store_name, model,
+                      projector=model.projector)  # fmt: skip
     path = Path(source).expanduser()
     if path.is_file():
         return Source("gguf", (path.resolve(),), str(path.resolve()), slug(path.stem))

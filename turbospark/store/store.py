@@ -35,6 +35,7 @@ kept and what was not honoured.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -49,6 +50,7 @@ from .encoder_import import check_encoder_loads, convert_encoder
 from .gguf_import import DTYPES, ModelImportError, check_dtype, convert_gguf, default_dtype
 from .hashing import copy_and_hash, hash_files, opened
 from .image_import import import_pipeline
+from .mmproj_import import add_projector, is_projector
 from .hf_import import check_architecture, check_loads, convert_hf, directory_sha256, is_quantized
 from .vision_import import is_vision, split_vision, vision_family
 from .manifest import add_generation_config, new_manifest
@@ -100,6 +102,7 @@ class ModelStore(StoreDirectory):
         label: str | None = None,
         extra_files: Sequence[Path] = (),
         sha256: str | None = None,
+        projector: str | Path | None = None,
     ) -> StoredModel:
         """Import a model into the store and return it.
 
@@ -126,6 +129,8 @@ class ModelStore(StoreDirectory):
             extra_files: files copied verbatim into the model directory, such as licence texts.
             sha256: the single-file GGUF source's SHA-256, when the caller has just computed and
                 checked it (``pull`` does), so the file is not read a second time.
+            projector: a GGUF's vision projector file (llama.cpp's ``mmproj``); by default the
+                one beside the GGUF, if exactly one is (:mod:`~turbospark.store.mmproj_import`).
 
         Raises:
             ModelImportError: the source is missing, corrupt, truncated or unsupported, or the name
@@ -133,7 +138,7 @@ class ModelStore(StoreDirectory):
         """
         if dtype is not None:
             check_dtype(dtype)
-        resolved = resolve(source)
+        resolved = resolve(source, projector)
         name = check_name(name if name is not None else resolved.default_name)
         if label is not None:
             resolved = attrs.evolve(resolved, label=label)
@@ -186,9 +191,15 @@ class ModelStore(StoreDirectory):
 
     def _import_gguf(self, job: _Job, dtype: str, known_sha256: str | None) -> StoredModel:
         paths = job.source.paths
+        if len(paths) == 1 and is_projector(paths[0]):
+            raise ModelImportError(f"{paths[0].name} is llama.cpp's vision projector, not a model: import the "
+                                   f"language model's GGUF with --mmproj {paths[0]}")
         if len(paths) == 1:
             gguf_path = paths[0]
             sha256 = known_sha256 or hash_files([gguf_path], progress=job.progress)
+            if job.source.projector is not None:  # another projector, another model
+                projector_sha256 = hash_files([job.source.projector], progress=job.progress)
+                sha256 = hashlib.sha256(f"{sha256}+{projector_sha256}".encode()).hexdigest()
         else:
             gguf_path = job.work / "source.gguf"
             total = sum(p.stat().st_size for p in paths)
@@ -197,7 +208,7 @@ class ModelStore(StoreDirectory):
 
         def convert(model_dir: Path) -> _Built:
             converted = convert_gguf(gguf_path, model_dir, dtype=dtype, progress=job.progress.bars)
-            return _Built(converted.architecture, converted.context_length)
+            return _Built(converted.architecture, converted.context_length, _projected(job, model_dir))
 
         return self._build(
             job, sha256=sha256, dtype=dtype, fmt="gguf", convert=convert, check=_generation_check(sha256)
@@ -243,7 +254,10 @@ class ModelStore(StoreDirectory):
             if f"sha256:{gguf_sha256}" != model.gguf_digest:
                 raise ModelImportError(f"Ollama's blob {model.gguf} is damaged: its bytes hash to sha256:{gguf_sha256}")
             converted = convert_gguf(model.gguf, model_dir, dtype=dtype, progress=job.progress.bars)
-            return _Built(converted.architecture, converted.context_length, {"ollama": apply_layers(model_dir, model)})
+            more = {"ollama": apply_layers(model_dir, model), **_projected(job, model_dir)}
+            if refused := more.pop("vision_refused", None):
+                more["ollama"]["not_honoured"].append(f"the projector layer ({refused})")
+            return _Built(converted.architecture, converted.context_length, more)
 
         # the catalogue knows the GGUF by its own digest, not by the Ollama manifest's
         check = _generation_check(model.gguf_digest.removeprefix("sha256:"))
@@ -284,6 +298,21 @@ class _Built:
     architecture: str
     context_length: int | None
     more: dict[str, Any] = attrs.field(factory=dict)
+
+
+def _projected(job: _Job, model_dir: Path) -> dict[str, Any]:
+    """The manifest's word on the source's vision projector, converted beside the language model
+    in ``model_dir``: ``vision`` (its family), or ``vision_refused`` (why one the user did not name
+    is not served; one named is an error)."""
+    if job.source.projector is None:
+        return {}
+    try:
+        return {"vision": add_projector(job.source.projector, model_dir)}
+    except ModelImportError as exc:
+        if job.source.projector_named:
+            raise
+        shutil.rmtree(model_dir / "vision", ignore_errors=True)
+        return {"vision_refused": str(exc)}
 
 
 def _generation_check(sha256: str) -> Callable[[Path], None]:
