@@ -243,6 +243,23 @@ def test_a_request_dropped_while_its_image_is_encoded_stops_within_a_piece(backe
     assert backend.vision.pieces_run == before + 1 and not backend.vision.reading
 
 
+def test_a_layer_in_parts_reads_the_image_as_the_whole_layer(backend: Any, expected: dict[str, Any],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layer over more than ``PIECE_MACS`` runs as its keys and values, then its tokens in
+    groups: the same features to the bit (the same greedy tokens), in more pieces."""
+    from turbospark.vision import tower
+
+    backend.vision.tower.features = type(backend.vision.tower.features)()
+    before = backend.vision.pieces_run
+    assert _run(backend, {10: _job(backend, [_png(1)])})[10] == expected["ids"]
+    whole = backend.vision.pieces_run - before  # 5 tiles: embeddings, 2 layers, projector
+    monkeypatch.setattr(tower, "PIECE_MACS", 5 * 2 * (32 * 32 + 16 * 32 + 32 * 64))  # 5 of a tile's 16 tokens
+    backend.vision.tower.features = type(backend.vision.tower.features)()
+    before = backend.vision.pieces_run
+    assert _run(backend, {11: _job(backend, [_png(1)])})[11] == expected["ids"]
+    assert (whole, backend.vision.pieces_run - before) == (5 * 4, 5 * (2 + 2 * (1 + 4)))  # groups of 5, 5, 5, 1
+
+
 def test_the_prefix_cache_tells_images_apart(backend: Any) -> None:
     first = _job(backend, [_png(21)])
     _run(backend, {8: first})
