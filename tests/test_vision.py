@@ -263,7 +263,7 @@ def test_a_layer_in_parts_reads_the_image_as_the_whole_layer(backend: Any, expec
 def test_the_prefix_cache_tells_images_apart(backend: Any) -> None:
     first = _job(backend, [_png(21)])
     _run(backend, {8: first})
-    first_image = first[0].index(backend.vision.tower.image_token_id)
+    first_image = first[0].index(backend.vision.tower.feature_token_id)
     same = _job(backend, [_png(21)])
     assert backend.cached_prefix(same[0], images=same[1]) > first_image + 20  # past the image
     other = _job(backend, [_png(22)])

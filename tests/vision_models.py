@@ -24,7 +24,8 @@ from typing import Any
 
 from .image_pipelines import TOKENIZER, _randomise
 
-__all__ = ["IDEFICS3_TEMPLATE", "LLAVA_TEMPLATE", "reference_generate", "tiny_idefics3", "tiny_llava"]
+__all__ = ["GEMMA3_TEMPLATE", "IDEFICS3_TEMPLATE", "LLAVA_TEMPLATE", "reference_generate", "tiny_gemma3", "tiny_idefics3",
+           "tiny_llava"]
 
 #: SmolVLM's chat template
 IDEFICS3_TEMPLATE = (
@@ -128,6 +129,59 @@ def tiny_llava(directory: Path, *, seed: int = 0) -> Path:
     images = CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     LlavaProcessor(images, tokenizer, patch_size=8, vision_feature_select_strategy="default",
                    num_additional_image_tokens=1, chat_template=LLAVA_TEMPLATE).save_pretrained(directory)
+    return directory
+
+
+#: Gemma 3's chat template, shortened (no system turn, no tool calls): an image part is ``<start_of_image>``
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<start_of_turn>"
+    "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}<start_of_image>"
+    "{% else %}{{ part['text'] | trim }}{% endif %}{% endfor %}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+SIGLIP: dict[str, Any] = {
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+    "image_size": 32, "patch_size": 8,
+}  # fmt: skip
+
+
+def tiny_gemma3(directory: Path, *, seed: int = 0) -> Path:
+    """A tiny random Gemma 3 model and its processor, saved in ``directory`` as transformers writes
+    them: a 4-layer Gemma 3 text model of width 64 (a sliding window of 8 on three layers of four,
+    which an image's 4 tokens fit) over the same BPE with Gemma's image tokens added, a 2-layer
+    SigLIP tower reading 32x32 images in 8x8 patches, pooled 2x2 into 4 tokens."""
+    import torch
+    from transformers import (
+        Gemma3Config, Gemma3ForConditionalGeneration, Gemma3ImageProcessorPil, Gemma3Processor,
+        PreTrainedTokenizerFast,
+    )
+
+    directory = Path(directory)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_file=str(TOKENIZER), bos_token="<|im_start|>", eos_token="<end_of_turn>", pad_token="<|endoftext|>",
+        extra_special_tokens={"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                              "image_token": "<image_soft_token>"},
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<start_of_image>", "<end_of_image>", "<image_soft_token>")}
+    config = Gemma3Config(
+        text_config={"model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+                     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 8,
+                     "sliding_window_pattern": 4, "max_position_embeddings": 2048, "vocab_size": len(tokenizer),
+                     "query_pre_attn_scalar": 16, "bos_token_id": tokenizer.bos_token_id,
+                     "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id},
+        vision_config={"model_type": "siglip_vision_model", **SIGLIP}, mm_tokens_per_image=4,
+        boi_token_index=ids["<start_of_image>"], eoi_token_index=ids["<end_of_image>"],
+        image_token_index=ids["<image_soft_token>"], tie_word_embeddings=True,
+    )
+    model = Gemma3ForConditionalGeneration(config).eval()
+    _randomise(model, torch, seed)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(directory)
+    images = Gemma3ImageProcessorPil(size={"height": 32, "width": 32})
+    Gemma3Processor(images, tokenizer, image_seq_length=4, chat_template=GEMMA3_TEMPLATE).save_pretrained(directory)
     return directory
 
 

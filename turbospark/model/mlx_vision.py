@@ -8,9 +8,10 @@ A request with images (a vision model's, ``vision/tower.py``) is seen in two pla
   image's content hash: that is the prompt as the prefix cache knows it, so two prompts that
   differ only in an image share no KV past it, and the same image again is a hit.
 - ``VisionSide.advance`` (once a step, before the engine's): one piece of one waiting request's
-  work, in arrival order: one layer of the tower over one tile, or one chunk of its prompt (the token
-  embeddings with the image features in place of the image tokens) through the language model
-  into a KV cache of its own.  When all but the last token are in, the sequence joins the engine
+  work, in arrival order: one layer of the tower over one tile (or a part of a wide one), or one
+  chunk of its prompt (the token embeddings with the image features in place of the image tokens)
+  through the language model into a KV cache of its own.  Gemma 3's image tokens attend to each
+  other both ways (``_bidirectional``), so its chunks never cut an image's tokens apart.  When all but the last token are in, the sequence joins the engine
   with that cache, as a prefix-cache hit does, and decodes beside the others.  A client that
   leaves is ``drop``-ped at the next crossing: its work stops within one piece.
 
@@ -84,14 +85,15 @@ class Seen:
     (``keyed``) the prompt as the prefix cache knows it."""
 
     prepared: Prepared
-    token: str
+    placeholder: str  # what the template writes for an image
+    token: str  # what the features take the place of (the placeholder, or what it expands to)
     token_id: int
     key: list[int] = attrs.field(factory=list)
     at: np.ndarray = attrs.field(factory=lambda: np.zeros(0, dtype=np.int64))  # the image tokens' positions
     expand: Expander = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self.expand = Expander(self.token, self.prepared.replacements)
+        self.expand = Expander(self.placeholder, self.prepared.replacements)
 
     def keyed(self, ids: list[int]) -> None:
         """Check ``ids`` hold every image's tokens, and mark each with its image's hash."""
@@ -111,6 +113,48 @@ class Seen:
 
     def tokens_of(self, image: int) -> int:
         return self.prepared.replacements[image].count(self.token)
+
+    def images_at(self, start: int, end: int) -> np.ndarray:
+        """For each prompt position from ``start`` to ``end``, the image its token is of, or -1."""
+        image = np.full(end - start, -1)
+        bounds = np.cumsum([self.tokens_of(i) for i in range(len(self.prepared.replacements))])
+        inside = (self.at >= start) & (self.at < end)
+        image[self.at[inside] - start] = np.searchsorted(bounds, np.flatnonzero(inside), side="right")
+        return image
+
+    def past_image(self, end: int) -> int:
+        """``end``, or past the last token of the image whose tokens it would cut apart."""
+        i = int(np.searchsorted(self.at, end))  # image tokens before ``end``
+        if not 0 < i < len(self.at):
+            return end
+        bounds = np.cumsum([self.tokens_of(k) for k in range(len(self.prepared.replacements))])
+        image = int(np.searchsorted(bounds, i - 1, side="right"))  # the last one's image
+        return end if bounds[image] == i else int(self.at[bounds[image] - 1]) + 1
+
+
+def _bidirectional(model: Any, embeddings: mx.array, cache: list[Any], images: np.ndarray) -> None:
+    """A Gemma 3 prompt chunk into ``cache``: mlx-lm's layers with its masks (causal; a sliding
+    window on the local layers), and each image's tokens (``images``: each position's image, or
+    -1) seeing each other both ways, as transformers' model reads them.  The text rows are scaled
+    as mlx-lm scales embeddings; the image rows, the projector's features, are not."""
+    inner = model.model
+    n = embeddings.shape[1]
+    text = mx.array(images < 0)[None, :, None]
+    scale = mx.array(inner.args.hidden_size**0.5, mx.bfloat16).astype(embeddings.dtype)
+    h = mx.where(text, embeddings * scale, embeddings)
+    same = mx.array((images[:, None] == images[None, :]) & (images[:, None] >= 0))
+
+    def mask(c: Any, window: int | None) -> mx.array | None:
+        causal = c.make_mask(n, window_size=window, return_array=True)
+        if causal is None:  # one token, which sees every key
+            return None
+        return causal | mx.concatenate([mx.zeros((n, causal.shape[-1] - n), dtype=mx.bool_), same], axis=1)
+
+    pattern = inner.sliding_window_pattern
+    full = mask(cache[pattern - 1], None)
+    local = mask(cache[0], inner.window_size) if pattern > 1 else full
+    for i, (layer, c) in enumerate(zip(inner.layers, cache, strict=True)):
+        h = layer(h, full if i % pattern == pattern - 1 else local, c)
 
 
 def _decoded(images: Sequence[bytes]) -> list[Any]:
@@ -160,7 +204,7 @@ class VisionSide:
         """Decode and process a request's images (``RequestInvalid`` for one that does not decode)."""
         with mx.stream(self.backend.stream):
             prepared = self.tower.prepare(_decoded(images), [digest(d) for d in images])
-        return Seen(prepared, self.tower.image_token, self.tower.image_token_id)
+        return Seen(prepared, self.tower.image_token, self.tower.feature_token, self.tower.feature_token_id)
 
     def counting(self, images: Sequence[bytes]) -> Expander:
         """What ``images`` add to a prompt, for counting it off the model thread (``count_tokens``):
@@ -207,6 +251,8 @@ class VisionSide:
         if run.features is None:
             run.features = self._features(run)
         end = min(run.at + chunk, len(run.prompt) - 1)
+        if self.tower.bidirectional:  # an image's tokens attend to each other: never cut one apart
+            end = run.seen.past_image(end)
         if end > run.at:
             self._prefill(run, run.at, end)
             run.at = end
@@ -239,5 +285,8 @@ class VisionSide:
             rows = np.searchsorted(image_at, inside)  # which image token of the prompt each is
             assert run.features is not None
             embeddings[0, mx.array(inside - start)] = run.features[mx.array(rows)].astype(embeddings.dtype)
-        model(chunk, cache=run.cache, input_embeddings=embeddings)
+        if self.tower.bidirectional:
+            _bidirectional(model, embeddings, run.cache, run.seen.images_at(start, end))
+        else:
+            model(chunk, cache=run.cache, input_embeddings=embeddings)
         mx.eval([c.state for c in run.cache])

@@ -109,12 +109,18 @@ def convert_hf(src: Path, out: Path, *, dtype: str, progress: Progress) -> dict[
 
 def legacy_rope(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` with RoPE's settings where mlx-lm reads them: transformers 5 writes them in
-    ``rope_parameters`` (``rope_theta``, and the scaling's ``rope_type`` and factors), mlx-lm
-    reads ``rope_theta`` and ``rope_scaling``."""
+    ``rope_parameters`` (``rope_theta``, and the scaling's ``rope_type`` and factors; Gemma 3's by
+    layer type, the sliding layers' theta read as ``rope_local_base_freq``), mlx-lm reads
+    ``rope_theta`` and ``rope_scaling``."""
     out = dict(config)
     if isinstance(out.get("text_config"), dict):
         out["text_config"] = legacy_rope(out["text_config"])
     rope = out.get("rope_parameters")
+    if isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict):  # by layer type (Gemma 3)
+        local = rope.get("sliding_attention")
+        if isinstance(local, dict) and "rope_theta" in local:
+            out.setdefault("rope_local_base_freq", local["rope_theta"])
+        rope = rope["full_attention"]
     if isinstance(rope, dict):
         if "rope_theta" in rope:
             out.setdefault("rope_theta", rope["rope_theta"])

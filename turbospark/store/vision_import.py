@@ -34,7 +34,11 @@ VISION_FAMILIES: dict[str, tuple[str, ...]] = {
     "idefics3": ("vision_model.", "connector."),
     "smolvlm": ("vision_model.", "connector."),
     "llava": ("vision_tower.", "multi_modal_projector."),
+    "gemma3": ("vision_tower.", "multi_modal_projector."),
 }
+#: Tensors of a source that no family's tower reads: SigLIP's pooling head, which Gemma 3 does
+#: not use (its projector pools the patches itself).
+_UNREAD = ("vision_tower.head.", "vision_tower.vision_model.head.")
 
 # Where each layout keeps the language model, and where the tower's tensors sit (the first match).
 _RENAMES = (
@@ -95,8 +99,10 @@ def split_vision(src: Path, work: Path) -> Path:
                 if not key.startswith(prefix):
                     continue
                 name = to + key[len(prefix):]
-                if family == "llava" and name.startswith("vision_tower.") and ".vision_model." not in name:
+                if name.startswith("vision_tower.") and not name.startswith("vision_tower.vision_model."):
                     name = "vision_tower.vision_model." + name[len("vision_tower."):]  # transformers 5 drops it
+                if name.startswith(_UNREAD):
+                    break
                 if part == "vision" and not name.startswith(tower):
                     raise ModelImportError(f"{f.name}: tensor {key!r} belongs to no part of a {family} model")
                 (text if part == "text" else vision)[name] = array

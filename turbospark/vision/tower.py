@@ -219,7 +219,59 @@ class _Llava(nn.Module):
         return [Piece(image, embed, False), *(Piece(image, run, False) for run in layers), Piece(image, project)]
 
 
-_FAMILIES: dict[str, Any] = {"idefics3": _Idefics3, "smolvlm": _Idefics3, "llava": _Llava}
+class _Gemma3(nn.Module):
+    """SigLIP tower, then the projector's average pool, norm and matrix (Gemma 3): an image at a
+    time.  Its image tokens attend to each other both ways (``bidirectional``), and the language
+    model reads them in place of ``<image_soft_token>``, which ``<start_of_image>`` expands to."""
+
+    bidirectional = True
+
+    @staticmethod
+    def adapted(config: dict[str, Any]) -> dict[str, Any]:
+        """transformers keeps the tokens an image becomes at the top, mlx-vlm in ``text_config``."""
+        text = {"mm_tokens_per_image": config.get("mm_tokens_per_image", 256), **config["text_config"]}
+        return {**config, "text_config": text}
+
+    def __init__(self, arch: Any, config: Any) -> None:
+        super().__init__()
+        from mlx_vlm.models.gemma3.gemma3 import Gemma3MultiModalProjector
+
+        self.vision_tower = arch.VisionModel(config.vision_config)
+        vision = config.vision_config  # transformers' post-norm epsilon, not nn.LayerNorm's default
+        self.vision_tower.vision_model.post_layernorm = nn.LayerNorm(vision.hidden_size, eps=vision.layer_norm_eps)
+        self.multi_modal_projector = Gemma3MultiModalProjector(config)
+
+    def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        return self.vision_tower.sanitize(weights)
+
+    @staticmethod
+    def feature_token(processor: Any) -> tuple[str, int]:
+        return str(processor.tokenizer.image_token), int(processor.tokenizer.image_token_id)
+
+    def pieces(self, inputs: dict[str, Any]) -> list[Piece]:
+        if any(np.asarray(inputs.get("num_crops", [0])).ravel()):
+            raise ValueError("pan-and-scan crops are not read: the processor's do_pan_and_scan must be off")
+        pixels = np.asarray(inputs["pixel_values"])  # (images, C, H, W)
+        return [piece for i in range(len(pixels)) for piece in self._image(i, pixels[i])]
+
+    def _image(self, image: int, pixels: np.ndarray) -> list[Piece]:
+        siglip, hidden = self.vision_tower.vision_model, {}
+
+        def embed() -> mx.array:
+            hidden["x"] = siglip.embeddings(mx.array(pixels, dtype=mx.float32).transpose(1, 2, 0)[None])
+            return hidden["x"]
+
+        def project() -> mx.array:
+            out = self.multi_modal_projector(siglip.post_layernorm(hidden.pop("x")))
+            return out.reshape(-1, out.shape[-1])
+
+        tokens = siglip.embeddings.num_positions
+        layers = [run for b in siglip.encoder.layers
+                  for run in _layer(b, tokens, lambda: hidden["x"], partial(hidden.__setitem__, "x"))]  # fmt: skip
+        return [Piece(image, embed, False), *(Piece(image, run, False) for run in layers), Piece(image, project)]
+
+
+_FAMILIES: dict[str, Any] = {"idefics3": _Idefics3, "smolvlm": _Idefics3, "llava": _Llava, "gemma3": _Gemma3}
 
 
 class Tower:
@@ -231,6 +283,7 @@ class Tower:
 
         config = json.loads((path / "vision" / "config.json").read_text())
         self.family = str(config["model_type"])
+        config = getattr(_FAMILIES[self.family], "adapted", dict)(config)
         arch = importlib.import_module(f"mlx_vlm.models.{self.family}")
         model_config = arch.ModelConfig.from_dict(config)
         model_config = update_module_configs(model_config, arch, config, ["text", "vision", "perceiver", "projector"])
@@ -250,8 +303,10 @@ class Tower:
         if processor_class is None:
             raise ValueError(f"the processor {name!r} of {path.name} is not one of transformers'")
         self.processor = processor_class.from_pretrained(path)
-        self.image_token = str(self.processor.image_token)
-        self.image_token_id = int(self.processor.image_token_id)
+        self.image_token = str(self.processor.image_token)  # what the chat template writes for an image
+        # the tokens the features take the place of: the same, or (Gemma 3) what it expands to
+        self.feature_token, self.feature_token_id = getattr(self.module, "feature_token", _placeholder)(self.processor)
+        self.bidirectional = bool(getattr(self.module, "bidirectional", False))
         self.features = FeatureCache(features)
 
     def _processed(self, images: Sequence[Any]) -> tuple[dict[str, Any], list[str]]:
@@ -269,6 +324,10 @@ class Tower:
         cached = {i: f for i, d in enumerate(digests) if (f := self.features.get(d)) is not None}
         pieces = tuple(p for p in self.module.pieces(inputs) if p.image not in cached)
         return Prepared(tuple(replacements), tuple(digests), pieces, cached)
+
+
+def _placeholder(processor: Any) -> tuple[str, int]:
+    return str(processor.image_token), int(processor.image_token_id)
 
 
 def digest(data: bytes) -> str:
