@@ -247,13 +247,13 @@ def test_a_layer_in_parts_reads_the_image_as_the_whole_layer(backend: Any, expec
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A layer over more than ``PIECE_MACS`` runs as its keys and values, then its tokens in
     groups: the same features to the bit (the same greedy tokens), in more pieces."""
-    from turbospark.vision import tower
+    from turbospark.vision import pieces
 
     backend.vision.tower.features = type(backend.vision.tower.features)()
     before = backend.vision.pieces_run
     assert _run(backend, {10: _job(backend, [_png(1)])})[10] == expected["ids"]
     whole = backend.vision.pieces_run - before  # 5 tiles: embeddings, 2 layers, projector
-    monkeypatch.setattr(tower, "PIECE_MACS", 5 * 2 * (32 * 32 + 16 * 32 + 32 * 64))  # 5 of a tile's 16 tokens
+    monkeypatch.setattr(pieces, "PIECE_MACS", 5 * 2 * (32 * 32 + 16 * 32 + 32 * 64))  # 5 of a tile's 16 tokens
     backend.vision.tower.features = type(backend.vision.tower.features)()
     before = backend.vision.pieces_run
     assert _run(backend, {11: _job(backend, [_png(1)])})[11] == expected["ids"]
@@ -275,13 +275,13 @@ def test_the_prefix_cache_tells_images_apart(backend: Any) -> None:
 
 
 def test_an_unsupported_vision_family_is_refused_by_name(tmp_path: Path) -> None:
-    src = tmp_path / "qwen2-vl"
+    src = tmp_path / "mllama"
     src.mkdir()
-    (src / "config.json").write_text(json.dumps({"model_type": "qwen2_vl", "vision_config": {}, "text_config": {}}))
+    (src / "config.json").write_text(json.dumps({"model_type": "mllama", "vision_config": {}, "text_config": {}}))
     for name in ("tokenizer.json", "tokenizer_config.json", "model.safetensors"):
         (src / name).write_text("{}")
     store = ModelStore(tmp_path / "models")
-    with pytest.raises(ModelImportError, match="vision-language architecture 'qwen2_vl' is not supported"):
+    with pytest.raises(ModelImportError, match="vision-language architecture 'mllama' is not supported"):
         store.import_source(src, progress=False)
 
 

@@ -19,13 +19,14 @@ through the two-layer projector, as LLaVA 1.5 selects them.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from .image_pipelines import TOKENIZER, _randomise
 
-__all__ = ["GEMMA3_TEMPLATE", "IDEFICS3_TEMPLATE", "LLAVA_TEMPLATE", "reference_generate", "tiny_gemma3", "tiny_idefics3",
-           "tiny_llava"]
+__all__ = ["GEMMA3_TEMPLATE", "IDEFICS3_TEMPLATE", "LLAVA_TEMPLATE", "QWEN2_VL_TEMPLATE", "as_qwen_repository",
+           "reference_generate", "tiny_gemma3", "tiny_idefics3", "tiny_llava", "tiny_qwen2_vl"]
 
 #: SmolVLM's chat template
 IDEFICS3_TEMPLATE = (
@@ -185,17 +186,109 @@ def tiny_gemma3(directory: Path, *, seed: int = 0) -> Path:
     return directory
 
 
+#: Qwen2-VL's chat template, shortened (no default system turn, no tools): an image part is
+#: ``<|vision_start|><|image_pad|><|vision_end|>``, which the processor expands
+QWEN2_VL_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ part['text'] }}"
+    "{% endif %}{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+QWEN_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+
+
+def tiny_qwen2_vl(directory: Path, *, version: str = "2", seed: int = 0) -> Path:
+    """A tiny random Qwen2-VL (``version="2"``) or Qwen2.5-VL (``"2.5"``) model and its processor,
+    saved in ``directory`` as transformers writes them: a 2-layer Qwen2 text model of width 64
+    whose RoPE is multimodal (sections 2, 3, 3 of its 8 frequencies), over the same BPE with
+    Qwen's vision tokens added; a 2-layer tower of width 32 reading 8x8 patches, two frames of
+    each (an image is repeated in time), merged 2x2 into one token each.  A 40x48 image is resized
+    to 32x48: 4x6 patches, 2x3 tokens.  Qwen2.5-VL's first layer attends within windows of 2x2
+    tokens, its second over the whole image."""
+    import torch
+    import transformers
+    from transformers import PreTrainedTokenizerFast, Qwen2VLImageProcessorPil
+
+    directory = Path(directory)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_file=str(TOKENIZER), bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": QWEN_TOKENS})
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
+    text = {**TEXT, "vocab_size": len(tokenizer), "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+            "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    if version == "2":
+        vision = {"depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2, "patch_size": 8}
+        config_class, model_class = "Qwen2VLConfig", "Qwen2VLForConditionalGeneration"
+        processor_class = "Qwen2VLProcessor"
+    else:
+        vision = {"depth": 2, "hidden_size": 32, "out_hidden_size": 64, "intermediate_size": 64, "num_heads": 2,
+                  "patch_size": 8, "window_size": 32, "fullatt_block_indexes": [1]}
+        config_class, model_class = "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration"
+        processor_class = "Qwen2_5_VLProcessor"
+    config = getattr(transformers, config_class)(
+        text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False,
+    )
+    model = getattr(transformers, model_class)(config).eval()
+    _randomise(model, torch, seed)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(directory)
+    images = Qwen2VLImageProcessorPil(patch_size=8, merge_size=2, temporal_patch_size=2,
+                                      min_pixels=16 * 16, max_pixels=64 * 64)
+    # as Qwen's repositories hold it, without the video processor (whose class needs torchvision)
+    images.save_pretrained(directory)
+    saved = json.loads((directory / "preprocessor_config.json").read_text())
+    saved.update(image_processor_type="Qwen2VLImageProcessor", processor_class=processor_class)
+    (directory / "preprocessor_config.json").write_text(json.dumps(saved, indent=2))
+    tokenizer.chat_template = QWEN2_VL_TEMPLATE
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def as_qwen_repository(source: Path, directory: Path) -> Path:
+    """A copy of a ``tiny_qwen2_vl`` directory whose config.json is laid out as Qwen's own
+    repositories lay it out (and mlx-vlm reads it): the language model's settings at the top,
+    RoPE as ``rope_theta`` and an ``mrope`` ``rope_scaling``."""
+    import shutil
+
+    shutil.copytree(source, directory)
+    config = json.loads((directory / "config.json").read_text())
+    text = config.pop("text_config")
+    rope = text.pop("rope_parameters")
+    text.pop("model_type")
+    config["vision_config"].pop("model_type", None)
+    config = {**text, **config, "rope_theta": rope["rope_theta"],
+              "rope_scaling": {"type": "mrope", "mrope_section": rope["mrope_section"]}}
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    return directory
+
+
+def _qwen_processor(directory: Path, name: str) -> Any:
+    """transformers' Qwen2-VL processor without its video processor (which needs torchvision)."""
+    import transformers
+    from transformers import AutoTokenizer, Qwen2VLImageProcessorPil
+
+    unchecked = type(name, (getattr(transformers, name),), {"check_argument_for_proper_class": lambda *a: None})
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    return unchecked(Qwen2VLImageProcessorPil.from_pretrained(directory), tokenizer, None,
+                     chat_template=tokenizer.chat_template)
+
+
 def reference_generate(directory: Path, messages: list[dict[str, Any]], images: list[Any], max_new_tokens: int) -> list[int]:
     """transformers' greedy ``generate`` on the model in ``directory``: the new token ids."""
-    import json
-
     import torch
     import transformers
     from transformers import AutoModelForImageTextToText
 
     # the class by name: mlx-vlm, once imported, answers AutoProcessor with processors of its own
-    name = json.loads((Path(directory) / "processor_config.json").read_text())["processor_class"]
-    processor = getattr(transformers, name).from_pretrained(directory)
+    qwen = Path(directory) / "preprocessor_config.json"
+    if (Path(directory) / "processor_config.json").exists():
+        name = json.loads((Path(directory) / "processor_config.json").read_text())["processor_class"]
+        processor = getattr(transformers, name).from_pretrained(directory)
+    else:
+        processor = _qwen_processor(directory, json.loads(qwen.read_text())["processor_class"])
     model = AutoModelForImageTextToText.from_pretrained(directory, dtype=torch.float32).eval()
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
     inputs = processor(text=text, images=images or None, return_tensors="pt")

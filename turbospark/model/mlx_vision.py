@@ -11,9 +11,11 @@ A request with images (a vision model's, ``vision/tower.py``) is seen in two pla
   work, in arrival order: one layer of the tower over one tile (or a part of a wide one), or one
   chunk of its prompt (the token embeddings with the image features in place of the image tokens)
   through the language model into a KV cache of its own.  Gemma 3's image tokens attend to each
-  other both ways (``_bidirectional``), so its chunks never cut an image's tokens apart.  When all but the last token are in, the sequence joins the engine
-  with that cache, as a prefix-cache hit does, and decodes beside the others.  A client that
-  leaves is ``drop``-ped at the next crossing: its work stops within one piece.
+  other both ways (``_bidirectional``), so its chunks never cut an image's tokens apart; Qwen2-VL's
+  chunks are read at their multimodal RoPE positions (``_rotated``, ``Seen._place``).  When all
+  but the last token are in, the sequence joins the engine with that cache, as a prefix-cache
+  hit does, and decodes beside the others.  A client that leaves is ``drop``-ped at the next
+  crossing: its work stops within one piece.
 
 The language model is the backend's own (one copy of the weights, its fused layers included).
 A piece that raises fails its own sequence only (``StepOutput.failed``).
@@ -33,6 +35,7 @@ import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..errors import RequestInvalid
+from ..vision.qwen import MRoPE, mrope_positions
 from ..vision.tower import Prepared, Tower, digest
 from .backend import PrefillProgress, SamplingParams
 
@@ -90,6 +93,7 @@ class Seen:
     token_id: int
     key: list[int] = attrs.field(factory=list)
     at: np.ndarray = attrs.field(factory=lambda: np.zeros(0, dtype=np.int64))  # the image tokens' positions
+    positions: np.ndarray | None = None  # each token's three RoPE positions (Qwen2-VL's), see ``keyed``
     expand: Expander = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -110,6 +114,20 @@ class Seen:
                 key[i] = mark
             k += n
         self.key, self.at = key, at
+        if self.prepared.grids:
+            self._place(key)
+
+    def _place(self, key: list[int]) -> None:
+        """Qwen2-VL's positions, shifted so that the prompt's last is its length less one: the
+        tokens that follow take the plain RoPE of their place in the sequence, as every decode
+        step gives them.  The shift (how many positions the images save) is a part of every
+        key's meaning, so it marks the key's first token: prompts read with another shift share
+        no KV."""
+        positions = mrope_positions(len(key), self.at, list(self.prepared.grids))
+        shift = len(key) - 1 - int(positions[:, -1].max())
+        self.positions = positions + shift
+        if shift and key:
+            key[0] = -(1 << 62) - (shift << 32) - key[0]  # below every image's mark
 
     def tokens_of(self, image: int) -> int:
         return self.prepared.replacements[image].count(self.token)
@@ -287,6 +305,24 @@ class VisionSide:
             embeddings[0, mx.array(inside - start)] = run.features[mx.array(rows)].astype(embeddings.dtype)
         if self.tower.bidirectional:
             _bidirectional(model, embeddings, run.cache, run.seen.images_at(start, end))
+        elif run.seen.positions is not None:
+            _rotated(model, chunk, embeddings, run.cache, self.tower.sections, run.seen.positions[:, start:end])
         else:
             model(chunk, cache=run.cache, input_embeddings=embeddings)
         mx.eval([c.state for c in run.cache])
+
+
+def _rotated(model: Any, chunk: mx.array, embeddings: mx.array, cache: list[Any], sections: list[int],
+             positions: np.ndarray) -> None:
+    """A Qwen2-VL prompt chunk into ``cache``: the model's own layers, each attention's RoPE
+    (``rope``, called with the cache's offset) that of the chunk's ``positions`` for this call."""
+    attentions = [layer.self_attn for layer in model.model.layers]
+    ropes = [a.rope for a in attentions]
+    turned = MRoPE(ropes[0], sections, positions)
+    try:
+        for a in attentions:
+            a.rope = turned
+        model(chunk, cache=cache, input_embeddings=embeddings)
+    finally:
+        for a, rope in zip(attentions, ropes, strict=True):
+            a.rope = rope

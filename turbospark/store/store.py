@@ -52,7 +52,7 @@ from .hashing import copy_and_hash, hash_files, opened
 from .image_import import import_pipeline
 from .mmproj_import import add_projector, is_projector
 from .hf_import import check_architecture, check_loads, convert_hf, directory_sha256, is_quantized
-from .vision_import import is_vision, split_vision, vision_family
+from .vision_import import is_vision, language_config, split_vision, vision_family
 from .manifest import add_generation_config, new_manifest
 from .ollama_import import apply_layers
 from .progress import Progress, progress_from
@@ -223,7 +223,7 @@ class ModelStore(StoreDirectory):
         vision = is_vision(config)
         architecture = vision_family(config) if vision else check_architecture(config)
         if vision:
-            check_architecture(config["text_config"])
+            check_architecture(language_config(config))
         sha256 = directory_sha256(src, progress=job.progress)
 
         def convert(model_dir: Path) -> _Built:

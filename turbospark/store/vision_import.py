@@ -26,7 +26,7 @@ import mlx.core as mx
 from .gguf_import import ModelImportError
 from .hf_import import kept_files
 
-__all__ = ["VISION_FAMILIES", "is_vision", "split_vision", "vision_family"]
+__all__ = ["VISION_FAMILIES", "is_vision", "language_config", "split_vision", "vision_family"]
 
 #: The vision-language families served: model_type -> the prefixes of their tower's tensors (in
 #: mlx-vlm's names).
@@ -35,13 +35,22 @@ VISION_FAMILIES: dict[str, tuple[str, ...]] = {
     "smolvlm": ("vision_model.", "connector."),
     "llava": ("vision_tower.", "multi_modal_projector."),
     "gemma3": ("vision_tower.", "multi_modal_projector."),
+    "qwen2_vl": ("vision_tower.",),
+    "qwen2_5_vl": ("vision_tower.",),
 }
+#: The families whose language model is a Qwen2 (its RoPE multimodal only where images are read)
+_QWEN = ("qwen2_vl", "qwen2_5_vl")
 #: Tensors of a source that no family's tower reads: SigLIP's pooling head, which Gemma 3 does
 #: not use (its projector pools the patches itself).
 _UNREAD = ("vision_tower.head.", "vision_tower.vision_model.head.")
 
 # Where each layout keeps the language model, and where the tower's tensors sit (the first match).
 _RENAMES = (
+    ("model.layers.", "text", "model.layers."),  # Qwen2-VL's repositories: the language model at the top
+    ("model.embed_tokens.", "text", "model.embed_tokens."),
+    ("model.norm.", "text", "model.norm."),
+    ("model.visual.", "vision", "vision_tower."),
+    ("visual.", "vision", "vision_tower."),
     ("model.text_model.", "text", "model."),
     ("model.language_model.", "text", "model."),
     ("language_model.model.", "text", "model."),
@@ -65,12 +74,15 @@ def vision_family(config: dict[str, Any]) -> str:
             f"the vision-language architecture {family!r} is not supported "
             f"(supported: {', '.join(sorted(VISION_FAMILIES))})"
         )
-    if not isinstance(config.get("text_config"), dict):
+    if not isinstance(config.get("text_config"), dict) and family not in _QWEN:  # Qwen2-VL's may be at the top
         raise ModelImportError(f"{family} config.json has no text_config")
     return str(family)
 
 
-def _text_config(config: dict[str, Any]) -> dict[str, Any]:
+def language_config(config: dict[str, Any]) -> dict[str, Any]:
+    if config["model_type"] in _QWEN:  # a Qwen2 to mlx-lm, its config at the top or in text_config
+        top = {k: v for k, v in config.items() if k not in ("vision_config", "text_config")}
+        return {**top, **(config.get("text_config") or {}), "model_type": "qwen2"}
     text = dict(config["text_config"])
     for key in ("quantization", "quantization_config"):  # mlx-community: the language model's
         if key in config and key not in text:
@@ -99,7 +111,8 @@ def split_vision(src: Path, work: Path) -> Path:
                 if not key.startswith(prefix):
                     continue
                 name = to + key[len(prefix):]
-                if name.startswith("vision_tower.") and not name.startswith("vision_tower.vision_model."):
+                if (family not in _QWEN and name.startswith("vision_tower.")
+                        and not name.startswith("vision_tower.vision_model.")):
                     name = "vision_tower.vision_model." + name[len("vision_tower."):]  # transformers 5 drops it
                 if name.startswith(_UNREAD):
                     break
@@ -111,6 +124,6 @@ def split_vision(src: Path, work: Path) -> Path:
         raise ModelImportError(f"{src} holds no {'language model' if not text else 'vision tower'} tensors")
     mx.save_safetensors(str(text_dir / "model.safetensors"), text, {"format": "mlx"})
     mx.save_safetensors(str(vision_dir / "weights.safetensors"), vision, {"format": "mlx"})
-    (text_dir / "config.json").write_text(json.dumps(_text_config(config), indent=2) + "\n")
+    (text_dir / "config.json").write_text(json.dumps(language_config(config), indent=2) + "\n")
     (vision_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return text_dir
