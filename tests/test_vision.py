@@ -198,14 +198,14 @@ def _run(backend: Any, jobs: dict[int, tuple[list[int], Any]], steps: int = 200)
     for _ in range(steps):
         step = backend.step()
         for seq, token in step.tokens.items():
-            out[seq].append(token)
+            out[seq] += [token, *step.more.get(seq, ())]
         for seq in [s for s, t in out.items() if len(t) >= NEW]:
             if seq in jobs:
                 backend.remove(seq)
                 del jobs[seq]
         if not jobs:
             break
-    return out
+    return {seq: tokens[:NEW] for seq, tokens in out.items()}
 
 
 def test_the_prompt_is_the_processors_and_a_batch_gives_each_its_own_tokens(

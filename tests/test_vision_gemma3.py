@@ -25,15 +25,12 @@ import ollama  # noqa: E402
 import openai  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from turbospark.messages import ChatPrompt  # noqa: E402
-from turbospark.model.backend import SamplingParams  # noqa: E402
 from turbospark.model.mlx_vision import Seen  # noqa: E402
-from turbospark.threads.prompt import render_prompt  # noqa: E402
 from turbospark.vision.tower import Prepared  # noqa: E402
 
 from ._support import import_into  # noqa: E402
 from ._support import serve_store as _serve  # noqa: E402
-from .vision_models import reference_generate, tiny_gemma3  # noqa: E402
+from .vision_models import ask, reference_generate, run_jobs, tiny_gemma3  # noqa: E402
 
 MODEL = "tiny-gemma3"
 QUESTION = "What is in this image?"
@@ -115,29 +112,13 @@ def backend(store_home: Path) -> Any:
     return MlxBackend(store_home / "models" / MODEL, model_id=MODEL)
 
 
-def _job(backend: Any, images: list[bytes], question: str = QUESTION) -> tuple[list[int], Any]:
-    content = [{"type": "image", "data": d} for d in images] + [{"type": "text", "text": question}]
-    seen = backend.vision.see(list(images)) if images else None
-    ids, _ = render_prompt(backend.tokenizer, ChatPrompt(({"role": "user", "content": content},)),
-                           expand=seen.expand if seen else str)  # fmt: skip
-    if seen is not None:
-        seen.keyed(ids)
-    return ids, seen
+def _job(backend: Any, images: list[bytes], question: str = QUESTION, *, asked_first: bool = False
+         ) -> tuple[list[int], Any]:
+    return ask(backend, images, question, asked_first=asked_first)
 
 
 def _run(backend: Any, jobs: dict[int, tuple[list[int], Any]]) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {seq: [] for seq in jobs}
-    for seq, (ids, seen) in jobs.items():
-        backend.insert(seq, ids, SamplingParams(max_tokens=NEW, temperature=0.0), images=seen)
-    for _ in range(200):
-        for seq, token in backend.step().tokens.items():
-            out[seq].append(token)
-        for seq in [s for s in jobs if len(out[s]) >= NEW]:
-            backend.remove(seq)
-            del jobs[seq]
-        if not jobs:
-            break
-    return out
+    return run_jobs(backend, jobs, NEW)
 
 
 def test_the_prompt_is_the_processors_and_a_batch_gives_each_its_own_tokens(

@@ -26,14 +26,11 @@ import ollama  # noqa: E402
 import openai  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from turbospark.messages import ChatPrompt  # noqa: E402
-from turbospark.model.backend import SamplingParams  # noqa: E402
-from turbospark.threads.prompt import render_prompt  # noqa: E402
 from turbospark.vision.qwen import mrope_positions, windows  # noqa: E402
 
 from ._support import import_into  # noqa: E402
 from ._support import serve_store as _serve  # noqa: E402
-from .vision_models import _qwen_processor, as_qwen_repository, reference_generate, tiny_qwen2_vl  # noqa: E402
+from .vision_models import _qwen_processor, as_qwen_repository, ask, reference_generate, run_jobs, tiny_qwen2_vl  # noqa: E402
 
 MODEL = "tiny-qwen-vl"
 QUESTION = "What is in this image?"
@@ -125,30 +122,11 @@ def backend(store_home: Path) -> Any:
 
 def _job(backend: Any, images: list[bytes], question: str = QUESTION, *, asked_first: bool = False
          ) -> tuple[list[int], Any]:
-    content = [{"type": "image", "data": d} for d in images]
-    asked = {"type": "text", "text": question}
-    content = [asked, *content] if asked_first else [*content, asked]
-    seen = backend.vision.see(list(images)) if images else None
-    ids, _ = render_prompt(backend.tokenizer, ChatPrompt(({"role": "user", "content": content},)),
-                           expand=seen.expand if seen else str)  # fmt: skip
-    if seen is not None:
-        seen.keyed(ids)
-    return ids, seen
+    return ask(backend, images, question, asked_first=asked_first)
 
 
 def _run(backend: Any, jobs: dict[int, tuple[list[int], Any]]) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {seq: [] for seq in jobs}
-    for seq, (ids, seen) in jobs.items():
-        backend.insert(seq, ids, SamplingParams(max_tokens=NEW, temperature=0.0), images=seen)
-    for _ in range(300):
-        for seq, token in backend.step().tokens.items():
-            out[seq].append(token)
-        for seq in [s for s in jobs if len(out[s]) >= NEW]:
-            backend.remove(seq)
-            del jobs[seq]
-        if not jobs:
-            break
-    return out
+    return run_jobs(backend, jobs, NEW)
 
 
 def test_the_prompt_is_the_processors_and_a_batch_gives_each_its_own_tokens(

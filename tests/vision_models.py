@@ -25,8 +25,9 @@ from typing import Any
 
 from .image_pipelines import TOKENIZER, _randomise
 
-__all__ = ["GEMMA3_TEMPLATE", "IDEFICS3_TEMPLATE", "LLAVA_TEMPLATE", "QWEN2_VL_TEMPLATE", "as_qwen_repository",
-           "reference_generate", "tiny_gemma3", "tiny_idefics3", "tiny_llava", "tiny_qwen2_vl"]
+__all__ = ["GEMMA3_TEMPLATE", "IDEFICS3_TEMPLATE", "LLAVA_TEMPLATE", "MISTRAL3_TEMPLATE", "QWEN2_VL_TEMPLATE",
+           "as_qwen_repository", "ask", "reference_generate", "run_jobs", "tiny_gemma3", "tiny_idefics3", "tiny_llava", "tiny_mistral3",
+           "tiny_qwen2_vl"]
 
 #: SmolVLM's chat template
 IDEFICS3_TEMPLATE = (
@@ -276,6 +277,81 @@ def _qwen_processor(directory: Path, name: str) -> Any:
                      chat_template=tokenizer.chat_template)
 
 
+#: Mistral's chat template, shortened (no system prompt, no tools): an image part is ``[IMG]``,
+#: which the processor expands to the image's rows of ``[IMG]``, each ended by ``[IMG_BREAK]``
+MISTRAL3_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}[INST]"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}[IMG]{% else %}{{ part['text'] }}"
+    "{% endif %}{% endfor %}[/INST]{% else %}{% for part in message['content'] %}{{ part['text'] }}{% endfor %}"
+    "{{ eos_token }}{% endif %}{% endfor %}"
+)
+PIXTRAL: dict[str, Any] = {
+    "model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "head_dim": 16, "image_size": 64, "patch_size": 8, "hidden_act": "silu",
+}  # fmt: skip  # silu, as Mistral's own checkpoints have it
+
+
+def tiny_mistral3(directory: Path, *, seed: int = 0) -> Path:
+    """A tiny random Mistral 3 model and its processor, saved in ``directory`` as transformers
+    writes them: a 2-layer Mistral text model of width 64 over the same BPE with Mistral's image
+    and instruction tokens added, a 2-layer Pixtral tower of width 32 reading images of at most
+    64 pixels a side in 8x8 patches (its RoPE by row and column), each 2x2 of patches merged into
+    one token.  A 40x64 image is resized to 48x64: 3 rows of 4 tokens."""
+    import torch
+    from transformers import (
+        Mistral3Config, Mistral3ForConditionalGeneration, PixtralImageProcessorPil, PreTrainedTokenizerFast,
+    )
+
+    directory = Path(directory)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_file=str(TOKENIZER), bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|endoftext|>",
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": ["[IMG]", "[IMG_BREAK]", "[IMG_END]", "[INST]", "[/INST]"]})
+    config = Mistral3Config(
+        text_config={"model_type": "mistral", **TEXT, "vocab_size": len(tokenizer), "sliding_window": None,
+                     "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id},
+        vision_config=PIXTRAL, image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"), spatial_merge_size=2,
+        tie_word_embeddings=False,
+    )
+    model = Mistral3ForConditionalGeneration(config).eval()
+    _randomise(model, torch, seed)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(directory)
+    # as Mistral's repositories hold it (PixtralProcessor's class needs torchvision: not written by it)
+    PixtralImageProcessorPil(size={"longest_edge": 64}, patch_size={"height": 8, "width": 8}).save_pretrained(directory)
+    (directory / "processor_config.json").write_text(json.dumps({
+        "processor_class": "PixtralProcessor", "patch_size": 8, "spatial_merge_size": 2, "image_token": "[IMG]",
+        "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}, indent=2))  # fmt: skip
+    tokenizer.chat_template = MISTRAL3_TEMPLATE
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def _pixtral_inputs(directory: Path, messages: list[dict[str, Any]], images: list[Any]) -> dict[str, Any]:
+    """What transformers' ``PixtralProcessor`` gives (its ``replace_image_token``, as written there),
+    without the class, which needs torchvision."""
+    from transformers import AutoTokenizer, PixtralImageProcessorPil
+
+    settings = json.loads((directory / "processor_config.json").read_text())
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    out: dict[str, Any] = {}
+    if images:
+        step = settings["patch_size"] * settings["spatial_merge_size"]
+        processed = PixtralImageProcessorPil.from_pretrained(directory)(images, patch_size=step, return_tensors="pt")
+        parts = text.split("[IMG]")
+        text = parts[0]
+        for (height, width), rest in zip(processed["image_sizes"].tolist(), parts[1:], strict=True):
+            rows = [["[IMG]"] * (width // step) + ["[IMG_BREAK]"]] * (height // step)
+            tokens = [t for row in rows for t in row]
+            tokens[-1] = "[IMG_END]"
+            text += "".join(tokens) + rest
+        out = {"pixel_values": processed["pixel_values"], "image_sizes": processed["image_sizes"]}
+    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")
+    return {**ids, **out}
+
+
 def reference_generate(directory: Path, messages: list[dict[str, Any]], images: list[Any], max_new_tokens: int) -> list[int]:
     """transformers' greedy ``generate`` on the model in ``directory``: the new token ids."""
     import torch
@@ -283,15 +359,54 @@ def reference_generate(directory: Path, messages: list[dict[str, Any]], images: 
     from transformers import AutoModelForImageTextToText
 
     # the class by name: mlx-vlm, once imported, answers AutoProcessor with processors of its own
-    qwen = Path(directory) / "preprocessor_config.json"
-    if (Path(directory) / "processor_config.json").exists():
-        name = json.loads((Path(directory) / "processor_config.json").read_text())["processor_class"]
-        processor = getattr(transformers, name).from_pretrained(directory)
-    else:
-        processor = _qwen_processor(directory, json.loads(qwen.read_text())["processor_class"])
+    directory = Path(directory)
+    named = directory / "processor_config.json"
+    name = json.loads((named if named.exists() else directory / "preprocessor_config.json").read_text())["processor_class"]
     model = AutoModelForImageTextToText.from_pretrained(directory, dtype=torch.float32).eval()
-    text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    inputs = processor(text=text, images=images or None, return_tensors="pt")
+    if name == "PixtralProcessor":
+        inputs = _pixtral_inputs(directory, messages, images)
+    else:
+        processor = (_qwen_processor(directory, name) if not named.exists()
+                     else getattr(transformers, name).from_pretrained(directory))  # fmt: skip
+        text = processor.apply_chat_template(messages, add_generation_prompt=True)
+        inputs = processor(text=text, images=images or None, return_tensors="pt")
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
     return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def ask(backend: Any, images: list[bytes], question: str, *, asked_first: bool = False) -> tuple[list[int], Any]:
+    """A user message of ``images`` and ``question`` as a vision model's backend reads it: the
+    prompt's ids, and what the tower made of the images (None without images)."""
+    from turbospark.messages import ChatPrompt
+    from turbospark.threads.prompt import render_prompt
+
+    asked = {"type": "text", "text": question}
+    content = [{"type": "image", "data": d} for d in images]
+    content = [asked, *content] if asked_first else [*content, asked]
+    seen = backend.vision.see(list(images)) if images else None
+    ids, _ = render_prompt(backend.tokenizer, ChatPrompt(({"role": "user", "content": content},)),
+                           expand=seen.expand if seen else str)  # fmt: skip
+    if seen is not None:
+        seen.keyed(ids)
+    return ids, seen
+
+
+def run_jobs(backend: Any, jobs: dict[int, tuple[list[int], Any]], new: int, steps: int = 300) -> dict[int, list[int]]:
+    """Greedy decoding of ``jobs`` (sequence -> ``ask``'s answer) together on the model thread:
+    each one's first ``new`` tokens (a step's accepted drafts included)."""
+    from turbospark.model.backend import SamplingParams
+
+    out: dict[int, list[int]] = {seq: [] for seq in jobs}
+    for seq, (ids, seen) in jobs.items():
+        backend.insert(seq, ids, SamplingParams(max_tokens=new, temperature=0.0), images=seen)
+    for _ in range(steps):
+        step = backend.step()
+        for seq, token in step.tokens.items():
+            out[seq] += [token, *step.more.get(seq, ())]
+        for seq in [s for s in jobs if len(out[s]) >= new]:
+            backend.remove(seq)
+            del jobs[seq]
+        if not jobs:
+            break
+    return {seq: tokens[:new] for seq, tokens in out.items()}

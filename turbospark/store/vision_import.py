@@ -37,6 +37,7 @@ VISION_FAMILIES: dict[str, tuple[str, ...]] = {
     "gemma3": ("vision_tower.", "multi_modal_projector."),
     "qwen2_vl": ("vision_tower.",),
     "qwen2_5_vl": ("vision_tower.",),
+    "mistral3": ("vision_tower.", "multi_modal_projector."),
 }
 #: The families whose language model is a Qwen2 (its RoPE multimodal only where images are read)
 _QWEN = ("qwen2_vl", "qwen2_5_vl")

@@ -13,8 +13,9 @@ from typing import Any
 
 import attrs
 import mlx.core as mx
+import numpy as np
 
-__all__ = ["PIECE_MACS", "Piece", "encoder_layer"]
+__all__ = ["PIECE_MACS", "Piece", "encoder_layer", "layer_in_rows"]
 
 
 @attrs.frozen
@@ -78,3 +79,48 @@ def encoder_layer(block: Any, tokens: int, read: Callable[[], mx.array],
         return out
 
     return [keys_values, *(partial(rows, a, min(a + group, tokens)) for a in range(0, tokens, group))]
+
+
+def layer_in_rows(hidden: dict[str, Any], segments: list[int], *, whole: Callable[[], mx.array],
+                  project: Callable[[mx.array, int, int], mx.array], finish: Callable[[mx.array, mx.array], mx.array],
+                  scale: float, project_macs: int, row_macs: int) -> list[Callable[[], Any]]:
+    """A pre-norm encoder layer over ``hidden["x"]`` (rows, width) whose rows attend within
+    ``segments`` (their lengths, in order: an image, or its windows): ``whole()`` if it does at
+    most ``PIECE_MACS``, else in parts: ``project(x, a, b)`` (rows ``a`` to ``b``'s q, k and v,
+    stacked, each (rows, heads, dim), RoPE applied) for groups of rows, then groups of rows'
+    attention over their segment's keys, and ``finish(x, o)`` (the rows after the layer, from
+    their input and attention's output).  ``project_macs`` and ``row_macs`` are a row's work in
+    each."""
+    n = sum(segments)
+    if n * (project_macs + row_macs) <= PIECE_MACS:
+        return [whole]
+    bounds = np.cumsum([0, *segments])
+    qkv: list[mx.array] = []
+    done: list[mx.array] = []
+
+    def projected(a: int, b: int) -> mx.array:
+        qkv.append(project(hidden["x"][a:b], a, b))
+        return qkv[-1]
+
+    def rows(a: int, b: int) -> mx.array:
+        if len(qkv) > 1:
+            qkv[:] = [mx.concatenate(qkv, axis=1)]
+        q, k, v = (y.transpose(1, 0, 2)[None] for y in qkv[0])  # (1, heads, rows, dim)
+        parts = []
+        for s, e in zip(bounds[:-1], bounds[1:], strict=True):
+            lo, hi = max(a, s), min(b, e)
+            if lo < hi:
+                parts.append(mx.fast.scaled_dot_product_attention(q[:, :, lo:hi], k[:, :, s:e], v[:, :, s:e],
+                                                                  scale=scale))  # fmt: skip
+        done.append(finish(hidden["x"][a:b], mx.concatenate(parts, axis=2)[0].transpose(1, 0, 2).reshape(b - a, -1)))
+        if b < n:
+            return done[-1]
+        hidden["x"] = mx.concatenate(done, axis=0)
+        qkv.clear()
+        done.clear()
+        return hidden["x"]
+
+    first = max(1, int(PIECE_MACS // project_macs))
+    second = max(1, int(PIECE_MACS // row_macs))
+    return [*(partial(projected, a, min(a + first, n)) for a in range(0, n, first)),
+            *(partial(rows, a, min(a + second, n)) for a in range(0, n, second))]  # fmt: skip

@@ -15,7 +15,6 @@ of the three numbers; for text, all three are the same, and that is plain RoPE.
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from . import pieces as _pieces
-from .pieces import Piece
+from .pieces import Piece, layer_in_rows
 
 __all__ = ["MRoPE", "QwenProcessor", "QwenVL", "mrope_positions", "mrope_sections", "windows"]
 
@@ -177,56 +175,26 @@ class QwenVL(nn.Module):
 
 
 def _layer(block: Any, segments: list[int], hidden: dict[str, Any]) -> list[Any]:
-    """A Qwen vision layer over ``hidden["x"]``, its rows attending within ``segments`` (their
-    lengths, in order): whole, or in parts of at most ``PIECE_MACS`` (the q, k and v of groups of
-    rows, then groups of rows' attention, projection and MLP)."""
-    attn = block.attn
-    n = sum(segments)
-    width = attn.proj.weight.shape[0]
-    mlp = sum(p.size for k, p in tree_flatten(block.mlp.parameters()) if k.endswith("weight"))  # its MACs a row
-    per_row = 4 * width * width + 2 * max(segments) * width + mlp
-    bounds = np.cumsum([0, *segments])
-
-    def whole() -> mx.array:
-        hidden["x"] = block(hidden["x"], cu_seqlens=mx.array(bounds), rotary_pos_emb=hidden["rope"])
-        return hidden["x"]
-
-    if n * per_row <= _pieces.PIECE_MACS:
-        return [whole]
+    """A Qwen vision layer over ``hidden["x"]``, its rows attending within ``segments``, whole or
+    in parts (``layer_in_rows``)."""
     from mlx_vlm.models.qwen2_vl.vision import apply_rotary_pos_emb_vision
 
-    qkv: list[mx.array] = []
-    done: list[mx.array] = []
+    attn = block.attn
+    width = attn.proj.weight.shape[0]
+    mlp = sum(p.size for k, p in tree_flatten(block.mlp.parameters()) if k.endswith("weight"))  # its MACs a row
 
-    def project(a: int, b: int) -> mx.array:
-        x = hidden["x"][a:b]
-        q, k, v = attn.qkv(block.norm1(x)).reshape(b - a, 3, attn.num_heads, -1).transpose(1, 0, 2, 3)
-        rope = hidden["rope"][a:b]
-        qkv.append(mx.stack([apply_rotary_pos_emb_vision(q[None], rope)[0],
-                             apply_rotary_pos_emb_vision(k[None], rope)[0], v]))  # fmt: skip
-        return qkv[-1]
-
-    def rows(a: int, b: int) -> mx.array:
-        if len(qkv) > 1:
-            qkv[:] = [mx.concatenate(qkv, axis=1)]
-        q, k, v = (y.transpose(1, 0, 2)[None] for y in qkv[0])  # (1, heads, n, dim)
-        parts = []
-        for s, e in zip(bounds[:-1], bounds[1:], strict=True):
-            lo, hi = max(a, s), min(b, e)
-            if lo < hi:
-                parts.append(mx.fast.scaled_dot_product_attention(q[:, :, lo:hi], k[:, :, s:e], v[:, :, s:e],
-                                                                  scale=attn.scale))  # fmt: skip
-        o = mx.concatenate(parts, axis=2)[0].transpose(1, 0, 2).reshape(b - a, -1)
-        x = hidden["x"][a:b] + attn.proj(o)
-        done.append(x + block.mlp(block.norm2(x)))
-        if b < n:
-            return done[-1]
-        hidden["x"] = mx.concatenate(done, axis=0)
-        qkv.clear()
-        done.clear()
+    def whole() -> mx.array:
+        hidden["x"] = block(hidden["x"], cu_seqlens=mx.array(np.cumsum([0, *segments])), rotary_pos_emb=hidden["rope"])
         return hidden["x"]
 
-    first = max(1, int(_pieces.PIECE_MACS // (3 * width * width)))
-    second = max(1, int(_pieces.PIECE_MACS // per_row))
-    return [*(partial(project, a, min(a + first, n)) for a in range(0, n, first)),
-            *(partial(rows, a, min(a + second, n)) for a in range(0, n, second))]  # fmt: skip
+    def project(x: mx.array, a: int, b: int) -> mx.array:
+        q, k, v = attn.qkv(block.norm1(x)).reshape(b - a, 3, attn.num_heads, -1).transpose(1, 0, 2, 3)
+        rope = hidden["rope"][a:b]
+        return mx.stack([apply_rotary_pos_emb_vision(q[None], rope)[0], apply_rotary_pos_emb_vision(k[None], rope)[0], v])
+
+    def finish(x: mx.array, o: mx.array) -> mx.array:
+        x = x + attn.proj(o)
+        return x + block.mlp(block.norm2(x))
+
+    return layer_in_rows(hidden, segments, whole=whole, project=project, finish=finish, scale=attn.scale,
+                         project_macs=3 * width * width, row_macs=width * width + 2 * max(segments) * width + mlp)

@@ -32,6 +32,7 @@ import mlx.nn as nn
 
 from .families import Gemma3, Idefics3, Llava
 from .pieces import Piece
+from .pixtral import Mistral3
 from .qwen import QwenVL, mrope_sections
 
 __all__ = ["FeatureCache", "Piece", "Prepared", "Tower", "digest"]
@@ -69,7 +70,7 @@ class FeatureCache:
 
 
 _FAMILIES: dict[str, Any] = {"idefics3": Idefics3, "smolvlm": Idefics3, "llava": Llava, "gemma3": Gemma3,
-                             "qwen2_vl": QwenVL, "qwen2_5_vl": QwenVL}
+                             "qwen2_vl": QwenVL, "qwen2_5_vl": QwenVL, "mistral3": Mistral3}
 
 
 class Tower:
