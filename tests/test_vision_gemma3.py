@@ -138,9 +138,8 @@ def test_a_prompt_chunk_never_cuts_an_image_apart(store_home: Path, expected: di
     backend = MlxBackend(store_home / "models" / MODEL, model_id=MODEL)  # its prefix cache empty
     ids, seen = _job(backend, [_png(1)])
     advance, cuts = backend.vision.advance, []
-    monkeypatch.setattr(backend.vision, "advance", lambda chunk: (cuts.append(backend.vision.reading[4].at)
-                                                                  if 4 in backend.vision.reading else None,
-                                                                  advance(2))[1])  # fmt: skip
+    monkeypatch.setattr(backend.vision, "advance", lambda chunk, fuse=False: (
+        cuts.append(backend.vision.reading[4].at) if 4 in backend.vision.reading else None, advance(2, fuse=fuse))[1])
     assert _run(backend, {4: (ids, seen)})[4] == expected["ids"]
     image = seen.at.tolist()  # the chunks began at 0, 2, 4, then past the image's 4 tokens at 5-8
     assert image == [5, 6, 7, 8] and sorted(set(cuts))[:5] == [0, 2, 4, 9, 11]

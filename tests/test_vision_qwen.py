@@ -26,6 +26,7 @@ import ollama  # noqa: E402
 import openai  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from turbospark.model.backend import SamplingParams  # noqa: E402
 from turbospark.vision.qwen import mrope_positions, windows  # noqa: E402
 
 from ._support import import_into  # noqa: E402
@@ -136,6 +137,33 @@ def test_the_prompt_is_the_processors_and_a_batch_gives_each_its_own_tokens(
     assert _run(backend, {0: _job(backend, [_png(1)])})[0] == expected["ids"]
     mixed = _run(backend, {1: _job(backend, [_png(1), _png(2)]), 2: _job(backend, []), 3: _job(backend, [_png(3)])})
     assert (mixed[1], mixed[2], mixed[3]) == (expected["two"], expected["plain"], expected["other"])
+
+
+def test_an_image_prompt_read_in_the_streams_pass_gives_the_same_tokens(store_home: Path, expected: dict[str, Any],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a stream decodes, an image request's prompt chunks are read in the stream's own
+    forward pass, at their multimodal positions: the same tokens for both."""
+    from turbospark.model.mlx_backend import MlxBackend
+
+    backend = MlxBackend(store_home / "models" / MODEL, model_id=MODEL)  # its prefix cache empty
+    monkeypatch.setattr(backend.pacer, "size", lambda decoding: 4)  # chunks of 4: several before the last
+    out: dict[int, list[int]] = {30: [], 31: []}
+    backend.insert(30, ask(backend, [], QUESTION)[0], SamplingParams(max_tokens=40, temperature=0.0))
+    for _ in range(3):
+        out[30] += backend.step().tokens.values()
+    ids, seen = ask(backend, [_png(1)], QUESTION)
+    backend.insert(31, ids, SamplingParams(max_tokens=NEW, temperature=0.0), images=seen)
+    before = backend.vision.chunks_in_step
+    for _ in range(200):
+        step = backend.step()
+        for seq, token in step.tokens.items():
+            out[seq] += [token, *step.more.get(seq, ())]
+        if len(out[30]) >= NEW and len(out[31]) >= NEW:
+            break
+    backend.remove(30)
+    backend.remove(31)
+    assert backend.vision.chunks_in_step - before >= 3
+    assert (out[30][:NEW], out[31][:NEW]) == (expected["plain"], expected["ids"])
 
 
 def test_layers_in_parts_read_the_image_as_whole_ones(backend: Any, expected: dict[str, Any],

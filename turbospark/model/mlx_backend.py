@@ -9,14 +9,13 @@ are thread-local): loading, the prefix cache, prefill and decode.
   a step in all, split between the prompts being read, so a cancelled prompt stops within one
   chunk; while others decode, ``pacing.JoinPacer`` sizes it so that their longest gap between
   tokens stays under twice their usual one.  For llama-stack models, a step that decodes and
-  reads one prompt is one forward pass (``mlx_fused``), and a newcomer's KV joins the batch's a
-  few layers a step (``mlx_joining``) instead of in one copy of the whole batch.
+  reads one prompt (or a chunk of an image request's, ``mlx_vision``) is one forward pass
+  (``mlx_fused``), and a newcomer's KV joins the batch's a few layers a step (``mlx_joining``).
 - While at most ``speculate_up_to`` sequences decode (4; 1 on the CPU kernels) and none reads a
   prompt, a step checks drafts instead (``mlx_speculate``): several exact tokens a step.  Drafts
   come from each sequence's own prompt and output (prompt lookup), or from a draft model
-  (``mlx_draft``).
-  A look for drafts reads back the pending tokens, so it costs the step its pipelining: after a
-  look that kept nothing, the next waits a few plain steps (``lookup.Backoff``).
+  (``mlx_draft``).  A look for drafts reads back the pending tokens, so it costs the step its
+  pipelining: after a look that kept nothing, the next waits a few plain steps (``Backoff``).
 - Decode is pipelined (step n+1 is dispatched before token n is read back).
 - Samplers and logits processors are per sequence (``mlx_sampling``).  One that raises fails its
   own sequence only: the error is recorded, the step goes on with a harmless stand-in, and the
@@ -50,7 +49,7 @@ from .constraint import Matcher
 from .mlx_sampling import Sampler, constrain, greedy, guard, make_processors, make_sampler, top_logprobs
 from .mlx_blocks import half_kv
 from .mlx_draft import ModelDrafter, check_vocabularies
-from .mlx_fused import can_fuse, fusable, fused_next
+from .mlx_fused import Outside, can_fuse, can_fuse_outside, fusable, fused_next, fused_outside
 from .mlx_joining import settle
 from .mlx_kernels import install as install_kernels
 from .mlx_kernels import serves as kernels_serve
@@ -244,13 +243,16 @@ class MlxBackend:
 
     def step(self) -> StepOutput:
         seen: dict[int, PrefillProgress] = {}
+        outside = None  # a vision prompt chunk for this step's pass (``mlx_vision``, ``mlx_fused``)
         if self.vision is not None and self.vision.reading:  # a piece of a request's images first
-            seen, lost = self.vision.advance(self.pacer.size(len(self.engine._generation_batch)))
+            seen, lost = self.vision.advance(self.pacer.size(len(self.engine._generation_batch)),
+                                             fuse=self.fuse and can_fuse_outside(self.engine))  # fmt: skip
             self._failed.update(lost)
-        out = self._speculate() or self._step()
+            outside = self.vision.take_chunk()
+        out = (None if outside else self._speculate()) or self._step(outside)
         return attrs.evolve(out, progress={**out.progress, **seen}) if seen else out
 
-    def _step(self) -> StepOutput:
+    def _step(self, outside: Outside | None = None) -> StepOutput:
         prefilling = sum(r.reading for r in self._running.values())
         decoding = len(self.engine._generation_batch)
         # One chunk a step in all, shared by the prompts being read, sized by the pacer so the
@@ -258,10 +260,12 @@ class MlxBackend:
         chunk = self.pacer.size(decoding)
         self.engine.prefill_step_size = max(8, chunk // max(1, prefilling))
         began = time.perf_counter()
-        if self.fuse and can_fuse(self.engine):
+        if outside is not None or (self.fuse and can_fuse(self.engine)):
             self.fused_steps += 1
             with mx.stream(self.stream):
-                prompt_responses, generation_responses = fused_next(self.engine)
+                prompt_responses, generation_responses = (
+                    fused_next(self.engine) if outside is None else ([], fused_outside(self.engine, outside)))
+            prefilling += outside is not None
         else:
             settle(self.engine._generation_batch)  # mlx-lm's own step knows only whole rectangles
             prompt_responses, generation_responses = self.engine.next()

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
 from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
@@ -36,7 +37,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 from .mlx_blocks import kv_update
 from .mlx_joining import JoiningKVCache, join, joining, merge_some
 
-__all__ = ["can_fuse", "forward", "fusable", "fused_next"]
+__all__ = ["Outside", "can_fuse", "can_fuse_outside", "forward", "fusable", "fused_next", "fused_outside"]
 
 _LAYOUTS = {"mlx_lm.models.llama", "mlx_lm.models.qwen2"}  # the same blocks (qwen2: biased q/k/v)
 
@@ -63,6 +64,25 @@ def can_fuse(engine: Any) -> bool:
     return all(type(c) in (BatchKVCache, KVCache) for c in cache)
 
 
+def can_fuse_outside(engine: Any) -> bool:
+    """Whether the engine's next step can take a chunk read outside it (``Outside``): streams
+    decode and the engine reads no prompt of its own."""
+    gen = engine._generation_batch
+    return (bool(len(gen)) and not len(engine._prompt_batch) and not engine._unprocessed_sequences
+            and all(type(p) is BatchKVCache for c in gen.prompt_cache for p in _parts(c)))
+
+
+@attrs.frozen(eq=False)
+class Outside:
+    """A prompt chunk read outside the engine (a vision request's, ``mlx_vision``), in the decode
+    step's pass: its embeddings ``(1, C, hidden)``, the KV cache of its own it is written into,
+    and the RoPE its attention takes where it is not the layer's own (Qwen2-VL's positions)."""
+
+    embeddings: mx.array
+    cache: list[Any]
+    rope: Any = None
+
+
 def _parts(cache: Any) -> list[Any]:
     return cache.parts if isinstance(cache, JoiningKVCache) else [cache]
 
@@ -77,29 +97,37 @@ class _Given:
         return self.logits
 
 
-def _attend(attn: Any, q: mx.array, k: mx.array, v: mx.array, cache: Any, mask: Any, fused: bool) -> mx.array:
+def _attend(attn: Any, q: mx.array, k: mx.array, v: mx.array, cache: Any, mask: Any, fused: bool,
+            rope: Any = None) -> mx.array:
     """The attention of mlx-lm's llama ``Attention`` for ``(B, L, heads * dim)`` projections
-    (a ``fused`` layer's cache written as the layer itself writes it)."""
+    (a ``fused`` layer's cache written as the layer itself writes it; ``rope`` in place of the
+    layer's own)."""
     B, L, _ = q.shape
     q = q.reshape(B, L, attn.n_heads, -1).transpose(0, 2, 1, 3)
     k = k.reshape(B, L, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
     v = v.reshape(B, L, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-    q = attn.rope(q, offset=cache.offset)
-    k = attn.rope(k, offset=cache.offset)
+    rope = attn.rope if rope is None else rope
+    q = rope(q, offset=cache.offset)
+    k = rope(k, offset=cache.offset)
     k, v = kv_update(cache, k, v) if fused else cache.update_and_fetch(k, v)
     out = scaled_dot_product_attention(q, k, v, cache=cache, scale=attn.scale, mask=mask)
     return out.transpose(0, 2, 1, 3).reshape(B, L, -1)
 
 
 def forward(model: Any, rows: mx.array, rows_cache: list[Any], chunk: mx.array | None = None,
-            chunk_cache: list[Any] | None = None, last: bool = False) -> tuple[mx.array, mx.array | None]:
+            chunk_cache: list[Any] | None = None, last: bool = False,
+            outside: Outside | None = None) -> tuple[mx.array, mx.array | None]:
     """Logits ``(B, 1, vocab)`` for the decode rows' tokens ``rows`` (``(B,)``) and, when
-    ``last``, ``(1, 1, vocab)`` for ``chunk``'s last position; the caches are written."""
+    ``last``, ``(1, 1, vocab)`` for ``chunk``'s last position; the caches are written.  A chunk
+    read ``outside`` the engine comes as its embeddings, its cache and its RoPE."""
     inner = model.model
-    B, C = rows.shape[0], 0 if chunk is None else chunk.shape[0]
+    if outside is not None:
+        chunk_cache = outside.cache
+    B = rows.shape[0]
+    C = outside.embeddings.shape[1] if outside is not None else 0 if chunk is None else chunk.shape[0]
     h = inner.embed_tokens(rows).reshape(1, B, -1)
     if C:
-        h_chunk = inner.embed_tokens(chunk[None])
+        h_chunk = outside.embeddings if outside is not None else inner.embed_tokens(chunk[None])
         chunk_mask = create_attention_mask(h_chunk, chunk_cache[0])
         h = mx.concatenate([h, h_chunk], axis=1)
     masks: dict[tuple[int, int], Any] = {}  # by (parts, part): the same for every such layer
@@ -126,7 +154,8 @@ def forward(model: Any, rows: mx.array, rows_cache: list[Any], chunk: mx.array |
             outs.append(_attend(attn, qs, ks, vs, part, mask, fused is not None).reshape(1, n, -1))
             start += n
         if C:
-            outs.append(_attend(attn, q[:, B:], k[:, B:], v[:, B:], cc, chunk_mask, fused is not None))
+            outs.append(_attend(attn, q[:, B:], k[:, B:], v[:, B:], cc, chunk_mask, fused is not None,
+                                outside.rope if outside is not None else None))  # fmt: skip
         attended = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=1)
         if fused is not None:  # and one for gate and up, the residuals and SwiGLU in the products
             h = fused.o(attended, residual=h)
@@ -139,6 +168,23 @@ def forward(model: Any, rows: mx.array, rows_cache: list[Any], chunk: mx.array |
     logits = inner.embed_tokens.as_linear(out) if model.args.tie_word_embeddings else model.lm_head(out)
     logits = logits.reshape(-1, 1, logits.shape[-1])
     return (logits[:B], logits[B:]) if last else (logits, None)
+
+
+def fused_outside(engine: Any, outside: Outside) -> list[Any]:
+    """The engine's decode step (``can_fuse_outside``) with a chunk read ``outside`` it in the
+    same pass: the generation batch's responses; the chunk's KV is in its cache after."""
+    gen = engine._generation_batch
+    rows_logits, _ = forward(engine.model, gen._next_tokens, gen.prompt_cache, outside=outside)
+    gen.model = _Given(rows_logits)
+    try:
+        generation_responses = gen.next()
+    finally:
+        gen.model = engine.model
+    engine._counters.generation_tokens += len(generation_responses)
+    engine._counters.generation_steps += 1
+    mx.async_eval([c.state for c in outside.cache])
+    merge_some(gen)
+    return generation_responses
 
 
 def fused_next(engine: Any) -> tuple[list[Any], list[Any]]:

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import io
 import logging
+import time
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,13 +37,18 @@ import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..errors import RequestInvalid
+from ..vision import pieces as _pieces
 from ..vision.qwen import MRoPE, mrope_positions
 from ..vision.tower import Prepared, Tower, digest
 from .backend import PrefillProgress, SamplingParams
+from .mlx_fused import Outside
 
 __all__ = ["Expander", "Seen", "VisionSide", "vision_side"]
 
 log = logging.getLogger(__name__)
+
+#: The share of the streams' usual gap a piece of a tower may take while they decode.
+PIECE_SHARE = 0.75
 
 
 def vision_side(path: Path, backend: Any) -> VisionSide | None:
@@ -216,13 +223,27 @@ class VisionSide:
         backend.tokenizer.content_parts = True
         backend.tokenizer.count_images = self.counting
         self.reading: dict[int, _Reading] = {}
-        self.pieces_run = 0  # pieces of towers run (tests, benchmarks)
+        self._chunk: Outside | None = None  # a prompt chunk left for the step's own pass
+        self.pieces_run = 0
+        self._pace: deque[tuple[float, float]] = deque(maxlen=32)  # recent pieces' multiply-adds and seconds
+        self.chunks_in_step = 0  # prompt chunks read in a decode step's pass (tests, benchmarks)  # pieces of towers run (tests, benchmarks)
 
     def see(self, images: Sequence[bytes]) -> Seen:
-        """Decode and process a request's images (``RequestInvalid`` for one that does not decode)."""
+        """Decode and process a request's images (``RequestInvalid`` for one that does not decode),
+        their layers cut into pieces of what ``_budget`` allows."""
         with mx.stream(self.backend.stream):
-            prepared = self.tower.prepare(_decoded(images), [digest(d) for d in images])
+            prepared = self.tower.prepare(_decoded(images), [digest(d) for d in images], self._budget())
         return Seen(prepared, self.tower.image_token, self.tower.feature_token, self.tower.feature_token_id)
+
+    def _budget(self) -> float | None:
+        """While streams decode: the multiply-adds a piece may do, ``PIECE_SHARE`` of their usual
+        gap at the pace pieces have run (so a step with a piece takes at most about twice the
+        gap, as the join pacer keeps a prompt chunk's); otherwise None (``PIECE_MACS``)."""
+        gap = self.backend.pacer.gap
+        if gap is None or not len(self.backend.engine._generation_batch) or not self._pace:
+            return None
+        rate = sum(m for m, _ in self._pace) / max(1e-6, sum(t for _, t in self._pace))
+        return min(4 * _pieces.PIECE_MACS, max(_pieces.PIECE_MACS / 50, PIECE_SHARE * gap * rate))
 
     def counting(self, images: Sequence[bytes]) -> Expander:
         """What ``images`` add to a prompt, for counting it off the model thread (``count_tokens``):
@@ -241,26 +262,39 @@ class VisionSide:
     def drop(self, seq: int) -> bool:
         return self.reading.pop(seq, None) is not None
 
-    def advance(self, chunk: int) -> tuple[dict[int, PrefillProgress], dict[int, BaseException]]:
-        """One bounded piece of the first waiting request's work; the progress of every one."""
+    def advance(self, chunk: int, *, fuse: bool = False) -> tuple[dict[int, PrefillProgress], dict[int, BaseException]]:
+        """One bounded piece of the first waiting request's work; the progress of every one.
+        With ``fuse``, a prompt chunk is left for the step's own pass (``take_chunk``): the
+        weights are read once for it and the streams decoding; after the last, the sequence
+        joins the engine at the next call."""
         failed: dict[int, BaseException] = {}
         if self.reading:
             run = next(iter(self.reading.values()))
             try:
                 with mx.stream(self.backend.stream):
-                    self._piece(run, chunk)
+                    self._piece(run, chunk, fuse)
             except Exception as exc:
                 del self.reading[run.seq]
                 failed[run.seq] = exc
         progress = {r.seq: PrefillProgress(r.at, len(r.prompt), r.reused) for r in self.reading.values()}
         return progress, failed
 
-    def _piece(self, run: _Reading, chunk: int) -> None:
+    def take_chunk(self) -> Outside | None:
+        """The prompt chunk ``advance`` left for this step's pass, if any (once)."""
+        chunk, self._chunk = self._chunk, None
+        self.chunks_in_step += chunk is not None
+        return chunk
+
+    def _piece(self, run: _Reading, chunk: int, fuse: bool) -> None:
         pieces = run.seen.prepared.pieces
         if run.features is None and run.next_piece < len(pieces):
             piece = pieces[run.next_piece]
+            mx.synchronize(self.backend.stream)  # the step queued before, apart from this piece's time
+            began = time.perf_counter()
             out = piece.run()
             mx.eval(out)  # this piece's work now, not a graph left for the next
+            if macs := getattr(piece.run, "macs", 0):
+                self._pace.append((macs, time.perf_counter() - began))
             if piece.final:
                 run.parts.setdefault(piece.image, []).append(out)
             run.next_piece += 1
@@ -271,6 +305,13 @@ class VisionSide:
         end = min(run.at + chunk, len(run.prompt) - 1)
         if self.tower.bidirectional:  # an image's tokens attend to each other: never cut one apart
             end = run.seen.past_image(end)
+        if end > run.at and fuse and not self.tower.bidirectional:  # in the step's pass: it joins at the next
+            positions = run.seen.positions
+            rope = None if positions is None else MRoPE(self.backend.model.model.layers[0].self_attn.rope,
+                                                        self.tower.sections, positions[:, run.at:end])
+            self._chunk = Outside(self._embeddings(run, run.at, end), run.cache, rope)
+            run.at = end
+            return
         if end > run.at:
             self._prefill(run, run.at, end)
             run.at = end
@@ -293,16 +334,22 @@ class VisionSide:
             images.append(whole)
         return mx.concatenate(images, axis=0)
 
-    def _prefill(self, run: _Reading, start: int, end: int) -> None:
-        model = self.backend.model
-        chunk = mx.array(run.prompt[start:end])[None]
-        embeddings = model.model.embed_tokens(chunk)
+    def _embeddings(self, run: _Reading, start: int, end: int) -> mx.array:
+        """The prompt's token embeddings from ``start`` to ``end``, each image token's its feature."""
+        embeddings = self.backend.model.model.embed_tokens(mx.array(run.prompt[start:end])[None])
         image_at = run.seen.at
         inside = image_at[(image_at >= start) & (image_at < end)]
         if len(inside):
             rows = np.searchsorted(image_at, inside)  # which image token of the prompt each is
             assert run.features is not None
             embeddings[0, mx.array(inside - start)] = run.features[mx.array(rows)].astype(embeddings.dtype)
+        return embeddings
+
+    def _prefill(self, run: _Reading, start: int, end: int) -> None:
+        """The prompt from ``start`` to ``end`` into its own cache, in a pass of its own."""
+        model = self.backend.model
+        chunk = mx.array(run.prompt[start:end])[None]
+        embeddings = self._embeddings(run, start, end)
         if self.tower.bidirectional:
             _bidirectional(model, embeddings, run.cache, run.seen.images_at(start, end))
         elif run.seen.positions is not None:

@@ -23,6 +23,7 @@ import importlib
 import json
 from collections import OrderedDict
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .families import Gemma3, Idefics3, Llava
-from .pieces import Piece
+from .pieces import Piece, budget
 from .pixtral import Mistral3
 from .qwen import QwenVL, mrope_sections
 
@@ -116,11 +117,13 @@ class Tower:
         """What each image placeholder becomes in the prompt's text (no MLX: any thread)."""
         return self._processed(images)[1]
 
-    def prepare(self, images: Sequence[Any], digests: Sequence[str]) -> Prepared:
-        """Process ``images`` (PIL images, RGB) whose content hashes are ``digests``."""
+    def prepare(self, images: Sequence[Any], digests: Sequence[str], macs: float | None = None) -> Prepared:
+        """Process ``images`` (PIL images, RGB) whose content hashes are ``digests``, in pieces of
+        at most ``macs`` multiply-adds (``PIECE_MACS`` without)."""
         inputs, replacements = self._processed(images)
         cached = {i: f for i, d in enumerate(digests) if (f := self.features.get(d)) is not None}
-        pieces = tuple(p for p in self.module.pieces(inputs) if p.image not in cached)
+        with budget(macs) if macs else nullcontext():
+            pieces = tuple(p for p in self.module.pieces(inputs) if p.image not in cached)
         grids = tuple(self.module.grids(inputs)) if hasattr(self.module, "grids") else ()
         return Prepared(tuple(replacements), tuple(digests), pieces, cached, grids)
 
