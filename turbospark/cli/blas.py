@@ -8,7 +8,10 @@ decode ~2x, with identical results.  The library must be preloaded before the pr
 everything still runs on the reference BLAS.
 
 ``OPENBLAS_CORETYPE`` is set from the CPU's flags: OpenBLAS 0.3.21 does not recognise some
-current CPUs and falls back to a generic kernel that is 5x slower.
+current CPUs and falls back to a generic kernel that is 5x slower.  ``OPENBLAS_THREAD_TIMEOUT``
+is set to its least (2^4 cycles): by default OpenBLAS's threads spin for some 2^28 cycles (about
+0.1 s) after each product, on the cores the CPU kernels' threads then need for the next decode
+step; a vision tower's piece (OpenBLAS's products) slowed the step after it.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ def reexec_with_openblas(command: Sequence[str]) -> None:
     env["LD_PRELOAD"] = ":".join(p for p in (str(library), env.get("LD_PRELOAD", "")) if p)
     if "OPENBLAS_CORETYPE" not in env and (core := _core_type()):
         env["OPENBLAS_CORETYPE"] = core
+    env.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # its threads sleep after a product, not spin
     sys.stderr.flush()
     os.execve(command[0], list(command), env)
 
