@@ -386,6 +386,32 @@ async def test_a_client_that_hangs_up_while_its_images_are_read_stops_them(start
         assert r.json()["usage"]["completion_tokens"] == 2
 
 
+async def test_images_are_processed_before_the_model_thread_sees_them(start_server, store_home: Path,
+                                                                        expected: dict[str, Any]) -> None:
+    """The processor's work (PIL and numpy, tens of milliseconds an image) is done in a worker
+    thread before the job is queued: the model thread, which decodes the other streams, finds
+    the request's images processed; the answer is the same."""
+    from turbospark.actors.lifecycle import Loadable
+    from turbospark.model.mlx_backend import MlxBackend
+
+    built: list[Any] = []
+
+    def make() -> Any:
+        built.append(MlxBackend(store_home / "models" / MODEL, model_id=MODEL))
+        return built[-1]
+
+    lazy = Loadable(id=MODEL, make=make, capabilities=frozenset({"chat", "completion", "vision"}),
+                    context_window=2048, size=30 << 20)
+    server = await start_server(backends=[], library=[lazy])
+    url = f"data:image/png;base64,{base64.b64encode(_png(1)).decode()}"
+    async with httpx.AsyncClient(timeout=60) as h:
+        r = await h.post(f"{server.url}/v1/chat/completions", json={
+            "model": MODEL, "max_tokens": NEW, "temperature": 0, "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": QUESTION}]}]})  # fmt: skip
+    assert r.json()["choices"][0]["message"]["content"] == expected["text"]
+    assert built[0].vision.seen_ahead == 1 and not built[0].vision._ahead
+
+
 async def test_a_llava_model_reads_the_image_as_transformers_does(
     nursery: trio.Nursery, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -49,6 +50,8 @@ log = logging.getLogger(__name__)
 
 #: The share of the streams' usual gap a piece of a tower may take while they decode.
 PIECE_SHARE = 0.75
+#: Requests' images processed ahead and not yet seen on the model thread, at most.
+AHEAD = 4
 
 
 def vision_side(path: Path, backend: Any) -> VisionSide | None:
@@ -222,17 +225,38 @@ class VisionSide:
             self.tower = Tower(path)
         backend.tokenizer.content_parts = True
         backend.tokenizer.count_images = self.counting
+        backend.tokenizer.process_images = self.process_ahead
+        self._ahead: dict[tuple[str, ...], Any] = {}  # images processed ahead, by their hashes
+        self._ahead_lock = threading.Lock()
+        self.seen_ahead = 0  # requests whose images were processed ahead (tests)
         self.reading: dict[int, _Reading] = {}
         self._chunk: Outside | None = None  # a prompt chunk left for the step's own pass
         self.pieces_run = 0
         self._pace: deque[tuple[float, float]] = deque(maxlen=32)  # recent pieces' multiply-adds and seconds
         self.chunks_in_step = 0  # prompt chunks read in a decode step's pass (tests, benchmarks)  # pieces of towers run (tests, benchmarks)
 
+    def process_ahead(self, images: Sequence[bytes]) -> None:
+        """Decode and process a request's images before it reaches the model thread (any thread:
+        PIL and numpy; ``RequestInvalid`` for one that does not decode), so that ``see`` finds
+        them done: the processor's tens of milliseconds an image are then no decode step's."""
+        key = tuple(digest(d) for d in images)
+        processed = self.tower.processed(_decoded(images))
+        with self._ahead_lock:
+            self._ahead[key] = processed
+            while len(self._ahead) > AHEAD:
+                self._ahead.pop(next(iter(self._ahead)))
+
     def see(self, images: Sequence[bytes]) -> Seen:
-        """Decode and process a request's images (``RequestInvalid`` for one that does not decode),
-        their layers cut into pieces of what ``_budget`` allows."""
+        """A request's images, processed (by ``process_ahead``, or now: ``RequestInvalid`` for one
+        that does not decode), their layers cut into pieces of what ``_budget`` allows."""
+        digests = [digest(d) for d in images]
+        with self._ahead_lock:
+            processed = self._ahead.pop(tuple(digests), None)
+        self.seen_ahead += processed is not None
+        if processed is None:
+            processed = self.tower.processed(_decoded(images))
         with mx.stream(self.backend.stream):
-            prepared = self.tower.prepare(_decoded(images), [digest(d) for d in images], self._budget())
+            prepared = self.tower.prepare(processed, digests, self._budget())
         return Seen(prepared, self.tower.image_token, self.tower.feature_token, self.tower.feature_token_id)
 
     def _budget(self) -> float | None:

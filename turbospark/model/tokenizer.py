@@ -95,6 +95,7 @@ class Tokenizer:
         self.chat_template = chat_template
         self.content_parts = False  # a vision model's: its template reads contents as lists of parts
         self.count_images: Callable[[Sequence[bytes]], Callable[[str], str]] | None = None  # and what images add
+        self.process_images: Callable[[Sequence[bytes]], None] | None = None  # images processed ahead, any thread
         self.bos_id = tokenizer.token_to_id(bos_token) if bos_token else None
         self.eos_id = tokenizer.token_to_id(eos_token) if eos_token else None
         stops = set(extra_stop_ids)

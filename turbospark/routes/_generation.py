@@ -52,6 +52,16 @@ class Context:
         return iter((self.system, self.scope))
 
 
+async def _images_ahead(sys_: System, scope: ExitStack, model: str, prompt: ChatPrompt | TextPrompt) -> None:
+    """A vision model's images decoded and processed in a worker thread before the job is
+    queued, so that the model thread, which decodes the other streams, does not."""
+    if not isinstance(prompt, ChatPrompt) or not prompt.images:
+        return
+    entry = (await sys_.lease(model, "chat", scope=scope)).entry
+    if (ahead := getattr(entry.tokenizer, "process_images", None)) is not None:
+        await trio.to_thread.run_sync(ahead, prompt.images, abandon_on_cancel=True)
+
+
 async def start(
     *,
     request_id: int,
@@ -76,6 +86,7 @@ async def start(
     it within a step.
     """
     sys_, scope = context or Context.here()
+    await _images_ahead(sys_, scope, model, prompt)
     buffer = n * (params.max_tokens + 1) + REPLY_SLACK
     reply_send, reply_recv = trio.open_memory_channel[Reply](buffer)
     scope.enter_context(reply_recv)

@@ -117,10 +117,16 @@ class Tower:
         """What each image placeholder becomes in the prompt's text (no MLX: any thread)."""
         return self._processed(images)[1]
 
-    def prepare(self, images: Sequence[Any], digests: Sequence[str], macs: float | None = None) -> Prepared:
-        """Process ``images`` (PIL images, RGB) whose content hashes are ``digests``, in pieces of
-        at most ``macs`` multiply-adds (``PIECE_MACS`` without)."""
-        inputs, replacements = self._processed(images)
+    def processed(self, images: Sequence[Any]) -> tuple[dict[str, Any], list[str]]:
+        """What the processor makes of ``images`` (PIL images, RGB) and what each image's
+        placeholder becomes (no MLX: any thread)."""
+        return self._processed(images)
+
+    def prepare(self, processed: tuple[dict[str, Any], list[str]], digests: Sequence[str],
+                macs: float | None = None) -> Prepared:
+        """The pieces that encode the ``processed`` images whose content hashes are ``digests``
+        (those not cached), of at most ``macs`` multiply-adds each (``PIECE_MACS`` without)."""
+        inputs, replacements = processed
         cached = {i: f for i, d in enumerate(digests) if (f := self.features.get(d)) is not None}
         with budget(macs) if macs else nullcontext():
             pieces = tuple(p for p in self.module.pieces(inputs) if p.image not in cached)
