@@ -19,6 +19,10 @@ engine's own code: the generation batch's ``next`` (its processors, samplers, st
 pipelining) runs on the logits this pass gave it, and so does the newcomer's first
 ``GenerationBatch`` step.
 
+An image request's prompt, read outside the engine (``mlx_vision``), takes the same pass: its
+chunk comes as embeddings (the image features in place), with a KV cache of its own and, for
+Qwen2-VL, the RoPE of its positions (``Outside``, ``fused_outside``); nothing is sampled for it.
+
 Only models whose layer stack is mlx-lm's llama layout (``fusable``: its llama and qwen2 modules,
 Mistral and Qwen2.5 among them), plain ``BatchKVCache``
 layers, and one prompt being read at a time; anything else takes the engine's own step.

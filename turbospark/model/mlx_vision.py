@@ -231,9 +231,9 @@ class VisionSide:
         self.seen_ahead = 0  # requests whose images were processed ahead (tests)
         self.reading: dict[int, _Reading] = {}
         self._chunk: Outside | None = None  # a prompt chunk left for the step's own pass
-        self.pieces_run = 0
+        self.pieces_run = 0  # pieces of towers run (tests, benchmarks)
         self._pace: deque[tuple[float, float]] = deque(maxlen=32)  # recent pieces' multiply-adds and seconds
-        self.chunks_in_step = 0  # prompt chunks read in a decode step's pass (tests, benchmarks)  # pieces of towers run (tests, benchmarks)
+        self.chunks_in_step = 0  # prompt chunks read in a decode step's pass (tests, benchmarks)
 
     def process_ahead(self, images: Sequence[bytes]) -> None:
         """Decode and process a request's images before it reaches the model thread (any thread:
@@ -286,7 +286,8 @@ class VisionSide:
     def drop(self, seq: int) -> bool:
         return self.reading.pop(seq, None) is not None
 
-    def advance(self, chunk: int, *, fuse: bool = False) -> tuple[dict[int, PrefillProgress], dict[int, BaseException]]:
+    def advance(self, chunk: int, *, fuse: bool = False
+                ) -> tuple[dict[int, PrefillProgress], dict[int, BaseException]]:
         """One bounded piece of the first waiting request's work; the progress of every one.
         With ``fuse``, a prompt chunk is left for the step's own pass (``take_chunk``): the
         weights are read once for it and the streams decoding; after the last, the sequence
