@@ -180,6 +180,30 @@ def test_with_x_in_8_bits_a_row_is_the_same_bits_whatever_rows_it_comes_with(row
 
 
 @needs_kernels
+@pytest.mark.skipif("avx2+vnni" not in ISAS, reason="this CPU does not run AVX-VNNI")
+@ours
+@given(rows=st.integers(1, 20), bits=st.sampled_from([4, 8]), group=st.sampled_from([32, 64, 128]),
+       dtype=st.sampled_from([mx.float32, mx.float16, mx.bfloat16]), seed=st.integers(0, 2**16))
+def test_avx_vnni_products_are_avx2s_bits(rows, bits, group, dtype, seed) -> None:
+    """AVX-VNNI's one instruction adds the same integers as AVX2's two, so a model's text does not
+    depend on which of the two sets a CPU has."""
+    before, int8 = kernels.native.isa(), kernels.native.activations_in_8_bits()
+    mx.random.seed(seed)
+    x = mx.random.normal((rows, 384)) * 3
+    wq, scales, biases = mx.quantize(mx.random.normal((37, 384)).astype(dtype), group_size=group, bits=bits)
+    got = {}
+    try:
+        kernels.native.set_activations_in_8_bits(True)
+        for isa in ("avx2+fma", "avx2+vnni"):
+            assert kernels.native.use_isa(isa)
+            got[isa] = np.array(kernels.quantized_linear(x, wq, scales, biases, group_size=group, bits=bits))
+    finally:
+        kernels.native.use_isa(before)
+        kernels.native.set_activations_in_8_bits(int8)
+    np.testing.assert_array_equal(got["avx2+vnni"], got["avx2+fma"])
+
+
+@needs_kernels
 def test_inputs_the_kernels_cannot_read_are_refused_with_a_plain_error() -> None:
     x = mx.ones((1, 12))
     with pytest.raises(ValueError, match="multiple of 8"):

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <memory>
+#include <csetjmp>
+#include <csignal>
 #include <dlfcn.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -31,8 +33,12 @@ std::vector<const Isa*> runnable() {
   std::vector<const Isa*> out;
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+#if defined(KERNELS_WITH_VNNI)
+    if (__builtin_cpu_supports("avxvnni") && vnni_runs()) out.push_back(&isa_vnni());
+#endif
     out.push_back(&isa_avx2());
+  }
 #endif
   out.push_back(&isa_portable());
   return out;
@@ -201,6 +207,25 @@ void finish(const float* y, int R, int N, Epilogue epilogue, const mx::array* re
 }
 
 } // namespace
+
+namespace {
+sigjmp_buf sigill_jump;
+void on_sigill(int) { siglongjmp(sigill_jump, 1); }
+} // namespace
+
+bool runs_without_sigill(void (*fn)()) {
+  struct sigaction ours{}, before{};
+  ours.sa_handler = on_sigill;
+  sigemptyset(&ours.sa_mask);
+  if (sigaction(SIGILL, &ours, &before) != 0) return false;
+  volatile bool ran = false;
+  if (sigsetjmp(sigill_jump, 1) == 0) {
+    fn();
+    ran = true;
+  }
+  sigaction(SIGILL, &before, nullptr);
+  return ran;
+}
 
 const Isa& active_isa() { return *current().load(); }
 

@@ -73,6 +73,11 @@ const Isa& isa_portable();
 const Isa& active_isa();
 #if defined(__x86_64__) || defined(_M_X64)
 const Isa& isa_avx2();
+// AVX2's set with AVX-VNNI's 8-bit products, and whether this CPU really runs AVX-VNNI
+const Isa& isa_vnni();
+bool vnni_runs();
 #endif
+// fn() returns here without raising SIGILL (rows.cpp)
+bool runs_without_sigill(void (*fn)());
 
 } // namespace turbospark::kernels

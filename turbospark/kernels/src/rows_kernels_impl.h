@@ -569,6 +569,28 @@ void rows(const RowsJob& job, int o0, int o1) {
 // the first term 64 weights at a time (lanes 0-3: the first 32, lanes 4-7: the next), the second
 // a dot product of the row's biases with the groups' exact float sums of x.
 
+// Two sets of 32 unsigned bytes times their 32 signed ones, each four adjacent products summed
+// into one int32 lane: lane l holds sum over b in 4l..4l+3 of u0[b] * s0[b] + u1[b] * s1[b].  No
+// product pair here reaches int16's bounds (15 * 127 or 128 * 127, twice), so AVX2's
+// _mm256_maddubs_epi16 and AVX-VNNI's _mm256_dpbusd_avx_epi32 give the same integers.
+inline __m256i dot_u8s8x2(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u0, s0), u1, s1);
+#else
+  return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u0, s0), _mm256_maddubs_epi16(u1, s1)),
+                           _mm256_set1_epi16(1));
+#endif
+}
+
+// one set: lane l holds sum over b in 4l..4l+3 of u[b] * s[b]
+inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
 inline int hsum_i32(__m256i v) {
   __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
@@ -674,7 +696,6 @@ template <int OB, int RB, class S>
 inline void q8_block(const RowsJob& job, const float* xsg, int o, int r) {
   const int K = job.K, G = job.group, groups = K / G;
   const __m256i m4 = _mm256_set1_epi8(15);
-  const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[OB][RB];
   for (int i = 0; i < OB; ++i)
     for (int j = 0; j < RB; ++j) acc[i][j] = _mm256_setzero_ps();
@@ -689,8 +710,7 @@ inline void q8_block(const RowsJob& job, const float* xsg, int o, int r) {
         const size_t at = size_t(r + j) * K + k;
         const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(job.x8 + at));
         const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(job.x8 + at + 32));
-        const __m256i sums = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xe), _mm256_maddubs_epi16(hi, xo));
-        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums, ones));
+        const __m256 p = _mm256_cvtepi32_ps(dot_u8s8x2(lo, xe, hi, xo));
         acc[i][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(s, _mm256_loadu_ps(job.d8 + at / 8)), acc[i][j]);
       }
     }
@@ -729,7 +749,6 @@ template <int OB, int RB, class S>
 inline void q8_block8(const RowsJob& job, const float* xsg, const float* usg, int o, int r) {
   const int K = job.K, G = job.group, groups = K / G;
   const __m256i flip = _mm256_set1_epi8(char(0x80));
-  const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[OB][RB];
   for (int i = 0; i < OB; ++i)
     for (int j = 0; j < RB; ++j) acc[i][j] = _mm256_setzero_ps();
@@ -744,8 +763,8 @@ inline void q8_block8(const RowsJob& job, const float* xsg, const float* usg, in
         const size_t at = size_t(r + j) * K + k;
         const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(job.x8 + at));
         const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(job.x8 + at + 32));
-        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(size0, _mm256_sign_epi8(x0, q0)), ones);
-        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(size1, _mm256_sign_epi8(x1, q1)), ones);
+        const __m256i p0 = dot_u8s8(size0, _mm256_sign_epi8(x0, q0));
+        const __m256i p1 = dot_u8s8(size1, _mm256_sign_epi8(x1, q1));
         const __m256 p = _mm256_cvtepi32_ps(_mm256_hadd_epi32(p0, p1));
         acc[i][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(s, _mm256_loadu_ps(job.d8 + at / 8)), acc[i][j]);
       }
