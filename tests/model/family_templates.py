@@ -211,8 +211,9 @@ FAMILIES = [
 
 
 @functools.cache
-def _imported(vocab: str, renames: tuple[tuple[int, str], ...]) -> tuple[Path, dict[str, Any]]:
-    """The tokenizer the GGUF import writes for a vocabulary fixture (built once)."""
+def _imported(vocab: str, renames: tuple[tuple[int, str], ...]) -> tuple[dict[str, bytes], dict[str, Any]]:
+    """The files the GGUF import writes for a vocabulary fixture's tokenizer (built once, kept in
+    memory: the test process ends without ``atexit``, see conftest)."""
     md = dict(read_gguf(llama_cpp_sources() / "models" / f"ggml-vocab-{vocab}.gguf").metadata)
     if renames:
         tokens = list(md["tokenizer.ggml.tokens"])
@@ -221,27 +222,29 @@ def _imported(vocab: str, renames: tuple[tuple[int, str], ...]) -> tuple[Path, d
             tokens[at] = name
             types[at] = 3 if name.startswith("<|") else 4  # control, or user-defined as Qwen's are
         md |= {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types}
-    directory = Path(tempfile.mkdtemp(prefix=f"family-{vocab}-"))
-    save_tokenizer(md, directory)
-    (directory / "config.json").write_text(json.dumps({"eos_token_id": end_of_generation_ids(md)}))
-    return directory, md
+    with tempfile.TemporaryDirectory(prefix=f"family-{vocab}-") as name:
+        save_tokenizer(md, Path(name))
+        files = {"tokenizer.json": (Path(name) / "tokenizer.json").read_bytes(),
+                 "config.json": json.dumps({"eos_token_id": end_of_generation_ids(md)}).encode()}
+    return files, md
 
 
 def family_tokenizer(family: Family) -> Tokenizer:
-    """``family``'s tokenizer as an import of its GGUF would write it, chat template included."""
-    if family.vocab == "gemma3":
-        from tests.realmodels import gemma_store
+    """``family``'s tokenizer as an import of its GGUF would write it, chat template included
+    (written to a directory that is gone once the tokenizer has read it)."""
+    with tempfile.TemporaryDirectory(prefix=f"family-{family.id}-") as name:
+        directory = Path(name)
+        if family.vocab == "gemma3":
+            from tests.realmodels import gemma_store
 
-        source = gemma_store().path
-        directory = Path(tempfile.mkdtemp(prefix="family-gemma3-"))
-        shutil.copy(source / "tokenizer.json", directory)
-        config = json.loads((source / "tokenizer_config.json").read_text())
-    else:
-        imported, md = _imported(family.vocab, tuple(sorted(family.renames.items())))
-        directory = Path(tempfile.mkdtemp(prefix=f"family-{family.id}-"))
-        for name in ("tokenizer.json", "config.json"):
-            shutil.copy(imported / name, directory)
-        config = tokenizer_config({**md, "tokenizer.chat_template": family.template_text()})
-    config["chat_template"] = family.template_text()
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
-    return Tokenizer.from_dir(directory)
+            source = gemma_store().path
+            shutil.copy(source / "tokenizer.json", directory)
+            config = json.loads((source / "tokenizer_config.json").read_text())
+        else:
+            files, md = _imported(family.vocab, tuple(sorted(family.renames.items())))
+            for file, data in files.items():
+                (directory / file).write_bytes(data)
+            config = tokenizer_config({**md, "tokenizer.chat_template": family.template_text()})
+        config["chat_template"] = family.template_text()
+        (directory / "tokenizer_config.json").write_text(json.dumps(config))
+        return Tokenizer.from_dir(directory)
