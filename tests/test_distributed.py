@@ -79,9 +79,24 @@ class Running:
                 os.killpg(self.proc.pid, signal.SIGKILL)
 
 
+def _ring_port(ranks: int = 4) -> int:
+    """The first of ``ranks`` consecutive free ports, below Linux's ephemeral range (32768 on): a
+    block inside it can be taken by any connection's local port between this check and the ranks'
+    binds (``[ring] Couldn't bind socket``)."""
+    while True:
+        first = random.randrange(20000, 32000)
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in range(first, first + ranks):
+                    stack.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return first
+
+
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[dict[str, str]]:
-    yield {**os.environ, "TURBOSPARK_HOME": str(tmp_path / "home"), "MLX_RING_PORT": str(random.randrange(30000, 40000))}
+    yield {**os.environ, "TURBOSPARK_HOME": str(tmp_path / "home"), "MLX_RING_PORT": str(_ring_port())}
 
 
 def _serve(env: dict[str, str], model: Path, ranks: int | None, *more: str) -> Running:
