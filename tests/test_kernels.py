@@ -179,14 +179,17 @@ def test_with_x_in_8_bits_a_row_is_the_same_bits_whatever_rows_it_comes_with(row
         np.testing.assert_array_equal(together[r:r + 1], alone)
 
 
+VNNI_SETS = [isa for isa in ("avx2+vnni", "avx2+avx512vnni") if isa in ISAS]
+
+
 @needs_kernels
-@pytest.mark.skipif("avx2+vnni" not in ISAS, reason="this CPU does not run AVX-VNNI")
+@pytest.mark.skipif(not VNNI_SETS, reason="this CPU runs neither AVX-VNNI nor AVX-512 VNNI")
 @ours
 @given(rows=st.integers(1, 20), bits=st.sampled_from([4, 8]), group=st.sampled_from([32, 64, 128]),
        dtype=st.sampled_from([mx.float32, mx.float16, mx.bfloat16]), seed=st.integers(0, 2**16))
-def test_avx_vnni_products_are_avx2s_bits(rows, bits, group, dtype, seed) -> None:
-    """AVX-VNNI's one instruction adds the same integers as AVX2's two, so a model's text does not
-    depend on which of the two sets a CPU has."""
+def test_vnni_products_are_avx2s_bits(rows, bits, group, dtype, seed) -> None:
+    """AVX-VNNI's and AVX-512 VNNI's one instruction adds the same integers as AVX2's two, so a
+    model's text does not depend on which of the sets a CPU has."""
     before, int8 = kernels.native.isa(), kernels.native.activations_in_8_bits()
     mx.random.seed(seed)
     x = mx.random.normal((rows, 384)) * 3
@@ -194,13 +197,14 @@ def test_avx_vnni_products_are_avx2s_bits(rows, bits, group, dtype, seed) -> Non
     got = {}
     try:
         kernels.native.set_activations_in_8_bits(True)
-        for isa in ("avx2+fma", "avx2+vnni"):
+        for isa in ("avx2+fma", *VNNI_SETS):
             assert kernels.native.use_isa(isa)
             got[isa] = np.array(kernels.quantized_linear(x, wq, scales, biases, group_size=group, bits=bits))
     finally:
         kernels.native.use_isa(before)
         kernels.native.set_activations_in_8_bits(int8)
-    np.testing.assert_array_equal(got["avx2+vnni"], got["avx2+fma"])
+    for isa in VNNI_SETS:
+        np.testing.assert_array_equal(got[isa], got["avx2+fma"])
 
 
 @needs_kernels

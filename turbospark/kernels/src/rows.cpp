@@ -37,6 +37,10 @@ std::vector<const Isa*> runnable() {
 #if defined(KERNELS_WITH_VNNI)
     if (__builtin_cpu_supports("avxvnni") && vnni_runs()) out.push_back(&isa_vnni());
 #endif
+#if defined(KERNELS_WITH_AVX512VNNI)
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && avx512vnni_runs())
+      out.push_back(&isa_avx512vnni());
+#endif
     out.push_back(&isa_avx2());
   }
 #endif

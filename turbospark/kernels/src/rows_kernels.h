@@ -76,6 +76,9 @@ const Isa& isa_avx2();
 // AVX2's set with AVX-VNNI's 8-bit products, and whether this CPU really runs AVX-VNNI
 const Isa& isa_vnni();
 bool vnni_runs();
+// the same with AVX-512 VNNI's 256-bit instruction, for CPUs that have it without AVX-VNNI
+const Isa& isa_avx512vnni();
+bool avx512vnni_runs();
 #endif
 // fn() returns here without raising SIGILL (rows.cpp)
 bool runs_without_sigill(void (*fn)());

@@ -572,10 +572,13 @@ void rows(const RowsJob& job, int o0, int o1) {
 // Two sets of 32 unsigned bytes times their 32 signed ones, each four adjacent products summed
 // into one int32 lane: lane l holds sum over b in 4l..4l+3 of u0[b] * s0[b] + u1[b] * s1[b].  No
 // product pair here reaches int16's bounds (15 * 127 or 128 * 127, twice), so AVX2's
-// _mm256_maddubs_epi16 and AVX-VNNI's _mm256_dpbusd_avx_epi32 give the same integers.
+// _mm256_maddubs_epi16, AVX-VNNI's _mm256_dpbusd_avx_epi32 and AVX-512 VNNI's _mm256_dpbusd_epi32
+// give the same integers.
 inline __m256i dot_u8s8x2(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
 #if defined(__AVXVNNI__)
   return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u0, s0), u1, s1);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u0, s0), u1, s1);
 #else
   return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u0, s0), _mm256_maddubs_epi16(u1, s1)),
                            _mm256_set1_epi16(1));
@@ -586,6 +589,8 @@ inline __m256i dot_u8s8x2(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
 inline __m256i dot_u8s8(__m256i u, __m256i s) {
 #if defined(__AVXVNNI__)
   return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 #else
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 #endif
