@@ -3,7 +3,7 @@ kernels, side by side in one run.
 
 For each configuration, in its own process (OpenBLAS preloaded, as ``serve`` does), the model
 reads a ``--context``-token prompt and then decodes greedily one token at a time (mlx-lm's model
-code, a plain KV cache, one sequence); reported (medians over ``--steps`` steps, configurations
+code, a plain KV cache, ``--rows`` sequences side by side: one step of a batch); reported (medians over ``--steps`` steps, configurations
 alternating over ``--rounds`` rounds):
 
 - the whole step (building the graph in Python, then evaluating it) and each part;
@@ -13,9 +13,11 @@ alternating over ``--rounds`` rounds):
 
 Configurations: ``mlx-float32`` (MLX's own ops, the float32 import, as before the kernels),
 ``float32`` (the kernels, the same weights), ``native`` (the kernels, the GGUF's Q4_1 blocks kept
-as 4-bit: the default on the CPU).
+as 4-bit: the default on the CPU).  With ``--isas``, the configurations are ``native`` on each
+of the kernels' instruction sets named (``kernels.native.isas()`` lists what this CPU runs).
 
-    python benchmarks/bench_step.py [--context 64] [--steps 64] [--rounds 3]
+    python benchmarks/bench_step.py [--context 64] [--steps 64] [--rounds 3] [--rows 1]
+                                    [--isas avx2+fma,avx2+avx512vnni]
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from pathlib import Path
 CONFIGS = {"mlx-float32": ("float32", False), "float32": ("float32", True), "native": ("native", True)}
 
 
-def child(path: Path, kernels: bool, context: int, steps: int) -> None:
+def child(path: Path, kernels: bool, context: int, steps: int, batch: int, isa: str | None) -> None:
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_lm.models.cache import make_prompt_cache
@@ -43,11 +45,16 @@ def child(path: Path, kernels: bool, context: int, steps: int) -> None:
 
     from turbospark.model.mlx_kernels import install
 
+    if isa:
+        from turbospark.kernels import ops
+
+        assert ops.native is not None and ops.native.use_isa(isa), f"{isa} does not run here"
     model, _ = load_model(path)
     mx.eval(model.parameters())
     line = install(model) if kernels else "MLX's own ops"
     cache = make_prompt_cache(model)
-    logits = model(mx.array([list(range(1, context + 1))]), cache=cache)
+    prompts = [[(i + 7 * r) % 1000 + 1 for i in range(context)] for r in range(batch)]
+    logits = model(mx.array(prompts), cache=cache)
     token = mx.argmax(logits[:, -1], -1)
     mx.eval(token)
     build, run = [], []
@@ -70,7 +77,7 @@ def child(path: Path, kernels: bool, context: int, steps: int) -> None:
         out = []
         for m in linear:
             k = m.weight.shape[1] * 32 // m.bits if isinstance(m, nn.QuantizedLinear) else m.weight.shape[1]
-            x = rows.setdefault(k, mx.random.normal((1, 1, k)))
+            x = rows.setdefault(k, mx.random.normal((batch, 1, k)))
             out.append(m(x))
         out.append(model.model.embed_tokens.as_linear(rows[model.args.hidden_size]))
         return out
@@ -94,34 +101,41 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rows", type=int, default=1, help="sequences decoding side by side")
+    parser.add_argument("--isas", help="native on each of these instruction sets, comma-separated")
+    parser.add_argument("--isa", help=argparse.SUPPRESS)
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--kernels", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args.child, args.kernels, args.context, args.steps)
+        return child(args.child, args.kernels, args.context, args.steps, args.rows, args.isa)
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from turbospark.store.pull import pull
     from turbospark.store.store import ModelStore
 
+    configs = ({f"native ({isa})": ("native", True, isa) for isa in args.isas.split(",")} if args.isas
+               else {name: (dtype, kernels, None) for name, (dtype, kernels) in CONFIGS.items()})
     home = Path(tempfile.gettempdir()) / "bench_step"
     paths = {d: pull("smollm2-135m-instruct", ModelStore(home / d), progress=False, dtype=d).path
-             for d in {dtype for dtype, _ in CONFIGS.values()}}
-    results: dict[str, list[dict]] = {name: [] for name in CONFIGS}
+             for d in {dtype for dtype, _, _ in configs.values()}}
+    results: dict[str, list[dict]] = {name: [] for name in configs}
     for _ in range(args.rounds):
-        for name, (dtype, kernels) in CONFIGS.items():
+        for name, (dtype, kernels, isa) in configs.items():
             command = [sys.executable, "-m", "turbospark.cli.blas", sys.executable, __file__, "--child", str(paths[dtype]),
-                       "--context", str(args.context), "--steps", str(args.steps), *(["--kernels"] if kernels else [])]
+                       "--context", str(args.context), "--steps", str(args.steps), "--rows", str(args.rows),
+                       *(["--kernels"] if kernels else []), *(["--isa", isa] if isa else [])]
             env = dict(os.environ, **({} if kernels else {"TURBOSPARK_KERNELS": "off"}))
             done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
             results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
-    print(f"SmolLM2-135M-Instruct, one sequence, {args.context} tokens of context; medians of {args.steps} steps, "
+    print(f"SmolLM2-135M-Instruct, {args.rows} sequence(s), {args.context} tokens of context each; "
+          f"medians of {args.steps} steps, "
           f"then of {args.rounds} rounds alternating\n")
     print("| configuration | step ms | tok/s | graph build ms | evaluation ms | products alone ms | primitives a step |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, runs in results.items():
         med = {key: statistics.median(r[key] for r in runs) for key in ("step_ms", "build_ms", "eval_ms", "products_ms", "ops")}
-        print(f"| {name} | {med['step_ms']:.1f} | {1e3 / med['step_ms']:.1f} | {med['build_ms']:.1f} | "
+        print(f"| {name} | {med['step_ms']:.1f} | {args.rows * 1e3 / med['step_ms']:.1f} | {med['build_ms']:.1f} | "
               f"{med['eval_ms']:.1f} | {med['products_ms']:.1f} ({runs[0]['products']} products) | {med['ops']:.0f} |")
     print()
     for name, runs in results.items():
