@@ -596,6 +596,12 @@ inline __m256i dot_u8s8(__m256i u, __m256i s) {
 #endif
 }
 
+// hsum_pairs of four sums at once, into out[0..3]: _mm256_hadd_ps pairs the lanes in its order
+inline void store_sums4(float* out, __m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+  _mm_store_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+}
+
 inline int hsum_i32(__m256i v) {
   __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
@@ -684,15 +690,24 @@ inline __m256 scale_pair(const void* p, size_t row_at, int k, int G) {
   return _mm256_set1_ps(scale_at<S>(p, row_at + k / G));
 }
 
-// sum over groups of bias * sum(x), as eight lanes (added to a row's sum before it is reduced)
-template <class S>
-inline __m256 bias_terms(const void* biases, size_t row_at, const float* xsg, int groups) {
-  __m256 acc = _mm256_setzero_ps();
+// sum over groups of bias * sum(x), as eight lanes (added to a row's sum before it is reduced),
+// for RB rows of x (their group sums `groups` apart) at once, each row's the same bits as alone:
+// the biases are read and widened once for all of them
+template <int RB, class S>
+inline void bias_terms(const void* biases, size_t row_at, const float* xsg, int groups, __m256* out) {
+  __m256 acc[RB];
+  float rest[RB];
+  for (int j = 0; j < RB; ++j) acc[j] = _mm256_setzero_ps(), rest[j] = 0;
   int g = 0;
-  for (; g + 8 <= groups; g += 8) acc = _mm256_fmadd_ps(eight_at<S>(biases, row_at + g), _mm256_loadu_ps(xsg + g), acc);
-  float rest = 0;
-  for (; g < groups; ++g) rest += scale_at<S>(biases, row_at + g) * xsg[g];
-  return _mm256_add_ps(acc, _mm256_setr_ps(rest, 0, 0, 0, 0, 0, 0, 0));
+  for (; g + 8 <= groups; g += 8) {
+    const __m256 b = eight_at<S>(biases, row_at + g);
+    for (int j = 0; j < RB; ++j) acc[j] = _mm256_fmadd_ps(b, _mm256_loadu_ps(xsg + size_t(j) * groups + g), acc[j]);
+  }
+  for (; g < groups; ++g) {
+    const float b = scale_at<S>(biases, row_at + g);
+    for (int j = 0; j < RB; ++j) rest[j] += b * xsg[size_t(j) * groups + g];
+  }
+  for (int j = 0; j < RB; ++j) out[j] = _mm256_add_ps(acc[j], _mm256_setr_ps(rest[j], 0, 0, 0, 0, 0, 0, 0));
 }
 
 // output rows o .. o + OB - 1 for rows r .. r + RB - 1 of x; OB * RB independent sums, so the
@@ -700,6 +715,8 @@ inline __m256 bias_terms(const void* biases, size_t row_at, const float* xsg, in
 template <int OB, int RB, class S>
 inline void q8_block(const RowsJob& job, const float* xsg, int o, int r) {
   const int K = job.K, G = job.group, groups = K / G;
+  const int8_t* x8 = job.x8 + size_t(r) * K;     // x's rows r.. in 8 bits
+  const float* d8 = job.d8 + size_t(r) * (K / 8);  // and their scales
   const __m256i m4 = _mm256_set1_epi8(15);
   __m256 acc[OB][RB];
   for (int i = 0; i < OB; ++i)
@@ -712,17 +729,25 @@ inline void q8_block(const RowsJob& job, const float* xsg, int o, int r) {
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), m4);
       const __m256 s = scale_pair<S>(job.scales, size_t(o + i) * groups, k, G);
       for (int j = 0; j < RB; ++j) {
-        const size_t at = size_t(r + j) * K + k;
-        const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(job.x8 + at));
-        const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(job.x8 + at + 32));
+        const int8_t* xj = x8 + size_t(j) * K + k;
+        const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xj));
+        const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xj + 32));
         const __m256 p = _mm256_cvtepi32_ps(dot_u8s8x2(lo, xe, hi, xo));
-        acc[i][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(s, _mm256_loadu_ps(job.d8 + at / 8)), acc[i][j]);
+        acc[i][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(s, _mm256_loadu_ps(d8 + size_t(j) * (K / 8) + k / 8)), acc[i][j]);
       }
     }
   }
-  for (int i = 0; i < OB; ++i)
-    for (int j = 0; j < RB; ++j)
-      acc[i][j] = _mm256_add_ps(acc[i][j], bias_terms<S>(job.biases, size_t(o + i) * groups, xsg + size_t(r + j) * groups, groups));
+  for (int i = 0; i < OB; ++i) {
+    __m256 b[RB];
+    bias_terms<RB, S>(job.biases, size_t(o + i) * groups, xsg + size_t(r) * groups, groups, b);
+    for (int j = 0; j < RB; ++j) acc[i][j] = _mm256_add_ps(acc[i][j], b[j]);
+  }
+  if constexpr (OB == 1 && RB == 4) {  // the four rows' sums at once, for one output row
+    alignas(16) float t4[4];
+    store_sums4(t4, acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
+    for (int j = 0; j < 4; ++j) job.y[size_t(r + j) * job.N + o] = t4[j];
+    return;
+  }
   for (int j = 0; j < RB; ++j) {
     float* y = job.y + size_t(r + j) * job.N + o;
     if constexpr (OB == 4) {  // the four sums at once
@@ -753,6 +778,8 @@ inline __m256 scale_pair8(const void* p, size_t row_at, int k, int G) {
 template <int OB, int RB, class S>
 inline void q8_block8(const RowsJob& job, const float* xsg, const float* usg, int o, int r) {
   const int K = job.K, G = job.group, groups = K / G;
+  const int8_t* x8 = job.x8 + size_t(r) * K;
+  const float* d8 = job.d8 + size_t(r) * (K / 8);
   const __m256i flip = _mm256_set1_epi8(char(0x80));
   __m256 acc[OB][RB];
   for (int i = 0; i < OB; ++i)
@@ -765,22 +792,29 @@ inline void q8_block8(const RowsJob& job, const float* xsg, const float* usg, in
       const __m256i size0 = _mm256_abs_epi8(q0), size1 = _mm256_abs_epi8(q1);  // -128 gives 0x80: 128 unsigned
       const __m256 s = scale_pair8<S>(job.scales, size_t(o + i) * groups, k, G);
       for (int j = 0; j < RB; ++j) {
-        const size_t at = size_t(r + j) * K + k;
-        const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(job.x8 + at));
-        const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(job.x8 + at + 32));
+        const int8_t* xj = x8 + size_t(j) * K + k;
+        const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xj));
+        const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xj + 32));
         const __m256i p0 = dot_u8s8(size0, _mm256_sign_epi8(x0, q0));
         const __m256i p1 = dot_u8s8(size1, _mm256_sign_epi8(x1, q1));
         const __m256 p = _mm256_cvtepi32_ps(_mm256_hadd_epi32(p0, p1));
-        acc[i][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(s, _mm256_loadu_ps(job.d8 + at / 8)), acc[i][j]);
+        acc[i][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(s, _mm256_loadu_ps(d8 + size_t(j) * (K / 8) + k / 8)), acc[i][j]);
       }
     }
   }
-  for (int i = 0; i < OB; ++i)
-    for (int j = 0; j < RB; ++j) {
-      const size_t row_at = size_t(o + i) * groups, x_at = size_t(r + j) * groups;
-      acc[i][j] = _mm256_add_ps(acc[i][j], _mm256_add_ps(bias_terms<S>(job.biases, row_at, xsg + x_at, groups),
-                                                         bias_terms<S>(job.scales, row_at, usg + x_at, groups)));
-    }
+  for (int i = 0; i < OB; ++i) {
+    __m256 b[RB], u[RB];
+    const size_t row_at = size_t(o + i) * groups, x_at = size_t(r) * groups;
+    bias_terms<RB, S>(job.biases, row_at, xsg + x_at, groups, b);
+    bias_terms<RB, S>(job.scales, row_at, usg + x_at, groups, u);
+    for (int j = 0; j < RB; ++j) acc[i][j] = _mm256_add_ps(acc[i][j], _mm256_add_ps(b[j], u[j]));
+  }
+  if constexpr (OB == 1 && RB == 4) {  // the four rows' sums at once, for one output row
+    alignas(16) float t4[4];
+    store_sums4(t4, acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
+    for (int j = 0; j < 4; ++j) job.y[size_t(r + j) * job.N + o] = t4[j];
+    return;
+  }
   for (int j = 0; j < RB; ++j) {
     float* y = job.y + size_t(r + j) * job.N + o;
     if constexpr (OB == 4) {
