@@ -3,8 +3,8 @@ kernels, side by side in one run.
 
 For each configuration, in its own process (OpenBLAS preloaded, as ``serve`` does), the model
 reads a ``--context``-token prompt and then decodes greedily one token at a time (mlx-lm's model
-code, a plain KV cache, ``--rows`` sequences side by side: one step of a batch); reported (medians over ``--steps`` steps, configurations
-alternating over ``--rounds`` rounds):
+code, a plain KV cache, ``--rows`` sequences side by side: one step of a batch); reported
+(medians over ``--steps`` steps, configurations alternating over ``--rounds`` rounds):
 
 - the whole step (building the graph in Python, then evaluating it) and each part;
 - the matrix products alone: every linear layer and the output head once, for one row, in one
