@@ -742,10 +742,12 @@ inline void q8_block(const RowsJob& job, const float* xsg, int o, int r) {
     bias_terms<RB, S>(job.biases, size_t(o + i) * groups, xsg + size_t(r) * groups, groups, b);
     for (int j = 0; j < RB; ++j) acc[i][j] = _mm256_add_ps(acc[i][j], b[j]);
   }
-  if constexpr (OB == 1 && RB == 4) {  // the four rows' sums at once, for one output row
-    alignas(16) float t4[4];
-    store_sums4(t4, acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
-    for (int j = 0; j < 4; ++j) job.y[size_t(r + j) * job.N + o] = t4[j];
+  if constexpr (OB == 1 && RB % 4 == 0) {  // four rows' sums at once, for one output row
+    for (int j0 = 0; j0 < RB; j0 += 4) {
+      alignas(16) float t4[4];
+      store_sums4(t4, acc[0][j0], acc[0][j0 + 1], acc[0][j0 + 2], acc[0][j0 + 3]);
+      for (int j = 0; j < 4; ++j) job.y[size_t(r + j0 + j) * job.N + o] = t4[j];
+    }
     return;
   }
   for (int j = 0; j < RB; ++j) {
@@ -809,10 +811,12 @@ inline void q8_block8(const RowsJob& job, const float* xsg, const float* usg, in
     bias_terms<RB, S>(job.scales, row_at, usg + x_at, groups, u);
     for (int j = 0; j < RB; ++j) acc[i][j] = _mm256_add_ps(acc[i][j], _mm256_add_ps(b[j], u[j]));
   }
-  if constexpr (OB == 1 && RB == 4) {  // the four rows' sums at once, for one output row
-    alignas(16) float t4[4];
-    store_sums4(t4, acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
-    for (int j = 0; j < 4; ++j) job.y[size_t(r + j) * job.N + o] = t4[j];
+  if constexpr (OB == 1 && RB % 4 == 0) {  // four rows' sums at once, for one output row
+    for (int j0 = 0; j0 < RB; j0 += 4) {
+      alignas(16) float t4[4];
+      store_sums4(t4, acc[0][j0], acc[0][j0 + 1], acc[0][j0 + 2], acc[0][j0 + 3]);
+      for (int j = 0; j < 4; ++j) job.y[size_t(r + j0 + j) * job.N + o] = t4[j];
+    }
     return;
   }
   for (int j = 0; j < RB; ++j) {
@@ -832,6 +836,14 @@ inline void q8_any(const RowsJob& job, const float* xsg, const float* usg, int o
   else q8_block8<OB, RB, S>(job, xsg, usg, o, r);
 }
 
+// rows of x a block takes beside one output row, where there are that many: their sums, the
+// row's weights and the temporaries fit AVX-512's 32 vector registers eight rows at a time
+#if defined(__AVX512VL__)
+constexpr int WIDE_RB = 8;
+#else
+constexpr int WIDE_RB = 4;
+#endif
+
 template <int BITS, class S>
 void rows_q8_typed(const RowsJob& job, int o0, int o1) {
   const float *xsg = job.xsg, *usg = job.usg;
@@ -846,6 +858,7 @@ void rows_q8_typed(const RowsJob& job, int o0, int o1) {
     const int r1 = std::min(job.R, r0 + 16);
     for (int o = o0; o < o1; ++o) {
       int r = r0;
+      for (; r + WIDE_RB <= r1; r += WIDE_RB) q8_any<BITS, 1, WIDE_RB, S>(job, xsg, usg, o, r);
       for (; r + 4 <= r1; r += 4) q8_any<BITS, 1, 4, S>(job, xsg, usg, o, r);
       switch (r1 - r) {
         case 3: q8_any<BITS, 1, 3, S>(job, xsg, usg, o, r); break;
