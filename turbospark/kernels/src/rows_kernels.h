@@ -73,6 +73,8 @@ const Isa& isa_portable();
 const Isa& active_isa();
 #if defined(__x86_64__) || defined(_M_X64)
 const Isa& isa_avx2();
+// AVX2's set with another set's 8-bit products (rows_q8) under another name
+Isa avx2_with_rows_q8(const char* name, RowsFn rows_q8);
 // AVX2's set with AVX-VNNI's 8-bit products, and whether this CPU really runs AVX-VNNI
 const Isa& isa_vnni();
 bool vnni_runs();

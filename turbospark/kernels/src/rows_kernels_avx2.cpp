@@ -8,4 +8,11 @@ const Isa& isa_avx2() {
   static const Isa isa{"avx2+fma", avx2::rows, avx2::dots, avx2::axpys, avx2::dots_h, avx2::axpys_h, avx2::exps, avx2::widen, avx2::rows_q8, avx2::quantize};
   return isa;
 }
+
+Isa avx2_with_rows_q8(const char* name, RowsFn rows_q8) {
+  Isa isa = isa_avx2();
+  isa.name = name;
+  isa.rows_q8 = rows_q8;
+  return isa;
+}
 } // namespace turbospark::kernels

@@ -9,8 +9,7 @@
 
 namespace turbospark::kernels {
 const Isa& isa_avx512vnni() {
-  const Isa& avx2 = isa_avx2();
-  static const Isa isa{"avx2+avx512vnni", avx2.rows, avx2.dots, avx2.axpys, avx2.dots_h, avx2.axpys_h, avx2.exps, avx2.widen, avx512vnni::rows_q8, avx2.quantize};
+  static const Isa isa = avx2_with_rows_q8("avx2+avx512vnni", avx512vnni::rows_q8);
   return isa;
 }
 

@@ -710,6 +710,29 @@ inline void bias_terms(const void* biases, size_t row_at, const float* xsg, int 
   for (int j = 0; j < RB; ++j) out[j] = _mm256_add_ps(acc[j], _mm256_setr_ps(rest[j], 0, 0, 0, 0, 0, 0, 0));
 }
 
+// a block's OB x RB sums reduced into y (output rows o.., rows r.. of x), four at a time where
+// they line up, each in hsum_pairs' order: the same bits however the block was shaped
+template <int OB, int RB>
+inline void store_block(const RowsJob& job, const __m256 (&acc)[OB][RB], int o, int r) {
+  if constexpr (OB == 1 && RB % 4 == 0) {  // four rows of x beside one output row
+    for (int j0 = 0; j0 < RB; j0 += 4) {
+      alignas(16) float t4[4];
+      store_sums4(t4, acc[0][j0], acc[0][j0 + 1], acc[0][j0 + 2], acc[0][j0 + 3]);
+      for (int j = 0; j < 4; ++j) job.y[size_t(r + j0 + j) * job.N + o] = t4[j];
+    }
+  } else {
+    for (int j = 0; j < RB; ++j) {
+      float* y = job.y + size_t(r + j) * job.N + o;
+      if constexpr (OB == 4) {  // four output rows beside one row of x, stored as they come
+        const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(acc[0][j], acc[1][j]), _mm256_hadd_ps(acc[2][j], acc[3][j]));
+        _mm_storeu_ps(y, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+      } else {
+        for (int i = 0; i < OB; ++i) y[i] = hsum_pairs(v8f(acc[i][j]));
+      }
+    }
+  }
+}
+
 // output rows o .. o + OB - 1 for rows r .. r + RB - 1 of x; OB * RB independent sums, so the
 // multiply-adds of one step do not wait on each other
 template <int OB, int RB, class S>
@@ -742,23 +765,7 @@ inline void q8_block(const RowsJob& job, const float* xsg, int o, int r) {
     bias_terms<RB, S>(job.biases, size_t(o + i) * groups, xsg + size_t(r) * groups, groups, b);
     for (int j = 0; j < RB; ++j) acc[i][j] = _mm256_add_ps(acc[i][j], b[j]);
   }
-  if constexpr (OB == 1 && RB % 4 == 0) {  // four rows' sums at once, for one output row
-    for (int j0 = 0; j0 < RB; j0 += 4) {
-      alignas(16) float t4[4];
-      store_sums4(t4, acc[0][j0], acc[0][j0 + 1], acc[0][j0 + 2], acc[0][j0 + 3]);
-      for (int j = 0; j < 4; ++j) job.y[size_t(r + j0 + j) * job.N + o] = t4[j];
-    }
-    return;
-  }
-  for (int j = 0; j < RB; ++j) {
-    float* y = job.y + size_t(r + j) * job.N + o;
-    if constexpr (OB == 4) {  // the four sums at once
-      const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(acc[0][j], acc[1][j]), _mm256_hadd_ps(acc[2][j], acc[3][j]));
-      _mm_storeu_ps(y, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
-    } else {
-      for (int i = 0; i < OB; ++i) y[i] = hsum_pairs(v8f(acc[i][j]));
-    }
-  }
+  store_block<OB, RB>(job, acc, o, r);
 }
 
 // 8-bit weights q in 0..255 times x8: q - 128 fits int8, and _mm256_maddubs_epi16 takes
@@ -811,23 +818,7 @@ inline void q8_block8(const RowsJob& job, const float* xsg, const float* usg, in
     bias_terms<RB, S>(job.scales, row_at, usg + x_at, groups, u);
     for (int j = 0; j < RB; ++j) acc[i][j] = _mm256_add_ps(acc[i][j], _mm256_add_ps(b[j], u[j]));
   }
-  if constexpr (OB == 1 && RB % 4 == 0) {  // four rows' sums at once, for one output row
-    for (int j0 = 0; j0 < RB; j0 += 4) {
-      alignas(16) float t4[4];
-      store_sums4(t4, acc[0][j0], acc[0][j0 + 1], acc[0][j0 + 2], acc[0][j0 + 3]);
-      for (int j = 0; j < 4; ++j) job.y[size_t(r + j0 + j) * job.N + o] = t4[j];
-    }
-    return;
-  }
-  for (int j = 0; j < RB; ++j) {
-    float* y = job.y + size_t(r + j) * job.N + o;
-    if constexpr (OB == 4) {
-      const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(acc[0][j], acc[1][j]), _mm256_hadd_ps(acc[2][j], acc[3][j]));
-      _mm_storeu_ps(y, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
-    } else {
-      for (int i = 0; i < OB; ++i) y[i] = hsum_pairs(v8f(acc[i][j]));
-    }
-  }
+  store_block<OB, RB>(job, acc, o, r);
 }
 
 template <int BITS, int OB, int RB, class S>

@@ -7,8 +7,7 @@
 
 namespace turbospark::kernels {
 const Isa& isa_vnni() {
-  const Isa& avx2 = isa_avx2();
-  static const Isa isa{"avx2+vnni", avx2.rows, avx2.dots, avx2.axpys, avx2.dots_h, avx2.axpys_h, avx2.exps, avx2.widen, vnni::rows_q8, avx2.quantize};
+  static const Isa isa = avx2_with_rows_q8("avx2+vnni", vnni::rows_q8);
   return isa;
 }
 
