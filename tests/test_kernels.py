@@ -145,6 +145,13 @@ for isa in kernels.native.isas():
         alone = [np.array(kernels.quantized_linear(x, wq[i:i + 7], s[i:i + 7], b[i:i + 7], group_size=64, bits=4))
                  for i in range(0, 4099, 7)]
         np.testing.assert_array_equal(split, np.concatenate(alone, axis=1))
+        for bits in (4, 8):  # packed weights, eight rows a chunk
+            wq8, s8, b8 = mx.quantize(w[:4096], group_size=64, bits=bits)
+            pw, ps, pb = kernels.pack_quantized(wq8, s8, b8, 64, bits)
+            split = np.array(kernels.quantized_linear(x, pw, ps, pb, group_size=64, bits=bits, packed=True))
+            alone = [np.array(kernels.quantized_linear(x, *kernels.pack_quantized(wq8[i:i + 8], s8[i:i + 8], b8[i:i + 8], 64, bits),
+                                                       group_size=64, bits=bits, packed=True)) for i in range(0, 4096, 8)]
+            np.testing.assert_array_equal(split, np.concatenate(alone, axis=1))
 """
 
 

@@ -121,8 +121,10 @@ def kv_in_float16(on: bool) -> Iterator[None]:
 
 
 #: How far log-probabilities may move: float32 rounding alone; with the KV cache in float16
-#: (measured 7e-3 to 1e-2); with x in 8 bits (measured 0.86 to 0.95).
-BOUND = {"exact": 5e-4, "kv16": 2e-2, "int8": 1.5}
+#: (measured 7e-3 to 1e-2); with x in 8 bits (measured 0.86 to 0.95 where the greedy text parted
+#: after a token or two, 1.71 where it stayed MLX's for all 24 tokens: the largest of 24 steps'
+#: 20 likeliest tokens).
+BOUND = {"exact": 5e-4, "kv16": 2e-2, "int8": 2.5}
 
 
 @pytest.mark.parametrize(("store", "kind"), [(smollm2_store, "exact"), (smollm2_native_store, "exact"),

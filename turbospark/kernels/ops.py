@@ -10,7 +10,7 @@ import mlx.core as mx
 
 __all__ = [
     "MAX_FLOAT32_ROWS", "available", "describe", "huge_pages", "kv_half", "kv_write", "linear", "logsumexp",
-    "merged_attention", "native", "set_kv_half",
+    "merged_attention", "native", "pack_quantized", "packs", "set_kv_half",
     "quantized_linear", "serve_fast_ops", "serves_float", "split_heads", "supports_quantized", "x_in_8_bits",
 ]
 
@@ -109,12 +109,29 @@ def linear(x: mx.array, weight: mx.array, bias: mx.array | None = None, *, resid
 def quantized_linear(
     x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, bias: mx.array | None = None,
     *, group_size: int, bits: int, residual: mx.array | None = None, swiglu: bool = False,
-    norm: mx.array | None = None, eps: float = 0.0,
+    norm: mx.array | None = None, eps: float = 0.0, packed: bool = False,
 ) -> mx.array:
     """``x @ dequantize(weight).T (+ bias)`` for MLX's affine layout (transposed); ``residual``,
-    ``swiglu`` and ``norm`` as in ``linear``."""
+    ``swiglu`` and ``norm`` as in ``linear``; ``packed``: weights ``pack_quantized`` packed."""
     return native.rows_quantized_matmul(x, weight, scales, biases, bias, group_size=group_size, bits=bits,
-                                        residual=residual, swiglu=swiglu, norm=norm, eps=eps)
+                                        residual=residual, swiglu=swiglu, norm=norm, eps=eps, packed=packed)
+
+
+def packs(rows: int, bits: int, group_size: int) -> bool:
+    """Whether 4- or 8-bit weights of ``rows`` output rows are worth packing (``pack_quantized``):
+    the instruction set in use reads them packed, eight rows a chunk (``TURBOSPARK_KERNELS_PACKED=0``
+    keeps MLX's layout, for comparisons)."""
+    return (native is not None and bits in (4, 8) and rows % 8 == 0 and group_size in (32, 64, 128)
+            and native.reads_packed(bits) and os.environ.get("TURBOSPARK_KERNELS_PACKED", "").lower() not in ("0", "off"))
+
+
+def pack_quantized(weight: mx.array, scales: mx.array, biases: mx.array, group_size: int,
+                   bits: int) -> tuple[mx.array, mx.array, mx.array]:
+    """4- or 8-bit weights packed eight output rows together (decision 0039): new arrays of the
+    same shapes and bytes, in the layout the kernels' products read fastest.  Only
+    ``quantized_linear(..., packed=True)`` reads them."""
+    w, s, b = native.pack_quantized(weight, scales, biases, group_size, bits)
+    return w, s, b
 
 
 def split_heads(qkv: mx.array, heads: int, kv_heads: int) -> tuple[mx.array, mx.array, mx.array]:

@@ -52,6 +52,7 @@ class _Weights:
         self.group_size, self.bits = getattr(first, "group_size", 0), getattr(first, "bits", 0)
         self.names = [n for n in ("weight", "scales", "biases", "bias") if n in first]
         self.weight = self.scales = self.biases = self.bias = None
+        self.packed = getattr(first, "_turbospark_packed", False)  # each module's part is packed: so is the whole
 
     def place(self, flats: dict[Any, mx.array], at: dict[Any, int]) -> None:
         """Takes this product's matrices from the buffers ``flats`` (by type, ``at`` the next
@@ -75,7 +76,7 @@ class _Weights:
         weight, eps = (norm.weight, norm.eps) if norm is not None else (None, 0.0)
         if self.quantized:
             return kernels.quantized_linear(x, self.weight, self.scales, self.biases, self.bias,
-                                            group_size=self.group_size, bits=self.bits,
+                                            group_size=self.group_size, bits=self.bits, packed=self.packed,
                                             residual=residual, swiglu=swiglu_halves, norm=weight, eps=eps)
         if kernels.serves_float(x, self.weight):
             return kernels.linear(x, self.weight, self.bias, residual=residual, swiglu=swiglu_halves,
@@ -202,8 +203,9 @@ def _same_kind(modules: list[Any], ours: tuple[type, ...]) -> bool:
     if any(("bias" in m) != ("bias" in first) for m in modules):
         return False
     if isinstance(first, nn.QuantizedLinear):
+        packed = getattr(first, "_turbospark_packed", False)
         return all(m.bits == first.bits and m.group_size == first.group_size and m["scales"].dtype == first["scales"].dtype
-                   for m in modules)
+                   and getattr(m, "_turbospark_packed", False) == packed for m in modules)
     return all(m["weight"].dtype == first["weight"].dtype for m in modules)
 
 

@@ -3,10 +3,13 @@
 ``install`` changes the class of each ``nn.Linear``, ``nn.QuantizedLinear`` and (for a tied
 output head, ``as_linear``) ``nn.Embedding`` and ``nn.QuantizedEmbedding`` whose weights the
 kernels read to a subclass that sends its product there, keeping the module's parameters as they
-are.  Float32 weights go to the kernels for the few rows of a decode step (``MAX_FLOAT32_ROWS``)
-and to MLX's BLAS GEMM for a prompt chunk; bfloat16, float16 and 4- and 8-bit weights go to the
-kernels for any number of rows (MLX's own products for them are scalar on x86).  Layers of other
-classes (a sharded model's, an adapter's) and layouts the kernels do not read keep MLX's ops.
+are, except that 4- and 8-bit weights are packed eight output rows together where the kernels
+read them so (``_pack``, decision 0039): the same bytes, in the order their products read
+fastest.  Float32 weights go to the kernels for the few rows of a decode step
+(``MAX_FLOAT32_ROWS``) and to MLX's BLAS GEMM for a prompt chunk; bfloat16, float16 and 4- and
+8-bit weights go to the kernels for any number of rows (MLX's own products for them are scalar on
+x86).  Layers of other classes (a sharded model's, an adapter's) and layouts the kernels do not
+read keep MLX's ops.
 
 It also makes ``mx.fast``'s RMSNorm, RoPE and attention one op each on the CPU
 (``kernels.serve_fast_ops``).
@@ -60,7 +63,7 @@ class _Embedding(nn.Embedding):
 def _quantized(module: Any, x: mx.array, bias: mx.array | None) -> mx.array:
     return kernels.quantized_linear(
         x, module["weight"], module["scales"], module["biases"], bias,
-        group_size=module.group_size, bits=module.bits,
+        group_size=module.group_size, bits=module.bits, packed=getattr(module, "_turbospark_packed", False),
     )
 
 
@@ -69,9 +72,34 @@ class QuantizedLinear(nn.QuantizedLinear):
         return _quantized(self, x, self.get("bias"))
 
 
+def _packed_rows(a: mx.array, ids: mx.array) -> mx.array:
+    """Rows ``ids`` of a matrix packed eight rows together (``kernels.pack_quantized``: chunk
+    ``i // 8`` holds its rows' columns side by side, lane ``i % 8``), in MLX's layout."""
+    chunks = a.reshape(a.shape[0] // 8, a.shape[1], 8)[ids // 8]  # (*ids, columns, 8)
+    lanes = mx.broadcast_to((ids % 8)[..., None, None], (*ids.shape, a.shape[1], 1))
+    return mx.take_along_axis(chunks, lanes, axis=-1).squeeze(-1)
+
+
 class _QuantizedEmbedding(nn.QuantizedEmbedding):
+    def __call__(self, x: mx.array) -> mx.array:
+        if not getattr(self, "_turbospark_packed", False):
+            return super().__call__(x)
+        return mx.dequantize(_packed_rows(self["weight"], x), scales=_packed_rows(self["scales"], x),
+                             biases=_packed_rows(self["biases"], x), group_size=self.group_size, bits=self.bits)
+
     def as_linear(self, x: mx.array) -> mx.array:
         return _quantized(self, x, None)
+
+
+def _pack(module: Any) -> None:
+    """A quantized layer's weights packed eight output rows together where the kernels read them
+    so (``kernels.pack_quantized``, decision 0039): its product reads them packed, and a tied
+    embedding picks its rows out of the chunks (``_packed_rows``)."""
+    if module.get("biases") is None or not kernels.packs(module["weight"].shape[0], module.bits, module.group_size):
+        return
+    packed = kernels.pack_quantized(module["weight"], module["scales"], module["biases"], module.group_size, module.bits)
+    module["weight"], module["scales"], module["biases"] = packed
+    module._turbospark_packed = True
 
 
 def _readable(module: Any) -> bool:
@@ -108,11 +136,16 @@ def install(model: nn.Module) -> str:
             ours += is_linear
             head = head or not is_linear
     tied = head and getattr(getattr(model, "args", None), "tie_word_embeddings", False)
+    for _, module in model.named_modules():
+        if type(module) is QuantizedLinear or (tied and type(module) is _QuantizedEmbedding):
+            _pack(module)
     fused, layers = mlx_blocks.fuse(model, (Linear, QuantizedLinear))
+    packed = sum(getattr(m, "_turbospark_packed", False) for _, m in model.named_modules())
     huge = kernels.huge_pages([a for _, a in tree_flatten(model.parameters())])
     return (f"{kernels.describe()}: {ours} of {linear} linear layers" + (" and the tied output head" if tied else "")
             + f", RMSNorm, RoPE and attention; {fused} of {layers} decoder layers fused"
             + (", their KV cache in float16" if mlx_blocks.half_kv(model) else "")
+            + (f"; {packed} of {ours + tied} products' weights packed" if packed else "")
             + f"; weights in huge pages: {huge >> 20} MiB")
 
 

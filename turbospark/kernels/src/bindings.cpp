@@ -32,13 +32,18 @@ NB_MODULE(_native, m) {
       [](const mlx::core::array& x, const mlx::core::array& w, const mlx::core::array& scales,
          const mlx::core::array& biases, const std::optional<mlx::core::array>& bias, int group_size, int bits,
          const std::optional<mlx::core::array>& residual, bool swiglu, const std::optional<mlx::core::array>& norm,
-         float eps) {
+         float eps, bool packed) {
         return tk::rows_quantized_matmul(x, w, scales, biases, bias, group_size, bits, residual, swiglu,
-                                         tk::Prologue{norm, eps});
+                                         tk::Prologue{norm, eps}, packed);
       },
       "x"_a, "w"_a, "scales"_a, "biases"_a, "bias"_a = nb::none(), "group_size"_a = 64, "bits"_a = 4,
-      "residual"_a = nb::none(), "swiglu"_a = false, "norm"_a = nb::none(), "eps"_a = 0.0f,
-      "x @ dequantize(w).T (+ bias) for MLX's affine 4- and 8-bit weights, on the CPU; then + residual, or swiglu.");
+      "residual"_a = nb::none(), "swiglu"_a = false, "norm"_a = nb::none(), "eps"_a = 0.0f, "packed"_a = false,
+      "x @ dequantize(w).T (+ bias) for MLX's affine 4- and 8-bit weights, on the CPU; then + residual, or swiglu.\n"
+      "packed: weights pack_quantized packed.");
+  m.def("pack_quantized", &tk::pack_quantized, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a,
+        "4- or 8-bit weights packed eight output rows together: new (w, scales, biases) of the same shapes.");
+  m.def("reads_packed", &tk::reads_packed, "bits"_a,
+        "Whether the instruction set in use reads packed weights of `bits` as they are (else it unpacks them each product).");
   m.def(
       "rms_norm",
       [](const mlx::core::array& x, const std::optional<mlx::core::array>& weight, float eps) {

@@ -143,7 +143,7 @@ void rms_norm_rows(float* xf, int R, int K, const mx::array& weight, float eps) 
 
 mx::array rows_op(const mx::array& x, std::vector<mx::array> weights, const std::optional<mx::array>& bias,
                   int N, int K, int group_size, int bits, const std::optional<mx::array>& residual, bool swiglu,
-                  const Prologue& prologue, mx::StreamOrDevice s) {
+                  const Prologue& prologue, bool packed, mx::StreamOrDevice s) {
   auto stream = mx::to_stream(s);
   check_float(x, "x");
   if (x.ndim() < 1 || x.shape(-1) != K)
@@ -172,7 +172,7 @@ mx::array rows_op(const mx::array& x, std::vector<mx::array> weights, const std:
   auto epilogue = residual ? Epilogue::Residual : swiglu ? Epilogue::Swiglu : Epilogue::None;
   return mx::array(std::move(shape), x.dtype(),
                    std::make_shared<RowsMatmul>(stream, group_size, bits, bool(bias), epilogue, bool(prologue.norm),
-                                                prologue.eps),
+                                                prologue.eps, packed),
                    std::move(inputs));
 }
 
@@ -322,14 +322,16 @@ mx::array rows_matmul(const mx::array& x, const mx::array& w, const std::optiona
                       mx::StreamOrDevice s) {
   check_float(w, "w");
   if (w.ndim() != 2) throw std::invalid_argument("[rows_matmul] w must be (N, K)");
-  return rows_op(x, {w}, bias, w.shape(0), w.shape(1), 0, 0, residual, swiglu, prologue, s);
+  return rows_op(x, {w}, bias, w.shape(0), w.shape(1), 0, 0, residual, swiglu, prologue, false, s);
 }
 
 mx::array rows_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                                 const mx::array& biases, const std::optional<mx::array>& bias,
                                 int group_size, int bits, const std::optional<mx::array>& residual, bool swiglu,
-                                const Prologue& prologue, mx::StreamOrDevice s) {
+                                const Prologue& prologue, bool packed, mx::StreamOrDevice s) {
   if (bits != 4 && bits != 8) throw std::invalid_argument("[rows_quantized_matmul] bits must be 4 or 8");
+  if (packed && (w.ndim() != 2 || w.shape(0) % 8 != 0))
+    throw std::invalid_argument("[rows_quantized_matmul] packed weights come eight rows a chunk");
   if (group_size != 32 && group_size != 64 && group_size != 128)
     throw std::invalid_argument("[rows_quantized_matmul] group_size must be 32, 64 or 128");
   if (w.dtype() != mx::uint32 || w.ndim() != 2)
@@ -339,7 +341,43 @@ mx::array rows_quantized_matmul(const mx::array& x, const mx::array& w, const mx
   int N = w.shape(0), K = w.shape(1) * 32 / bits;
   if (scales.shape() != mx::Shape{N, K / group_size} || biases.shape() != scales.shape())
     throw std::invalid_argument("[rows_quantized_matmul] scales and biases must be (N, K / group_size)");
-  return rows_op(x, {w, scales, biases}, bias, N, K, group_size, bits, residual, swiglu, prologue, s);
+  return rows_op(x, {w, scales, biases}, bias, N, K, group_size, bits, residual, swiglu, prologue, packed, s);
+}
+
+namespace {
+// a's bytes in a buffer of their own (not MLX's allocator's: freed with the array)
+mx::array own_copy(const mx::array& a) {
+  void* p = std::malloc(std::max<size_t>(a.nbytes(), 1));
+  if (p == nullptr) throw std::bad_alloc();
+  std::memcpy(p, a.data<uint8_t>(), a.nbytes());
+  return mx::array(p, a.shape(), a.dtype(), [](void* q) { std::free(q); });
+}
+} // namespace
+
+std::vector<mx::array> pack_quantized(const mx::array& w, const mx::array& scales, const mx::array& biases,
+                                      int group_size, int bits) {
+  if (bits != 4 && bits != 8) throw std::invalid_argument("[pack_quantized] bits must be 4 or 8");
+  if (w.dtype() != mx::uint32 || w.ndim() != 2 || w.shape(0) % 8 != 0 || w.shape(1) % bits != 0)
+    throw std::invalid_argument("[pack_quantized] w must be (N, K * bits / 32) uint32 with N a multiple of 8 and K of 32");
+  if (group_size != 32 && group_size != 64 && group_size != 128) throw std::invalid_argument("[pack_quantized] group_size must be 32, 64 or 128");
+  check_float(scales, "scales");
+  const int N = w.shape(0), K = w.shape(1) * 32 / bits;
+  if (scales.shape() != mx::Shape{N, K / group_size} || biases.shape() != scales.shape() || biases.dtype() != scales.dtype())
+    throw std::invalid_argument("[pack_quantized] scales and biases must be (N, K / group_size), of one type");
+  std::vector<mx::array> out;
+  for (const auto* a : {&w, &scales, &biases}) {
+    auto c = mx::contiguous(*a);
+    c.eval();
+    out.push_back(own_copy(c));
+  }
+  pack_q(out[0].data<uint8_t>(), out[1].data<uint8_t>(), out[2].data<uint8_t>(), int(scales.itemsize()), N, K,
+         group_size, bits);
+  return out;
+}
+
+bool reads_packed(int bits) {
+  const Isa* isa = current().load();
+  return (bits == 4 ? isa->rows_q4p : isa->rows_q8p) != nullptr && x_in_8_bits(*isa);
 }
 
 void RowsMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
@@ -349,7 +387,7 @@ void RowsMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 bool RowsMatmul::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const RowsMatmul&>(other);
   return group_size_ == o.group_size_ && bits_ == o.bits_ && has_bias_ == o.has_bias_ && epilogue_ == o.epilogue_ &&
-         has_norm_ == o.has_norm_ && eps_ == o.eps_;
+         has_norm_ == o.has_norm_ && eps_ == o.eps_ && packed_ == o.packed_;
 }
 
 std::vector<mx::Shape> RowsMatmul::output_shapes(const std::vector<mx::array>& inputs) {
@@ -360,7 +398,7 @@ std::vector<mx::Shape> RowsMatmul::output_shapes(const std::vector<mx::array>& i
 
 void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   auto work = [bits = bits_, group = group_size_, has_bias = has_bias_, epilogue = epilogue_, has_norm = has_norm_,
-               eps = eps_](std::vector<mx::array>& in, mx::array& out) {
+               eps = eps_, packed = packed_](std::vector<mx::array>& in, mx::array& out) {
     const auto& x = in[0];
     const int K = x.shape(-1), N = in[1].shape(0);
     const int R = K == 0 ? 0 : int(x.size() / K);
@@ -405,7 +443,30 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
     // same bits whatever else is in the product (a step's batch, a prompt chunk it joins), and a
     // prompt chunk runs as fast as through a GEMM of widened weights.
     const bool x8_path = bits != 0 && K % 64 == 0 && x_in_8_bits(*isa);
-    if (x8_path) {
+    // Packed 4-bit weights: read as they are where the set can (rows_q4p), else unpacked into
+    // MLX's layout for this product (TURBOSPARK_KERNELS_EXACT, a set without integer products).
+    const RowsFn packed_rows = bits == 4 ? isa->rows_q4p : isa->rows_q8p;
+    const bool packed_path = packed && x8_path && packed_rows != nullptr;
+    std::vector<uint8_t> unpacked;
+    if (packed && !packed_path) {
+      const size_t wb = in[1].nbytes(), sb = in[2].nbytes();
+      unpacked.resize(wb + 2 * sb);
+      unpack_q(in[1].data<uint8_t>(), in[2].data<uint8_t>(), in[3].data<uint8_t>(), int(in[2].itemsize()), N, K,
+               group, bits, unpacked.data(), unpacked.data() + wb, unpacked.data() + wb + sb);
+      job.w = unpacked.data();
+      job.scales = unpacked.data() + wb;
+      job.biases = unpacked.data() + wb + sb;
+    }
+    if (packed_path) {
+      x8.resize(size_t(R) * K);
+      d8.resize(size_t(R) * K / 32);
+      xsg.resize(size_t(R) * (K / group));
+      isa->quantize_packed(xf.data(), R, K, group, bits == 4, x8.data(), d8.data(), xsg.data());
+      job.x8 = x8.data();
+      job.d8 = d8.data();
+      job.xsg = xsg.data();
+      rows = packed_rows;
+    } else if (x8_path) {
       x8.resize(size_t(R) * K);
       d8.resize(size_t(R) * K / 8);
       xsg.resize(size_t(R) * (K / group));
@@ -431,11 +492,11 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
     } else if (parts == 1) {
       rows(job, 0, N);
     } else {
-      // chunks of output rows, in fours, about eight a thread
-      const int quads = (N + 3) / 4, chunks = std::min(quads, 8 * parts);
+      // chunks of output rows, in fours (packed weights: eights), about eight a thread
+      const int unit = packed_path ? 8 : 4, units = (N + unit - 1) / unit, chunks = std::min(units, 8 * parts);
       team.run([&](int c) {
-        int o0 = std::min(N, 4 * (quads * c / chunks));
-        int o1 = std::min(N, 4 * (quads * (c + 1) / chunks));
+        int o0 = std::min(N, unit * (units * c / chunks));
+        int o1 = std::min(N, unit * (units * (c + 1) / chunks));
         if (o0 < o1) rows(job, o0, o1);
       }, chunks, parts);
     }

@@ -36,18 +36,29 @@ mx::array rows_matmul(const mx::array& x, const mx::array& w, const std::optiona
 
 // x @ dequantize(w, scales, biases).T (+ bias), as nn.QuantizedLinear computes it (affine mode,
 // transposed): w (N, K * bits / 32) uint32, scales and biases (N, K / group_size).
+// `packed`: weights that pack_quantized packed (their shapes are MLX's).
 mx::array rows_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                                 const mx::array& biases, const std::optional<mx::array>& bias,
                                 int group_size, int bits, const std::optional<mx::array>& residual = std::nullopt,
-                                bool swiglu = false, const Prologue& prologue = {}, mx::StreamOrDevice s = {});
+                                bool swiglu = false, const Prologue& prologue = {}, bool packed = false,
+                                mx::StreamOrDevice s = {});
+
+// 4- or 8-bit weights packed eight output rows together (pack_q, rows_kernels.h), as new arrays of
+// the same shapes: the layout the kernels' products read fastest, with the same bytes.  Only
+// rows_quantized_matmul(..., packed=true) reads them.  N must be a multiple of 8, K of 32.
+std::vector<mx::array> pack_quantized(const mx::array& w, const mx::array& scales, const mx::array& biases,
+                                      int group_size, int bits);
+// Whether the instruction set in use reads packed weights of `bits` directly (elsewhere they are
+// unpacked for every product: correct, and slower).
+bool reads_packed(int bits);
 
 class RowsMatmul : public mx::UnaryPrimitive {
  public:
   // bits 0: float weights; 4 or 8: affine quantized.
   RowsMatmul(mx::Stream stream, int group_size, int bits, bool has_bias, Epilogue epilogue = Epilogue::None,
-             bool has_norm = false, float eps = 0.0f)
+             bool has_norm = false, float eps = 0.0f, bool packed = false)
       : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), has_bias_(has_bias), epilogue_(epilogue),
-        has_norm_(has_norm), eps_(eps) {}
+        has_norm_(has_norm), eps_(eps), packed_(packed) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -62,6 +73,7 @@ class RowsMatmul : public mx::UnaryPrimitive {
   Epilogue epilogue_;
   bool has_norm_;  // the last input: RMSNorm's weight (Prologue)
   float eps_;
+  bool packed_;  // 4-bit weights as pack_quantized left them
 };
 
 // The instruction sets this build has and this CPU runs, best first; which one the kernels use.

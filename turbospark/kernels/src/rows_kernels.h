@@ -66,15 +66,31 @@ struct Isa {
   // xsg and, for 8-bit weights, usg (R x K/G, RowsJob).
   RowsFn rows_q8;
   void (*quantize)(const float* x, int R, int K, int G, bool pairs, int8_t* x8, float* d8, float* xsg, float* usg);
+  // 4- and 8-bit weights packed by pack_q times x rounded as `quantize` rounds it, written by
+  // `quantize_packed`: x8 (R x K; for 4-bit weights (`pairs`) each 8 values as their 4 even then
+  // 4 odd ones), d8 (R x K/32: each 32 values' scale) and xsg; output rows [o0, o1) in whole
+  // chunks of 8.  nullptr where the set cannot (then packed weights are read unpacked: rows.cpp).
+  RowsFn rows_q4p;
+  RowsFn rows_q8p;
+  void (*quantize_packed)(const float* x, int R, int K, int G, bool pairs, int8_t* x8, float* d8, float* xsg);
 };
+
+// MLX's affine 4- or 8-bit layout packed eight output rows together, in place, for rows_q4p and
+// rows_q8p (N a multiple of 8, K of 32; S the bytes of a scale): chunk c (rows 8c .. 8c + 7)
+// keeps its bytes, now per 32 weights b and dword u of their `bits` dwords, the eight rows'
+// dword u side by side (32 bytes), and its scales and biases as [group][row].  unpack_q writes
+// MLX's layout back out.
+void pack_q(uint8_t* w, uint8_t* scales, uint8_t* biases, int S, int N, int K, int G, int bits);
+void unpack_q(const uint8_t* w, const uint8_t* scales, const uint8_t* biases, int S, int N, int K, int G, int bits,
+              uint8_t* w_out, uint8_t* scales_out, uint8_t* biases_out);
 
 const Isa& isa_portable();
 // The set the kernels use now (rows.cpp: the best this CPU runs, or the one a test chose).
 const Isa& active_isa();
 #if defined(__x86_64__) || defined(_M_X64)
 const Isa& isa_avx2();
-// AVX2's set with another set's 8-bit products (rows_q8) under another name
-Isa avx2_with_rows_q8(const char* name, RowsFn rows_q8);
+// AVX2's set with another set's 8-bit products (rows_q8, rows_q4p, rows_q8p) under another name
+Isa avx2_with_rows_q8(const char* name, RowsFn rows_q8, RowsFn rows_q4p, RowsFn rows_q8p);
 // AVX2's set with AVX-VNNI's 8-bit products, and whether this CPU really runs AVX-VNNI
 const Isa& isa_vnni();
 bool vnni_runs();

@@ -866,6 +866,138 @@ void rows_q8(const RowsJob& job, int o0, int o1) {
     else rows_q8_typed<4, decltype(s)>(job, o0, o1);
   });
 }
+
+// --- 4- and 8-bit weights packed eight output rows together (pack_q, rows_kernels.h) ------------
+//
+// Lane i of a vector is output row o + i.  8-bit weights: dword t of the rows' 32 weights is one
+// load, their weights 4t .. 4t + 3.  4-bit weights: dword u (u = 0..3) of the rows' 16 packed
+// bytes is one load, its low nibbles the weights 8u, 8u + 2, 8u + 4, 8u + 6 and its high nibbles
+// 8u + 1, 8u + 3, 8u + 5, 8u + 7.  x's four values beside each set are one int32, broadcast, so
+// one dpbusd (AVX2: maddubs and madd) adds four products to each row's integer sum of the 32;
+// each 32's sum is then scaled by the rows' scales (one vector, read once for every row of x)
+// times x's, and each group's biases meet x's group sums.  No horizontal sums: the eight results
+// are stored as they are.  A row of x and an output row meet in lane order, one 32 at a time,
+// whatever else is in the product: the same bits for any number of rows and threads.
+
+// x as `quantize` rounds it (the same values and scales), in order, or for 4-bit weights
+// (`pairs`) each 8 values as their 4 even then 4 odd ones; each 32's scale (R x K/32) and each
+// group's sum of x (R x K/G)
+void quantize_packed(const float* x, int R, int K, int G, bool pairs, int8_t* x8, float* d32, float* xsg) {
+  std::fill(xsg, xsg + size_t(R) * (K / G), 0.0f);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i evens_odds = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15,
+                                              0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int r = 0; r < R; ++r) {
+    for (int k = 0; k < K; k += 32) {
+      const size_t at = size_t(r) * K + k;
+      __m256 v[4];
+      __m256 amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+      for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(x + at + 8 * i);
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+        sum = _mm256_add_ps(sum, v[i]);
+      }
+      const float m = hsum_max(amax);
+      const __m256 inv = _mm256_set1_ps(m > 0 ? 127.0f / m : 0.0f);
+      const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inv));
+      const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v[2], inv)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v[3], inv));
+      __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+      b = _mm256_permutevar8x32_epi32(b, order);  // the 32 values in order
+      if (pairs) b = _mm256_shuffle_epi8(b, evens_odds);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(x8 + at), b);
+      d32[at / 32] = m / 127.0f;
+      xsg[size_t(r) * (K / G) + k / G] += hsum(v8f(sum));
+    }
+  }
+}
+
+// acc + each lane's four products of u and s (unsigned by signed bytes: 4-bit weights' pairs
+// stay far from int16's bounds in AVX2's maddubs, dot_u8s8x2)
+inline __m256i dot_acc(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  return _mm256_add_epi32(acc, dot_u8s8(u, s));
+#endif
+}
+
+inline __m256i dot_acc(__m256i acc, __m256i u0, __m256i s0, __m256i u1, __m256i s1) {
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+  return dot_acc(dot_acc(acc, u0, s0), u1, s1);
+#else
+  return _mm256_add_epi32(acc, dot_u8s8x2(u0, s0, u1, s1));
+#endif
+}
+
+inline __m256i broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return _mm256_set1_epi32(v);
+}
+
+// output rows o .. o + 7 (packed chunk o / 8) for rows r .. r + RB - 1 of x
+template <int BITS, int RB, class S>
+inline void packed_block(const RowsJob& job, int o, int r) {
+  const int K = job.K, G = job.group, blocks = K / 32, per = G / 32, groups = K / G;
+  const __m256i* pw = reinterpret_cast<const __m256i*>(static_cast<const uint8_t*>(job.w) + size_t(o) * K * BITS / 8);
+  const size_t s_at = size_t(o) * groups;  // the chunk's scales and biases: [group][8]
+  const int8_t* x8 = job.x8 + size_t(r) * K;
+  const float* d32 = job.d8 + size_t(r) * blocks;
+  const float* xsg = job.xsg + size_t(r) * groups;
+  const __m256i m4 = _mm256_set1_epi8(15);
+  __m256 acc[RB];
+  for (int j = 0; j < RB; ++j) acc[j] = _mm256_setzero_ps();
+  for (int b = 0; b < blocks; ++b) {
+    __m256i sums[RB];
+    for (int j = 0; j < RB; ++j) sums[j] = _mm256_setzero_si256();
+    for (int u = 0; u < BITS; ++u) {
+      const __m256i packed = _mm256_loadu_si256(pw + BITS * b + u);
+      if constexpr (BITS == 4) {
+        const __m256i lo = _mm256_and_si256(packed, m4), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), m4);
+        for (int j = 0; j < RB; ++j) {
+          const int8_t* xj = x8 + size_t(j) * K + 32 * b + 8 * u;
+          sums[j] = dot_acc(sums[j], lo, broadcast4(xj), hi, broadcast4(xj + 4));
+        }
+      } else {
+        for (int j = 0; j < RB; ++j) sums[j] = dot_acc(sums[j], packed, broadcast4(x8 + size_t(j) * K + 32 * b + 4 * u));
+      }
+    }
+    const __m256 s = eight_at<S>(job.scales, s_at + size_t(b / per) * 8);
+    for (int j = 0; j < RB; ++j)
+      acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[j]), _mm256_mul_ps(s, _mm256_set1_ps(d32[size_t(j) * blocks + b])), acc[j]);
+    if ((b + 1) % per == 0) {
+      const __m256 bias = eight_at<S>(job.biases, s_at + size_t(b / per) * 8);
+      for (int j = 0; j < RB; ++j) acc[j] = _mm256_fmadd_ps(bias, _mm256_set1_ps(xsg[size_t(j) * groups + b / per]), acc[j]);
+    }
+  }
+  for (int j = 0; j < RB; ++j) _mm256_storeu_ps(job.y + size_t(r + j) * job.N + o, acc[j]);
+}
+
+template <int BITS, class S>
+void rows_packed_typed(const RowsJob& job, int o0, int o1) {
+  for (int o = o0; o < o1; o += 8) {
+    int r = 0;
+    for (; r + WIDE_RB <= job.R; r += WIDE_RB) packed_block<BITS, WIDE_RB, S>(job, o, r);
+    for (; r + 4 <= job.R; r += 4) packed_block<BITS, 4, S>(job, o, r);
+    for (; r < job.R; ++r) packed_block<BITS, 1, S>(job, o, r);
+  }
+}
+
+// output rows [o0, o1), both multiples of 8, of packed weights; x as quantize_packed wrote it
+// (job.x8, its scales in job.d8, job.xsg).  8-bit weights only with VNNI's unsigned-by-signed
+// sums (AVX2's maddubs would saturate on weights past 127): nullptr otherwise (Isa::rows_packed).
+void rows_q4p(const RowsJob& job, int o0, int o1) {
+  by_scale_type(job.stype, [&](auto s) { rows_packed_typed<4, decltype(s)>(job, o0, o1); });
+}
+
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+void rows_q8p(const RowsJob& job, int o0, int o1) {
+  by_scale_type(job.stype, [&](auto s) { rows_packed_typed<8, decltype(s)>(job, o0, o1); });
+}
+#endif
 #endif
 
 } // namespace turbospark::kernels::ROWS_NS
