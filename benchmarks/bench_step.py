@@ -14,10 +14,12 @@ code, a plain KV cache, ``--rows`` sequences side by side: one step of a batch);
 Configurations: ``mlx-float32`` (MLX's own ops, the float32 import, as before the kernels),
 ``float32`` (the kernels, the same weights), ``native`` (the kernels, the GGUF's Q4_1 blocks kept
 as 4-bit: the default on the CPU).  With ``--isas``, the configurations are ``native`` on each
-of the kernels' instruction sets named (``kernels.native.isas()`` lists what this CPU runs).
+of the kernels' instruction sets named (``kernels.native.isas()`` lists what this CPU runs);
+with ``--packing``, ``native`` with its 4-bit weights packed eight rows together (the default,
+decision 0039) and in MLX's layout (``TURBOSPARK_KERNELS_PACKED=0``).
 
     python benchmarks/bench_step.py [--context 64] [--steps 64] [--rounds 3] [--rows 1]
-                                    [--isas avx2+fma,avx2+avx512vnni]
+                                    [--isas avx2+fma,avx2+avx512vnni] [--packing]
 """
 
 from __future__ import annotations
@@ -103,6 +105,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rows", type=int, default=1, help="sequences decoding side by side")
     parser.add_argument("--isas", help="native on each of these instruction sets, comma-separated")
+    parser.add_argument("--packing", action="store_true",
+                        help="native with its 4-bit weights packed (the default) and in MLX's layout")
     parser.add_argument("--isa", help=argparse.SUPPRESS)
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--kernels", action="store_true", help=argparse.SUPPRESS)
@@ -115,6 +119,7 @@ def main() -> None:
     from turbospark.store.store import ModelStore
 
     configs = ({f"native ({isa})": ("native", True, isa) for isa in args.isas.split(",")} if args.isas
+               else {"native": ("native", True, None), "native, MLX's layout": ("native", True, None)} if args.packing
                else {name: (dtype, kernels, None) for name, (dtype, kernels) in CONFIGS.items()})
     home = Path(tempfile.gettempdir()) / "bench_step"
     paths = {d: pull("smollm2-135m-instruct", ModelStore(home / d), progress=False, dtype=d).path
@@ -125,7 +130,8 @@ def main() -> None:
             command = [sys.executable, "-m", "turbospark.cli.blas", sys.executable, __file__, "--child", str(paths[dtype]),
                        "--context", str(args.context), "--steps", str(args.steps), "--rows", str(args.rows),
                        *(["--kernels"] if kernels else []), *(["--isa", isa] if isa else [])]
-            env = dict(os.environ, **({} if kernels else {"TURBOSPARK_KERNELS": "off"}))
+            env = dict(os.environ, **({} if kernels else {"TURBOSPARK_KERNELS": "off"}),
+                       **({"TURBOSPARK_KERNELS_PACKED": "0"} if "layout" in name else {}))
             done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
             results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
     print(f"SmolLM2-135M-Instruct, {args.rows} sequence(s), {args.context} tokens of context each; "
