@@ -56,6 +56,10 @@ struct Isa {
                   int64_t ast);
   // x[i] = exp(x[i]) in place, as MLX's CPU backend computes exp (the same bits)
   void (*exps)(float* x, int n);
+  // out[i] = silu(gate[i]) * up[i] for float32, as rows.cpp's swiglu epilogue computes it for
+  // any type (MLX's sigmoid: exp of -|g|, 1 / (1 + e), mirrored for g >= 0), the same bits;
+  // scratch holds n floats
+  void (*swiglu)(const float* gate, const float* up, float* out, float* scratch, int n);
   // weight rows [o0, o1) as float32, (o1 - o0) x K into out (for a GEMM of many rows of x)
   void (*widen)(const RowsJob& job, int o0, int o1, float* out);
   // Affine 4- and 8-bit weights times rows of x rounded to 8 bits per 32 values (as llama.cpp's

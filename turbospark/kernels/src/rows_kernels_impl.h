@@ -409,6 +409,25 @@ __attribute__((optimize("fp-contract=off"))) void exps(float* x, int n) {
   }
 }
 
+void swiglu(const float* gate, const float* up, float* out, float* scratch, int n) {
+  for (int i = 0; i < n; ++i) scratch[i] = std::fabs(gate[i]);
+  exps(scratch, n);
+  int i = 0;
+#if defined(__AVX2__)
+  const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, _mm256_loadu_ps(scratch + i)));
+    const __m256 sig = _mm256_blendv_ps(_mm256_sub_ps(one, s), s, _mm256_cmp_ps(g, zero, _CMP_LT_OQ));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), _mm256_loadu_ps(up + i)));
+  }
+#endif
+  for (; i < n; ++i) {
+    const float g = gate[i], s = 1.0f / (1.0f + scratch[i]);
+    out[i] = (g * (g < 0 ? s : 1.0f - s)) * up[i];
+  }
+}
+
 // A key or value row's eight values from e as float32: float32 rows as they are, float16 rows
 // (a KV cache held in half precision) widened exactly.
 inline v8f row8(const float* p) { return load8(p); }
