@@ -413,6 +413,22 @@ std::vector<mx::Shape> RowsMatmul::output_shapes(const std::vector<mx::array>& i
   return {shape};
 }
 
+namespace {
+// n values left uninitialized (each is written before it is read): a prompt chunk's megabytes of
+// x and y are not cleared first
+template <class T>
+class Scratch {
+ public:
+  Scratch() = default;
+  explicit Scratch(size_t n) { resize(n); }
+  void resize(size_t n) { p_.reset(new T[n]); }
+  T* data() { return p_.get(); }
+
+ private:
+  std::unique_ptr<T[]> p_;
+};
+} // namespace
+
 void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   auto work = [bits = bits_, group = group_size_, has_bias = has_bias_, epilogue = epilogue_, has_norm = has_norm_,
                eps = eps_, packed = packed_](std::vector<mx::array>& in, mx::array& out) {
@@ -420,7 +436,7 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
     const int K = x.shape(-1), N = in[1].shape(0);
     const int R = K == 0 ? 0 : int(x.size() / K);
     if (R == 0 || N == 0) return;
-    std::vector<float> xf(size_t(R) * K);
+    Scratch<float> xf(size_t(R) * K);
     switch (x.dtype()) {
       case mx::float32:
         widen<float>(x, R, K, xf.data());
@@ -434,7 +450,7 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
         widen<mx::float16_t>(x, R, K, xf.data());
         if (has_norm) rms_norm_rows<mx::float16_t>(xf.data(), R, K, in.back(), eps);
     }
-    std::vector<float> yf;
+    Scratch<float> yf;
     float* y = out.data<float>();
     const bool direct = out.dtype() == mx::float32 && epilogue == Epilogue::None;
     if (!direct) {
@@ -453,8 +469,8 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
       job.stype = scale_type(in[2].dtype());
     }
     const Isa* isa = current().load();
-    std::vector<int8_t> x8;
-    std::vector<float> d8, xsg, usg;
+    Scratch<int8_t> x8;
+    Scratch<float> d8, xsg, usg;
     RowsFn rows = isa->rows;
     // Quantized weights times x in 8 bits, for any number of rows: each row's result is then the
     // same bits whatever else is in the product (a step's batch, a prompt chunk it joins), and a
@@ -487,7 +503,7 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
       x8.resize(size_t(R) * K);
       d8.resize(size_t(R) * K / 8);
       xsg.resize(size_t(R) * (K / group));
-      usg.resize(bits == 8 ? xsg.size() : 0);
+      usg.resize(bits == 8 ? size_t(R) * (K / group) : 0);
       isa->quantize(xf.data(), R, K, group, bits == 4, x8.data(), d8.data(), xsg.data(), usg.data());
       job.x8 = x8.data();
       job.d8 = d8.data();
