@@ -283,6 +283,26 @@ async def test_delete_of_a_model_busy_past_the_wait_is_refused(start_server, cli
     assert store.deleted == []
 
 
+async def test_a_burst_naming_a_model_no_one_has_takes_one_look_not_a_slot_each(start_server, client) -> None:
+    """Eight clients at once name a model the server lacks (an SDK's default, after a quiet
+    while): one looks in the library, the others are answered by the fallback at once, so none
+    meets the resolution slots' limit (4) with a 503."""
+    shelf = Shelf("alpha")
+    server = await start_server(backends=[], library=lambda: tuple(shelf.models))
+    body = {"model": "gpt-4o", "messages": HELLO, "max_tokens": 4}
+    statuses: list[int] = []
+
+    async def one() -> None:
+        statuses.append((await client.post(f"{server.url}/v1/chat/completions", json=body)).status_code)
+
+    for _ in range(2):  # the second burst after the name was looked for STRANGER_S ago
+        async with trio.open_nursery() as nursery:
+            for _ in range(8):
+                nursery.start_soon(one)
+        await trio.sleep(STRANGER_S)
+    assert statuses == [200] * 16 and shelf.loads == {"alpha": 1}
+
+
 async def test_a_model_stored_while_serving_answers_to_its_name_on_every_route(start_server, client) -> None:
     """A name no known model has is looked for in the library before a fallback answers it:
     ``models import`` beside a running server, then the OpenAI route asks for it by name."""

@@ -130,16 +130,13 @@ class _Resolver:
         except ModelNotFound:
             return registry.only_loaded(msg.name, msg.want, self.policy.loaded())
 
-    async def _look_up(self, msg: Resolve) -> None:
+    async def _look_up(self, msg: Resolve, stranger: bool) -> None:
         asked = trio.current_time()
         try:
             try:
                 result: ModelEntry | TurboSparkError = await self._find(msg)
-                if self._stranger(msg):  # answered by a fallback: unless the library knows it now
+                if stranger:  # answered by a fallback: unless the library knows it now
                     await self._refresh()
-                    now = trio.current_time()  # the names of the last few seconds only
-                    self.strangers = {n: t for n, t in self.strangers.items() if now - t <= STRANGER_S}
-                    self.strangers[msg.name or ""] = now
                     result = await self._find(msg)
             except (ModelNotFound, NoModel):
                 await self._refresh()  # a model stored since the last look
@@ -233,7 +230,12 @@ class _Resolver:
                 if not self._stranger(msg):
                     self._looked(_Looked(msg, found, trio.current_time()))
                     return
-        self.tasks.start_soon(self._look_up, msg)
+        stranger = self._stranger(msg)
+        if stranger:  # looked for from now: a burst of requests naming it takes one look, not a slot each
+            now = trio.current_time()  # the names of the last few seconds only
+            self.strangers = {n: t for n, t in self.strangers.items() if now - t <= STRANGER_S}
+            self.strangers[msg.name or ""] = now
+        self.tasks.start_soon(self._look_up, msg, stranger)
 
     def _stranger(self, msg: Resolve) -> bool:
         """A name no known model has, not looked for in the library these last ``STRANGER_S``
