@@ -471,6 +471,7 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
     const Isa* isa = current().load();
     Scratch<int8_t> x8;
     Scratch<float> d8, xsg, usg;
+    Scratch<int32_t> xs8;
     RowsFn rows = isa->rows;
     // Quantized weights times x in 8 bits, for any number of rows: each row's result is then the
     // same bits whatever else is in the product (a step's batch, a prompt chunk it joins), and a
@@ -494,10 +495,13 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
       x8.resize(size_t(R) * K);
       d8.resize(size_t(R) * K / 32);
       xsg.resize(size_t(R) * (K / group));
-      isa->quantize_packed(xf.data(), R, K, group, bits == 4, x8.data(), d8.data(), xsg.data());
+      xs8.resize(bits == 8 ? size_t(R) * K / 32 : 0);
+      isa->quantize_packed(xf.data(), R, K, group, bits == 4, x8.data(), d8.data(), xsg.data(),
+                           bits == 8 ? xs8.data() : nullptr);
       job.x8 = x8.data();
       job.d8 = d8.data();
       job.xsg = xsg.data();
+      job.xs8 = xs8.data();
       rows = packed_rows;
     } else if (x8_path) {
       x8.resize(size_t(R) * K);

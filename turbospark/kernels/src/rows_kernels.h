@@ -34,6 +34,7 @@ struct RowsJob {
   const float* d8 = nullptr;
   const float* xsg = nullptr;  // R x K/group: each group's sum of x
   const float* usg = nullptr;  // R x K/group, 8-bit weights: each group's 128 * d * sum(x8)
+  const int32_t* xs8 = nullptr;  // R x K/32, packed 8-bit weights: each 32's sum of x8 (quantize_packed)
 };
 
 using RowsFn = void (*)(const RowsJob& job, int o0, int o1);
@@ -72,11 +73,13 @@ struct Isa {
   void (*quantize)(const float* x, int R, int K, int G, bool pairs, int8_t* x8, float* d8, float* xsg, float* usg);
   // 4- and 8-bit weights packed by pack_q times x rounded as `quantize` rounds it, written by
   // `quantize_packed`: x8 (R x K; for 4-bit weights (`pairs`) each 8 values as their 4 even then
-  // 4 odd ones), d8 (R x K/32: each 32 values' scale) and xsg; output rows [o0, o1) in whole
-  // chunks of 8.  nullptr where the set cannot (then packed weights are read unpacked: rows.cpp).
+  // 4 odd ones), d8 (R x K/32: each 32 values' scale), xsg and for 8-bit weights xs8; output rows
+  // [o0, o1) in whole chunks of 8.  nullptr where the set cannot (then packed weights are read
+  // unpacked: rows.cpp).
   RowsFn rows_q4p;
   RowsFn rows_q8p;
-  void (*quantize_packed)(const float* x, int R, int K, int G, bool pairs, int8_t* x8, float* d8, float* xsg);
+  void (*quantize_packed)(const float* x, int R, int K, int G, bool pairs, int8_t* x8, float* d8, float* xsg,
+                          int32_t* xs8);
 };
 
 // MLX's affine 4- or 8-bit layout packed eight output rows together, in place, for rows_q4p and

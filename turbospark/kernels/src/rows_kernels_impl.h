@@ -899,9 +899,10 @@ void rows_q8(const RowsJob& job, int o0, int o1) {
 // whatever else is in the product: the same bits for any number of rows and threads.
 
 // x as `quantize` rounds it (the same values and scales), in order, or for 4-bit weights
-// (`pairs`) each 8 values as their 4 even then 4 odd ones; each 32's scale (R x K/32) and each
-// group's sum of x (R x K/G)
-void quantize_packed(const float* x, int R, int K, int G, bool pairs, int8_t* x8, float* d32, float* xsg) {
+// (`pairs`) each 8 values as their 4 even then 4 odd ones; each 32's scale (R x K/32), each
+// group's sum of x (R x K/G) and, where xs8 is given, each 32's sum of x8 (R x K/32)
+void quantize_packed(const float* x, int R, int K, int G, bool pairs, int8_t* x8, float* d32, float* xsg,
+                     int32_t* xs8) {
   std::fill(xsg, xsg + size_t(R) * (K / G), 0.0f);
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i evens_odds = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15,
@@ -925,6 +926,7 @@ void quantize_packed(const float* x, int R, int K, int G, bool pairs, int8_t* x8
       b = _mm256_permutevar8x32_epi32(b, order);  // the 32 values in order
       if (pairs) b = _mm256_shuffle_epi8(b, evens_odds);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(x8 + at), b);
+      if (xs8 != nullptr) xs8[at / 32] = hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), b), _mm256_set1_epi16(1)));
       d32[at / 32] = m / 127.0f;
       xsg[size_t(r) * (K / G) + k / G] += hsum(v8f(sum));
     }
@@ -957,7 +959,16 @@ inline __m256i broadcast4(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-// output rows o .. o + 7 (packed chunk o / 8) for rows r .. r + RB - 1 of x
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+constexpr bool kVnni = true;
+#else
+constexpr bool kVnni = false;
+#endif
+
+// output rows o .. o + 7 (packed chunk o / 8) for rows r .. r + RB - 1 of x.  8-bit weights q in
+// 0..255 without VNNI: maddubs would saturate on q * x, so it takes |q - 128| beside x with
+// (q - 128)'s sign (as q8_block8 does) and each 32's sum gets 128 * sum(x8) back: the same
+// integers as VNNI's unsigned-by-signed sums, so the same bits.
 template <int BITS, int RB, class S>
 inline void packed_block(const RowsJob& job, int o, int r) {
   const int K = job.K, G = job.group, blocks = K / 32, per = G / 32, groups = K / G;
@@ -980,10 +991,16 @@ inline void packed_block(const RowsJob& job, int o, int r) {
           const int8_t* xj = x8 + size_t(j) * K + 32 * b + 8 * u;
           sums[j] = dot_acc(sums[j], lo, broadcast4(xj), hi, broadcast4(xj + 4));
         }
-      } else {
+      } else if constexpr (kVnni) {
         for (int j = 0; j < RB; ++j) sums[j] = dot_acc(sums[j], packed, broadcast4(x8 + size_t(j) * K + 32 * b + 4 * u));
+      } else {
+        const __m256i q = _mm256_xor_si256(packed, _mm256_set1_epi8(char(0x80))), size = _mm256_abs_epi8(q);
+        for (int j = 0; j < RB; ++j)
+          sums[j] = _mm256_add_epi32(sums[j], dot_u8s8(size, _mm256_sign_epi8(broadcast4(x8 + size_t(j) * K + 32 * b + 4 * u), q)));
       }
     }
+    if constexpr (BITS == 8 && !kVnni)
+      for (int j = 0; j < RB; ++j) sums[j] = _mm256_add_epi32(sums[j], _mm256_set1_epi32(128 * job.xs8[size_t(r + j) * blocks + b]));
     const __m256 s = eight_at<S>(job.scales, s_at + size_t(b / per) * 8);
     for (int j = 0; j < RB; ++j)
       acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[j]), _mm256_mul_ps(s, _mm256_set1_ps(d32[size_t(j) * blocks + b])), acc[j]);
@@ -1006,17 +1023,14 @@ void rows_packed_typed(const RowsJob& job, int o0, int o1) {
 }
 
 // output rows [o0, o1), both multiples of 8, of packed weights; x as quantize_packed wrote it
-// (job.x8, its scales in job.d8, job.xsg).  8-bit weights only with VNNI's unsigned-by-signed
-// sums (AVX2's maddubs would saturate on weights past 127): nullptr otherwise (Isa::rows_packed).
+// (job.x8, its scales in job.d8, job.xsg, for 8-bit weights job.xs8)
 void rows_q4p(const RowsJob& job, int o0, int o1) {
   by_scale_type(job.stype, [&](auto s) { rows_packed_typed<4, decltype(s)>(job, o0, o1); });
 }
 
-#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
 void rows_q8p(const RowsJob& job, int o0, int o1) {
   by_scale_type(job.stype, [&](auto s) { rows_packed_typed<8, decltype(s)>(job, o0, o1); });
 }
-#endif
 #endif
 
 } // namespace turbospark::kernels::ROWS_NS
