@@ -32,6 +32,8 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
      "kernels ([performance.md](performance.md))"),
     ("TURBOSPARK_KERNELS_EXACT", "`1` keeps x in float32 in quantized products and the KV cache in "
      "float32 (bit-for-bit closer to MLX's own ops, slower; decisions 0028, 0035)"),
+    ("TURBOSPARK_KERNELS_PACKED", "`0` keeps 4- and 8-bit weights in MLX's layout instead of packing them "
+     "eight output rows together for the kernels (slower; for comparisons, decision 0039)"),
     ("TURBOSPARK_KV_CACHE", "`float32` keeps the fused layers' KV cache in float32 instead of float16 "
      "(the default with the kernels, as llama.cpp's; `TURBOSPARK_KERNELS_EXACT=1` keeps float32 too; "
      "decision 0035)"),
