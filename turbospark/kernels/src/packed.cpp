@@ -1,4 +1,5 @@
 // MLX's affine 4- and 8-bit layouts packed eight output rows together, and back (rows_kernels.h).
+#include <algorithm>
 #include <cstring>
 #include <vector>
 

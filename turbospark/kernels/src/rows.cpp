@@ -477,7 +477,7 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
     // same bits whatever else is in the product (a step's batch, a prompt chunk it joins), and a
     // prompt chunk runs as fast as through a GEMM of widened weights.
     const bool x8_path = bits != 0 && K % 64 == 0 && x_in_8_bits(*isa);
-    // Packed 4-bit weights: read as they are where the set can (rows_q4p), else unpacked into
+    // Packed weights: read as they are where the set can (rows_q4p, rows_q8p), else unpacked into
     // MLX's layout for this product (TURBOSPARK_KERNELS_EXACT, a set without integer products).
     const RowsFn packed_rows = bits == 4 ? isa->rows_q4p : isa->rows_q8p;
     const bool packed_path = packed && x8_path && packed_rows != nullptr;
