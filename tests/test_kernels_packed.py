@@ -85,7 +85,7 @@ def test_packed_products_are_avx2s_bits_on_the_vnni_sets(rows, bits, group, seed
 @needs_kernels
 @pytest.mark.parametrize("bits", [4, 8])
 def test_where_a_set_cannot_read_them_packed_they_are_read_unpacked(bits) -> None:
-    """x kept float32 (TURBOSPARK_KERNELS_EXACT) and the portable set: the same bits as the
+    """x kept float32 (TURBOSPARK_KERNELS_EXACT) and the portable (NEON) set: the same bits as the
     same product on MLX's layout."""
     w = weights(64, 576, 32, bits, mx.float16, 7)
     packed = kernels.pack_quantized(*w, 32, bits)
@@ -97,7 +97,7 @@ def test_where_a_set_cannot_read_them_packed_they_are_read_unpacked(bits) -> Non
             for on in (True, False):
                 in_8_bits(on)
                 reads = kernels.native.reads_packed(bits)
-                assert reads == (on and name != "portable")
+                assert reads == (on and name not in ("portable", "neon"))  # the sets with integer products
                 if not reads:
                     np.testing.assert_array_equal(product(x, packed, 32, bits, packed=True), product(x, w, 32, bits))
     finally:
