@@ -15,7 +15,7 @@ Configurations: ``mlx-float32`` (MLX's own ops, the float32 import, as before th
 ``float32`` (the kernels, the same weights), ``native`` (the kernels, the GGUF's Q4_1 blocks kept
 as 4-bit: the default on the CPU).  With ``--isas``, the configurations are ``native`` on each
 of the kernels' instruction sets named (``kernels.native.isas()`` lists what this CPU runs);
-with ``--packing``, ``native`` with its 4-bit weights packed eight rows together (the default,
+with ``--packing``, ``native`` with its quantized weights packed eight rows together (the default,
 decision 0039) and in MLX's layout (``TURBOSPARK_KERNELS_PACKED=0``).
 
     python benchmarks/bench_step.py [--context 64] [--steps 64] [--rounds 3] [--rows 1]
@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1, help="sequences decoding side by side")
     parser.add_argument("--isas", help="native on each of these instruction sets, comma-separated")
     parser.add_argument("--packing", action="store_true",
-                        help="native with its 4-bit weights packed (the default) and in MLX's layout")
+                        help="native with its quantized weights packed (the default) and in MLX's layout")
     parser.add_argument("--isa", help=argparse.SUPPRESS)
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--kernels", action="store_true", help=argparse.SUPPRESS)
