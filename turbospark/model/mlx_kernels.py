@@ -72,20 +72,20 @@ class QuantizedLinear(nn.QuantizedLinear):
         return _quantized(self, x, self.get("bias"))
 
 
-def _packed_rows(a: mx.array, ids: mx.array) -> mx.array:
-    """Rows ``ids`` of a matrix packed eight rows together (``kernels.pack_quantized``: chunk
+def _packed_rows(arrays: list[mx.array], ids: mx.array) -> list[mx.array]:
+    """Rows ``ids`` of matrices packed eight rows together (``kernels.pack_quantized``: chunk
     ``i // 8`` holds its rows' columns side by side, lane ``i % 8``), in MLX's layout."""
-    chunks = a.reshape(a.shape[0] // 8, a.shape[1], 8)[ids // 8]  # (*ids, columns, 8)
-    lanes = mx.broadcast_to((ids % 8)[..., None, None], (*ids.shape, a.shape[1], 1))
-    return mx.take_along_axis(chunks, lanes, axis=-1).squeeze(-1)
+    chunks, lanes = ids // 8, (ids % 8)[..., None, None]  # the lanes broadcast over the columns
+    return [mx.take_along_axis(a.reshape(a.shape[0] // 8, a.shape[1], 8)[chunks], lanes, axis=-1).squeeze(-1)
+            for a in arrays]
 
 
 class _QuantizedEmbedding(nn.QuantizedEmbedding):
     def __call__(self, x: mx.array) -> mx.array:
         if not getattr(self, "_turbospark_packed", False):
             return super().__call__(x)
-        return mx.dequantize(_packed_rows(self["weight"], x), scales=_packed_rows(self["scales"], x),
-                             biases=_packed_rows(self["biases"], x), group_size=self.group_size, bits=self.bits)
+        w, scales, biases = _packed_rows([self["weight"], self["scales"], self["biases"]], x)
+        return mx.dequantize(w, scales=scales, biases=biases, group_size=self.group_size, bits=self.bits)
 
     def as_linear(self, x: mx.array) -> mx.array:
         return _quantized(self, x, None)

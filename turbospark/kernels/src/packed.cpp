@@ -1,7 +1,5 @@
 // MLX's affine 4- and 8-bit layouts packed eight output rows together, and back (rows_kernels.h).
-#include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include "rows_kernels.h"
 
@@ -9,7 +7,7 @@ namespace turbospark::kernels {
 
 namespace {
 // chunk c's weights: MLX's row-major bytes (8 rows of K * bits / 8) <-> packed (per 32 weights b
-// and dword u of their `bits` dwords, the eight rows' dword u side by side); `to_packed` says which way
+// and dword u of their `bits` dwords, the eight rows' dword u side by side)
 void move_weights(const uint8_t* from, uint8_t* to, int K, int bits, bool to_packed) {
   const size_t row = size_t(K) * bits / 8;
   for (int b = 0; b < K / 32; ++b)
@@ -32,28 +30,14 @@ void move_params(const uint8_t* from, uint8_t* to, int S, int groups, bool to_pa
 }
 } // namespace
 
-void pack_q(uint8_t* w, uint8_t* scales, uint8_t* biases, int S, int N, int K, int G, int bits) {
-  const int groups = K / G;
-  const size_t wbytes = size_t(K) * bits, pbytes = size_t(8) * groups * S;
-  std::vector<uint8_t> tmp(std::max(wbytes, pbytes));
-  for (int c = 0; c < N / 8; ++c) {
-    std::memcpy(tmp.data(), w + c * wbytes, wbytes);
-    move_weights(tmp.data(), w + c * wbytes, K, bits, true);
-    for (uint8_t* p : {scales, biases}) {
-      std::memcpy(tmp.data(), p + c * pbytes, pbytes);
-      move_params(tmp.data(), p + c * pbytes, S, groups, true);
-    }
-  }
-}
-
-void unpack_q(const uint8_t* w, const uint8_t* scales, const uint8_t* biases, int S, int N, int K, int G, int bits,
-              uint8_t* w_out, uint8_t* scales_out, uint8_t* biases_out) {
+void pack_q(const uint8_t* w, const uint8_t* scales, const uint8_t* biases, int S, int N, int K, int G, int bits,
+            bool to_packed, uint8_t* w_out, uint8_t* scales_out, uint8_t* biases_out) {
   const int groups = K / G;
   const size_t wbytes = size_t(K) * bits, pbytes = size_t(8) * groups * S;
   for (int c = 0; c < N / 8; ++c) {
-    move_weights(w + c * wbytes, w_out + c * wbytes, K, bits, false);
-    move_params(scales + c * pbytes, scales_out + c * pbytes, S, groups, false);
-    move_params(biases + c * pbytes, biases_out + c * pbytes, S, groups, false);
+    move_weights(w + c * wbytes, w_out + c * wbytes, K, bits, to_packed);
+    move_params(scales + c * pbytes, scales_out + c * pbytes, S, groups, to_packed);
+    move_params(biases + c * pbytes, biases_out + c * pbytes, S, groups, to_packed);
   }
 }
 

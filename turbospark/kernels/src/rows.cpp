@@ -362,11 +362,11 @@ mx::array rows_quantized_matmul(const mx::array& x, const mx::array& w, const mx
 }
 
 namespace {
-// a's bytes in a buffer of their own (not MLX's allocator's: freed with the array)
-mx::array own_copy(const mx::array& a) {
+// an array of a's shape and type in a buffer of its own (not MLX's allocator's: freed with the
+// array), its bytes not yet written
+mx::array like(const mx::array& a) {
   void* p = std::malloc(std::max<size_t>(a.nbytes(), 1));
   if (p == nullptr) throw std::bad_alloc();
-  std::memcpy(p, a.data<uint8_t>(), a.nbytes());
   return mx::array(p, a.shape(), a.dtype(), [](void* q) { std::free(q); });
 }
 } // namespace
@@ -381,14 +381,14 @@ std::vector<mx::array> pack_quantized(const mx::array& w, const mx::array& scale
   const int N = w.shape(0), K = w.shape(1) * 32 / bits;
   if (scales.shape() != mx::Shape{N, K / group_size} || biases.shape() != scales.shape() || biases.dtype() != scales.dtype())
     throw std::invalid_argument("[pack_quantized] scales and biases must be (N, K / group_size), of one type");
-  std::vector<mx::array> out;
+  std::vector<mx::array> in, out;
   for (const auto* a : {&w, &scales, &biases}) {
-    auto c = mx::contiguous(*a);
-    c.eval();
-    out.push_back(own_copy(c));
+    in.push_back(mx::contiguous(*a));
+    in.back().eval();
+    out.push_back(like(*a));
   }
-  pack_q(out[0].data<uint8_t>(), out[1].data<uint8_t>(), out[2].data<uint8_t>(), int(scales.itemsize()), N, K,
-         group_size, bits);
+  pack_q(in[0].data<uint8_t>(), in[1].data<uint8_t>(), in[2].data<uint8_t>(), int(scales.itemsize()), N, K, group_size,
+         bits, true, out[0].data<uint8_t>(), out[1].data<uint8_t>(), out[2].data<uint8_t>());
   return out;
 }
 
@@ -485,8 +485,8 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
     if (packed && !packed_path) {
       const size_t wb = in[1].nbytes(), sb = in[2].nbytes();
       unpacked.resize(wb + 2 * sb);
-      unpack_q(in[1].data<uint8_t>(), in[2].data<uint8_t>(), in[3].data<uint8_t>(), int(in[2].itemsize()), N, K,
-               group, bits, unpacked.data(), unpacked.data() + wb, unpacked.data() + wb + sb);
+      pack_q(in[1].data<uint8_t>(), in[2].data<uint8_t>(), in[3].data<uint8_t>(), int(in[2].itemsize()), N, K, group,
+             bits, false, unpacked.data(), unpacked.data() + wb, unpacked.data() + wb + sb);
       job.w = unpacked.data();
       job.scales = unpacked.data() + wb;
       job.biases = unpacked.data() + wb + sb;

@@ -82,14 +82,13 @@ struct Isa {
                           int32_t* xs8);
 };
 
-// MLX's affine 4- or 8-bit layout packed eight output rows together, in place, for rows_q4p and
-// rows_q8p (N a multiple of 8, K of 32; S the bytes of a scale): chunk c (rows 8c .. 8c + 7)
-// keeps its bytes, now per 32 weights b and dword u of their `bits` dwords, the eight rows'
-// dword u side by side (32 bytes), and its scales and biases as [group][row].  unpack_q writes
-// MLX's layout back out.
-void pack_q(uint8_t* w, uint8_t* scales, uint8_t* biases, int S, int N, int K, int G, int bits);
-void unpack_q(const uint8_t* w, const uint8_t* scales, const uint8_t* biases, int S, int N, int K, int G, int bits,
-              uint8_t* w_out, uint8_t* scales_out, uint8_t* biases_out);
+// MLX's affine 4- or 8-bit layout packed eight output rows together into the *_out buffers (the
+// same sizes), for rows_q4p and rows_q8p (N a multiple of 8, K of 32; S the bytes of a scale):
+// chunk c (rows 8c .. 8c + 7) keeps its span of bytes, now per 32 weights b and dword u of their
+// `bits` dwords, the eight rows' dword u side by side (32 bytes), and its scales and biases as
+// [group][row].  With to_packed false, packed weights are written back out in MLX's layout.
+void pack_q(const uint8_t* w, const uint8_t* scales, const uint8_t* biases, int S, int N, int K, int G, int bits,
+            bool to_packed, uint8_t* w_out, uint8_t* scales_out, uint8_t* biases_out);
 
 const Isa& isa_portable();
 // The set the kernels use now (rows.cpp: the best this CPU runs, or the one a test chose).

@@ -627,39 +627,43 @@ inline int hsum_i32(__m256i v) {
   return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
 }
 
+// 32 values of x rounded to int8 with the scale m / 127 (m = max |x|), in order; their float sum
+// into `sum`
+inline __m256i round32(const float* c, float& m, float& sum) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4];
+  __m256 amax = _mm256_setzero_ps(), total = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(c + 8 * i);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+    total = _mm256_add_ps(total, v[i]);
+  }
+  m = hsum_max(amax);
+  sum = hsum(v8f(total));
+  const __m256 inv = _mm256_set1_ps(m > 0 ? 127.0f / m : 0.0f);
+  const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inv));
+  const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v[2], inv)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v[3], inv));
+  const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+  return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 void quantize(const float* x, int R, int K, int G, bool pairs, int8_t* x8, float* d8, float* xsg, float* usg) {
   std::fill(xsg, xsg + size_t(R) * (K / G), 0.0f);
   if (!pairs) std::fill(usg, usg + size_t(R) * (K / G), 0.0f);
-  const __m256 sign = _mm256_set1_ps(-0.0f);
   // within each 16 bytes: the 8 even bytes, then the 8 odd ones
   const __m256i evens_odds = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
                                               0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int r = 0; r < R; ++r) {
     for (int k = 0; k < K; k += 32) {
       const size_t at = size_t(r) * K + k;
-      const float* c = x + at;
-      __m256 v[4];
-      __m256 amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
-      for (int i = 0; i < 4; ++i) {
-        v[i] = _mm256_loadu_ps(c + 8 * i);
-        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
-        sum = _mm256_add_ps(sum, v[i]);
-      }
-      const float m = hsum_max(amax);
-      const __m256 inv = _mm256_set1_ps(m > 0 ? 127.0f / m : 0.0f);
-      __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv));
-      __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inv));
-      __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v[2], inv));
-      __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v[3], inv));
-      __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
-      b = _mm256_permutevar8x32_epi32(b, order);  // the 32 values in order
+      float m, sum;
+      __m256i b = round32(x + at, m, sum);
       const int half = (k / 32) % 2;              // where these 32 go in their 64
       // each 64's eight scales: 4-bit weights d0 d0 d0 d0 d1 d1 d1 d1 (q8_block's lanes), 8-bit
       // weights d0 d0 d1 d1 d0 d0 d1 d1 (q8_block8's)
       for (int i = 0; i < 4; ++i) d8[(at - 32 * half) / 8 + (pairs ? 4 * half + i : 2 * half + i % 2 + 4 * (i / 2))] = m / 127.0f;
       const size_t g = size_t(r) * (K / G) + k / G;
-      xsg[g] += hsum(v8f(sum));
+      xsg[g] += sum;
       if (!pairs) {  // 8-bit weights: 128 * d * sum(x8) per group (q8_block8)
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(x8 + at), b);
         const __m256i s16 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), b), _mm256_set1_epi16(1));
@@ -904,31 +908,18 @@ void rows_q8(const RowsJob& job, int o0, int o1) {
 void quantize_packed(const float* x, int R, int K, int G, bool pairs, int8_t* x8, float* d32, float* xsg,
                      int32_t* xs8) {
   std::fill(xsg, xsg + size_t(R) * (K / G), 0.0f);
-  const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i evens_odds = _mm256_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15,
                                               0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int r = 0; r < R; ++r) {
     for (int k = 0; k < K; k += 32) {
       const size_t at = size_t(r) * K + k;
-      __m256 v[4];
-      __m256 amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
-      for (int i = 0; i < 4; ++i) {
-        v[i] = _mm256_loadu_ps(x + at + 8 * i);
-        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
-        sum = _mm256_add_ps(sum, v[i]);
-      }
-      const float m = hsum_max(amax);
-      const __m256 inv = _mm256_set1_ps(m > 0 ? 127.0f / m : 0.0f);
-      const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inv));
-      const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v[2], inv)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v[3], inv));
-      __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
-      b = _mm256_permutevar8x32_epi32(b, order);  // the 32 values in order
+      float m, sum;
+      __m256i b = round32(x + at, m, sum);
       if (pairs) b = _mm256_shuffle_epi8(b, evens_odds);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(x8 + at), b);
       if (xs8 != nullptr) xs8[at / 32] = hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), b), _mm256_set1_epi16(1)));
       d32[at / 32] = m / 127.0f;
-      xsg[size_t(r) * (K / G) + k / G] += hsum(v8f(sum));
+      xsg[size_t(r) * (K / G) + k / G] += sum;
     }
   }
 }
