@@ -30,12 +30,43 @@ from turbospark.model.encoder import Encoder, EncoderSpec  # noqa: E402
 from turbospark.model.scripted import ScriptedBackend  # noqa: E402
 from turbospark.server import Server, serve  # noqa: E402
 
+from . import _skips  # noqa: E402
+
 
 _EXIT = pytest.StashKey[int]()  # pytest's exit status, kept for ``pytest_unconfigure``
+_REFUSED = pytest.StashKey[list[tuple[str, str]]]()  # skips whose reason is not allowed (``_skips``)
+_SKIPS: list[tuple[str, str]] = []  # (test, reason) of every skip in this run
+
+
+def _skipped(report: pytest.CollectReport | pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPS.append((report.nodeid, _skips.reason_of(report.longrepr)))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _skipped(report)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    _skipped(report)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A skip whose reason is not on ``_skips.ALLOWED`` fails the run (the tests that ran passed,
+    but the suite did not run what it should have)."""
+    refused = session.config.stash[_REFUSED] = _skips.refused(_SKIPS)
+    if refused and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = exitstatus = pytest.ExitCode.TESTS_FAILED
     session.config.stash[_EXIT] = int(exitstatus)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    refused = config.stash.get(_REFUSED, [])
+    if refused:
+        terminalreporter.section("skips that are not allowed (tests/_skips.py)", red=True, bold=True)
+        for test, reason in refused:
+            terminalreporter.line(f"{test}: {reason}")
+        terminalreporter.line(f"{len(refused)} skipped for reasons that are not allowed: the run fails")
 
 
 @pytest.hookimpl(trylast=True)
@@ -50,6 +81,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(config.stash[_EXIT])
+
+
+@pytest.fixture
+def fast_ops_restored() -> Any:
+    """``mx.fast``'s functions and ``mx.logsumexp`` after the test as they were before it: a test
+    that installs the kernels in a model of its own leaves MLX's own to the tests after it."""
+    from turbospark.kernels import ops
+
+    with ops.fast_ops_restored():
+        yield
 
 
 @pytest.fixture

@@ -30,6 +30,8 @@ SECOND = [int(t) for t in np.random.default_rng(1).integers(1, VOCAB, 23)]
 
 Event = Callable[[BatchGenerator, dict[str, Any]], None]
 
+pytestmark = pytest.mark.usefixtures("fast_ops_restored")  # installs leave MLX's own ops to later tests
+
 
 def drive(fused: bool, events: dict[int, Event], steps: int = 40, model: Any = MODEL) -> tuple[dict[int, list[int]], dict]:
     """The running prompts decode; ``events[n]`` acts on the engine before step ``n``.  Returns

@@ -36,6 +36,8 @@ needs_kernels = pytest.mark.skipif(not kernels.available(), reason=f"kernels: {k
 floats = st.sampled_from([mx.float32, mx.bfloat16, mx.float16])
 ours = settings(max_examples=30, deadline=None)
 
+pytestmark = pytest.mark.usefixtures("fast_ops_restored")  # installs leave MLX's own ops to later tests
+
 
 def weights(n: int, k: int, dtype, bits: int) -> tuple:
     w = (mx.random.normal((n, k)) / k**0.5).astype(dtype)
@@ -229,9 +231,14 @@ def tiny(arch: str, seed: int):
     return model
 
 
-def run(model, tokens: mx.array, cache) -> list[np.ndarray]:
-    """Logits of a prompt, then of three decode steps (each fed the previous greedy token)."""
-    out = [model(tokens, cache=cache)]
+def run(model, tokens: mx.array, cache, chunk: int = 0) -> list[np.ndarray]:
+    """Logits of a prompt (read ``chunk`` tokens at a time where given), then of three decode
+    steps (each fed the previous greedy token)."""
+    if chunk:
+        read = [model(tokens[:, i:i + chunk], cache=cache) for i in range(0, tokens.shape[1], chunk)]
+        out = [mx.concatenate(read, axis=1)]
+    else:
+        out = [model(tokens, cache=cache)]
     for _ in range(3):
         out.append(model(out[-1][:, -1:].argmax(-1), cache=cache))
     return [np.array(o.astype(mx.float32)) for o in out]
@@ -304,7 +311,10 @@ def test_fused_layers_give_the_unfused_layers_logits(arch, bits, batch_cache, kv
 def test_a_float16_cache_keeps_its_type_as_it_grows(batch_cache, kv) -> None:
     """mlx-lm's caches grow 256 rows at a time by concatenation, in the new rows' type: a fused
     layer hands them float16 rows, so the cache stays float16 past its first 256 rows, and the
-    logits stay those of an unfused model reading the same rounded rows."""
+    logits stay those of an unfused model reading the same rounded rows, bit for bit: the prompt
+    is read 16 rows at a time, so that both sides' float32 products are the kernels' own
+    (``MAX_FLOAT32_ROWS``; past it MLX hands them to its BLAS, whose sums' order depends on the
+    BLAS kernel the machine picks, e.g. OpenBLAS's Haswell or SkylakeX)."""
     plain, fused = tiny("llama", seed=9), tiny("llama", seed=9)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(mlx_blocks, "fuse", lambda model, ours: (0, len(model.model.layers)))
@@ -313,7 +323,8 @@ def test_a_float16_cache_keeps_its_type_as_it_grows(batch_cache, kv) -> None:
     tokens = mx.array([[(7 * i) % 64 for i in range(254)]] * (2 if batch_cache else 1))
     fused_cache = caches(fused, batch_cache, lefts=(0, 3))
     plain_cache = caches(plain, batch_cache, rounded=True, lefts=(0, 3))
-    for got, want in zip(run(fused, tokens, fused_cache), run(plain, tokens, plain_cache), strict=True):
+    chunk = kernels.MAX_FLOAT32_ROWS // tokens.shape[0]
+    for got, want in zip(run(fused, tokens, fused_cache, chunk), run(plain, tokens, plain_cache, chunk), strict=True):
         np.testing.assert_array_equal(got, want)
     assert all(c.keys.dtype == mx.float16 and c.keys.shape[2] == 512 for c in fused_cache)
 
@@ -341,7 +352,9 @@ def test_a_quantized_kv_cache_takes_the_layers_own_ops() -> None:
     plain, fused = (tiny_llama(vocab=64, layers=2, seed=7, hidden=128) for _ in range(2))
     mlx_kernels.install(fused)
     tokens = mx.array([[2, 7, 1, 8]])
-    want = plain(tokens, cache=[c.to_quantized(group_size=32, bits=8) for c in make_prompt_cache(plain)])
+    with kernels.mlx_own_ops():
+        want = plain(tokens, cache=[c.to_quantized(group_size=32, bits=8) for c in make_prompt_cache(plain)])
+        mx.eval(want)
     got = fused(tokens, cache=[c.to_quantized(group_size=32, bits=8) for c in make_prompt_cache(fused)])
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-3, atol=1e-3)
 

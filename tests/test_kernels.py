@@ -43,6 +43,8 @@ needs_kernels = pytest.mark.skipif(not kernels.available(), reason=f"kernels: {k
 TOLERANCE = {mx.float32: 1e-5, mx.float16: 2e-3, mx.bfloat16: 1e-2}
 ISAS = kernels.native.isas() if kernels.available() else []
 
+pytestmark = pytest.mark.usefixtures("fast_ops_restored")  # installs leave MLX's own ops to later tests
+
 
 @pytest.fixture(params=ISAS)
 def isa(request: pytest.FixtureRequest):
@@ -238,15 +240,39 @@ def test_a_strided_input_is_read_as_its_values() -> None:
 def test_a_model_through_the_kernels_gives_mlx_logits_within_rounding() -> None:
     model = tiny_llama(vocab=64, layers=2, seed=1)
     tokens = mx.array([[1, 5, 9, 2, 7]])
-    want = model(tokens)
-    last = model(tokens[:, -1:])
-    line = mlx_kernels.install(model)
-    assert line.startswith(kernels.describe() + ": 14 of 14 linear layers and the tied output head")
-    assert mx.fast.rms_norm is kernels.rms_norm and mx.logsumexp is kernels.logsumexp  # every caller's
-    assert all(type(m).__module__ == mlx_kernels.__name__
-               for _, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Embedding)))
-    np.testing.assert_allclose(np.array(model(tokens)), np.array(want), rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(np.array(model(tokens[:, -1:])), np.array(last), rtol=1e-4, atol=1e-4)
+    with kernels.mlx_own_ops():
+        want, last = model(tokens), model(tokens[:, -1:])
+        mx.eval(want, last)
+    before = mx.fast.rms_norm, mx.logsumexp
+    with mlx_kernels.installed(model) as line:
+        assert line.startswith(kernels.describe() + ": 14 of 14 linear layers and the tied output head")
+        assert mx.fast.rms_norm is kernels.rms_norm and mx.logsumexp is kernels.logsumexp  # every caller's
+        assert all(type(m).__module__ == mlx_kernels.__name__
+                   for _, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Embedding)))
+        np.testing.assert_allclose(np.array(model(tokens)), np.array(want), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(np.array(model(tokens[:, -1:])), np.array(last), rtol=1e-4, atol=1e-4)
+    assert (mx.fast.rms_norm, mx.logsumexp) == before  # as they were before: MLX's own, unless a server's
+
+
+@needs_kernels
+def test_mlx_own_ops_are_mlxs_on_their_thread_while_the_kernels_serve_another(tmp_path) -> None:
+    """A comparison's reference is MLX's own op even where the kernels' are in place for the
+    process (a model served on another thread keeps the kernels')."""
+    import threading
+
+    x = mx.random.normal((2, 3, 8))
+    with kernels.fast_ops_restored():
+        kernels.serve_fast_ops()
+        with kernels.mlx_own_ops():
+            assert "Turbospark" not in primitives(mx.fast.rms_norm(x, None, 1e-5), tmp_path)
+            assert "Turbospark" not in primitives(mx.logsumexp(x, axis=-1), tmp_path)
+            elsewhere = []
+            thread = threading.Thread(target=lambda: elsewhere.append(mx.fast.rms_norm(x, None, 1e-5)))
+            thread.start()
+            thread.join()
+            assert "TurbosparkRmsNorm" in primitives(elsewhere[0], tmp_path)
+        assert "TurbosparkRmsNorm" in primitives(mx.fast.rms_norm(x, None, 1e-5), tmp_path)
+        assert kernels.fast_ops_served()
 
 
 @needs_kernels
@@ -258,15 +284,27 @@ def test_a_quantized_model_is_read_by_the_kernels(activations) -> None:
     model = tiny_llama(vocab=64, layers=2, seed=2, hidden=64)
     nn.quantize(model, group_size=32, bits=4)
     tokens = mx.array([[3, 1, 4, 1, 5]])
-    want = np.array(model(tokens))
-    line = mlx_kernels.install(model)
-    assert "14 of 14 linear layers and the tied output head" in line
-    got = np.array(model(tokens))
+    with kernels.mlx_own_ops():
+        want = np.array(model(tokens))
+    with mlx_kernels.installed(model) as line:
+        assert "14 of 14 linear layers and the tied output head" in line
+        got = np.array(model(tokens))
     if activations == "float32":
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     else:
         assert (got.argmax(-1) == want.argmax(-1)).all()
         assert np.abs(got - want).max() <= 0.1 * np.ptp(want)
+
+
+def test_the_kernels_are_built_where_this_machine_can_build_them() -> None:
+    """``scripts/setup`` builds them on Linux with cmake and a C++ compiler: where it could and
+    they are not here (a build that failed, a build against another MLX), the suite fails rather
+    than skipping every test of the engine that serves (unless they were turned off)."""
+    from ._skips import kernels_buildable
+
+    why = kernels.describe()
+    if kernels_buildable() and "TURBOSPARK_KERNELS" not in why:
+        assert kernels.available(), f"this machine can build the kernels (scripts/setup): {why}"
 
 
 def test_without_the_kernels_a_model_keeps_mlx_ops_and_the_line_says_why(monkeypatch) -> None:

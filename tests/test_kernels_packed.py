@@ -20,6 +20,8 @@ from turbospark.model import mlx_kernels
 from ._support import tiny_llama
 from .test_kernels import ISAS, VNNI_SETS, isa, needs_kernels, ours  # noqa: F401 (isa: a fixture)
 
+pytestmark = pytest.mark.usefixtures("fast_ops_restored")  # installs leave MLX's own ops to later tests
+
 
 def weights(n: int, k: int, group: int, bits: int, dtype, seed: int) -> tuple[mx.array, mx.array, mx.array]:
     mx.random.seed(seed)

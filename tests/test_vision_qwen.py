@@ -217,21 +217,25 @@ def _first_tokens(home: Path, name: str) -> list[int]:
 
 
 def _mlx_vlm_greedy(directory: Path, ids: list[int]) -> list[int]:
-    """mlx-vlm's own model on ``directory``, greedy, one token at a time (its RoPE's deltas its own)."""
+    """mlx-vlm's own model on ``directory``, greedy, one token at a time (its RoPE's deltas its
+    own), with MLX's own ``mx.fast`` functions (not the kernels' that a served model put in place)."""
     import mlx.core as mx
     from mlx_vlm import load
     from mlx_vlm.models.cache import make_prompt_cache
     from transformers import Qwen2VLImageProcessorPil
 
+    from turbospark.kernels import ops as kernels
+
     model, _ = load(str(directory))
     pixels = Qwen2VLImageProcessorPil.from_pretrained(directory)(images=[_rgb(_png(1))], return_tensors="np")
     cache = make_prompt_cache(model.language_model)
-    logits = model(mx.array(ids)[None], pixel_values=mx.array(pixels["pixel_values"]), cache=cache,
-                   image_grid_thw=mx.array(pixels["image_grid_thw"])).logits[0, -1]  # fmt: skip
     out: list[int] = []
-    while len(out) < NEW:
-        out.append(int(mx.argmax(logits)))
-        logits = model.language_model(mx.array([[out[-1]]]), cache=cache).logits[0, -1]
+    with kernels.mlx_own_ops():
+        logits = model(mx.array(ids)[None], pixel_values=mx.array(pixels["pixel_values"]), cache=cache,
+                       image_grid_thw=mx.array(pixels["image_grid_thw"])).logits[0, -1]  # fmt: skip
+        while len(out) < NEW:
+            out.append(int(mx.argmax(logits)))
+            logits = model.language_model(mx.array([[out[-1]]]), cache=cache).logits[0, -1]
     return out
 
 

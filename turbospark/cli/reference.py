@@ -37,6 +37,9 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("TURBOSPARK_KV_CACHE", "`float32` keeps the fused layers' KV cache in float32 instead of float16 "
      "(the default with the kernels, as llama.cpp's; `TURBOSPARK_KERNELS_EXACT=1` keeps float32 too; "
      "decision 0035)"),
+    ("TURBOSPARK_KERNELS_ISA", "the CPU kernels' instruction set, one of those this CPU runs (`avx2+avx512vnni`, "
+     "`avx2+vnni`, `avx2+fma`, `portable`, `neon`; default: the best); another turns the kernels off and the "
+     "startup line says why. `scripts/test` runs the kernels' tests on each (decision 0040)"),
     ("TURBOSPARK_KERNEL_THREADS", "the CPU kernels' team size (default: one thread per core this "
      "process may use)"),
     ("TURBOSPARK_KERNEL_STEP_THREADS", "how many of that team a decode step's quantized products and "

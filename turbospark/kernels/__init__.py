@@ -23,12 +23,15 @@ layers call them there, whatever its architecture or RoPE scaling.  It also puts
 ``mx.logsumexp`` over a float32 last axis: the engine normalizes every step's logits with it,
 over the whole vocabulary, and MLX's own takes its exp one value at a time (the same bits here,
 eight at a time).  Anything else (a GPU stream,
-an explicit ``stream=``, types or masks the kernels do not take) goes to MLX's own.
+an explicit ``stream=``, types or masks the kernels do not take) goes to MLX's own, and so does
+everything on a thread inside ``mlx_own_ops`` (a comparison's reference, while a model is served
+on another); ``fast_ops_restored`` puts back after a block what was in place before it.
 
 The module is optional.  Where it was not built (no compiler, another platform), was built
 against another MLX than the one running (the C++ API is internal; scripts/setup rebuilds it),
 or a model runs on a GPU, MLX's own ops serve and ``describe()`` says why.  ``TURBOSPARK_KERNELS=off``
-turns them off.
+turns them off; ``TURBOSPARK_KERNELS_ISA`` picks another instruction set the CPU runs (the tests
+run on each).
 
 Owns the C++ sources (``src/``), their CMake build and ``ops`` (loading ``_native``, the functions
 the model code calls, ``serve_fast_ops``).  Imports nothing of turbospark; ``model`` and

@@ -5,13 +5,17 @@ See the package's docstring (``turbospark/kernels/__init__.py``) for what they a
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import mlx.core as mx
 
 __all__ = [
-    "MAX_FLOAT32_ROWS", "available", "describe", "huge_pages", "kv_half", "kv_write", "linear", "logsumexp",
-    "merged_attention", "native", "pack_quantized", "packs", "set_kv_half",
-    "quantized_linear", "serve_fast_ops", "serves_float", "split_heads", "supports_quantized", "x_in_8_bits",
+    "MAX_FLOAT32_ROWS", "available", "describe", "fast_ops_served", "huge_pages", "kv_half", "kv_write", "linear",
+    "logsumexp", "merged_attention", "mlx_own_ops", "native", "pack_quantized", "packs", "set_kv_half",
+    "quantized_linear", "serve_fast_ops", "fast_ops_restored", "serves_float", "split_heads", "supports_quantized",
+    "x_in_8_bits",
 ]
 
 #: Up to this many rows a float32 product is ours; past it, MLX's BLAS GEMM is as fast or faster.
@@ -34,6 +38,9 @@ def _load():
     want = "{}.{}.{}".format(*divmod(_native.mlx_version // 100, 100), _native.mlx_version % 100)
     if want != mx.__version__:
         return None, f"built against MLX {want}, running MLX {mx.__version__}; scripts/setup rebuilds it"
+    isa = os.environ.get("TURBOSPARK_KERNELS_ISA", "")
+    if isa and not _native.use_isa(isa):
+        return None, f"TURBOSPARK_KERNELS_ISA={isa} is not one this CPU runs ({', '.join(_native.isas())})"
     return _native, None
 
 
@@ -144,10 +151,24 @@ def split_heads(qkv: mx.array, heads: int, kv_heads: int) -> tuple[mx.array, mx.
 _MLX_FAST = {name: getattr(mx.fast, name) for name in ("rms_norm", "rope", "scaled_dot_product_attention")}
 _MLX_LOGSUMEXP = mx.logsumexp
 _FLOATS = (mx.float32, mx.bfloat16, mx.float16)
+_thread = threading.local()  # ``mlx_own_ops`` on this thread
+
+
+@contextmanager
+def mlx_own_ops() -> Iterator[None]:
+    """MLX's own ``mx.fast`` functions and ``mx.logsumexp`` on this thread for the duration,
+    whether or not ``serve_fast_ops`` put the kernels' in place: what a comparison with MLX's own
+    ops computes its reference with.  Other threads (a model thread serving) keep what they have."""
+    before = getattr(_thread, "mlx_own", False)
+    _thread.mlx_own = True
+    try:
+        yield
+    finally:
+        _thread.mlx_own = before
 
 
 def _on_cpu(stream: object) -> bool:
-    return stream is None and mx.default_device() == mx.cpu
+    return stream is None and not getattr(_thread, "mlx_own", False) and mx.default_device() == mx.cpu
 
 
 def _kv_fits(q: mx.array, k: mx.array, v: mx.array) -> bool:
@@ -223,11 +244,33 @@ def logsumexp(a: mx.array, axis: int | list[int] | tuple[int, ...] | None = None
     return _MLX_LOGSUMEXP(a, axis=axis, keepdims=keepdims, stream=stream)
 
 
+_OURS_FAST = {"rms_norm": rms_norm, "rope": rope, "scaled_dot_product_attention": attention}
+
+
 def serve_fast_ops() -> None:
     """Make ``mx.fast.rms_norm``, ``rope`` and ``scaled_dot_product_attention`` one op each on the
-    CPU, and ``mx.logsumexp`` over a last axis, for every caller in this process (idempotent).
-    Needs the kernels."""
-    mx.fast.rms_norm = rms_norm
-    mx.fast.rope = rope
-    mx.fast.scaled_dot_product_attention = attention
+    CPU, and ``mx.logsumexp`` over a last axis, for every caller in this process (idempotent;
+    inside ``fast_ops_restored`` for a while, ``mlx_own_ops`` for MLX's own on one thread).  Needs the
+    kernels."""
+    for name, fn in _OURS_FAST.items():
+        setattr(mx.fast, name, fn)
     mx.logsumexp = logsumexp
+
+
+def fast_ops_served() -> bool:
+    """Whether ``mx.fast``'s functions and ``mx.logsumexp`` are the kernels' now."""
+    return mx.logsumexp is logsumexp or any(getattr(mx.fast, name) is fn for name, fn in _OURS_FAST.items())
+
+
+@contextmanager
+def fast_ops_restored() -> Iterator[None]:
+    """After the block, ``mx.fast``'s functions and ``mx.logsumexp`` are again what they were
+    before it, whatever ``serve_fast_ops`` did in it (MLX's own, unless the kernels' were in
+    place already)."""
+    before = {name: getattr(mx.fast, name) for name in _OURS_FAST}, mx.logsumexp
+    try:
+        yield
+    finally:
+        for name, fn in before[0].items():
+            setattr(mx.fast, name, fn)
+        mx.logsumexp = before[1]

@@ -12,7 +12,10 @@ x86).  Layers of other classes (a sharded model's, an adapter's) and layouts the
 read keep MLX's ops.
 
 It also makes ``mx.fast``'s RMSNorm, RoPE and attention one op each on the CPU
-(``kernels.serve_fast_ops``).
+(``kernels.serve_fast_ops``), for the rest of the process: what a server wants.  ``installed``
+does the same for a ``with`` block and then puts MLX's own back, so that what runs after it
+(a comparison's reference) is MLX's; ``kernels.mlx_own_ops`` gives MLX's own on one thread while
+a model is served on another.
 
 Only on the CPU: on a GPU, or where the kernels are not built, nothing changes and the line that
 ``install`` returns says so.
@@ -25,6 +28,8 @@ peak, for no speed a step measures (decision 0033).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import mlx.core as mx
@@ -34,7 +39,7 @@ from mlx.utils import tree_flatten
 from ..kernels import ops as kernels
 from . import mlx_blocks
 
-__all__ = ["CPU_CACHE_BYTES", "Linear", "QuantizedLinear", "install", "serves"]
+__all__ = ["CPU_CACHE_BYTES", "Linear", "QuantizedLinear", "install", "installed", "serves"]
 
 #: Freed buffers MLX keeps for reuse on the CPU: a decode step's own (what it allocates is reused
 #: by the next) fit; a freed KV cache does not, and goes back to the allocator.
@@ -147,6 +152,15 @@ def install(model: nn.Module) -> str:
             + (", their KV cache in float16" if mlx_blocks.half_kv(model) else "")
             + (f"; {packed} of {ours + tied} products' weights packed" if packed else "")
             + f"; weights in huge pages: {huge >> 20} MiB")
+
+
+@contextmanager
+def installed(model: nn.Module) -> Iterator[str]:
+    """``install(model)`` for a ``with`` block, yielding its line: afterwards ``mx.fast``'s
+    functions and ``mx.logsumexp`` are what they were before (the model's own layers keep the
+    kernels' products)."""
+    with kernels.fast_ops_restored():
+        yield install(model)
 
 
 def serves(model: nn.Module) -> bool:
