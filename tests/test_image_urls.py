@@ -97,7 +97,8 @@ async def test_the_image_parts_holding_urls_get_their_files() -> None:
         {"type": "image", "data": b"kept"}, {"type": "text", "text": "hi"}]}]  # fmt: skip
     await fetch_images(messages, resolve=_public,
                        transport=httpx.MockTransport(lambda r: httpx.Response(200, content=_png())))
-    assert messages[0]["content"][:2] == [{"type": "image", "data": _png()}, {"type": "image", "data": b"kept"}]
+    assert messages[0]["content"][:2] == [{"type": "image", "data": _png(), "where": "messages[0] image 1"},
+                                          {"type": "image", "data": b"kept"}]  # where: for decode_whole's 400s
 
 
 async def test_the_flag_is_asked_for_and_loopback_urls_are_refused_through_the_server(start_server, client) -> None:

@@ -1,7 +1,8 @@
 """The images actor on the scripted image model (no weights, paced steps): deterministic images,
-edits, and every way a job ends: a client leaving while its job waits (dropped before it starts)
-or runs (stopped at its next step), a full queue (the retryable 503), shutdown mid-run (503),
-each counted in ``/metrics``.  The hang-ups go over raw sockets to a real Hypercorn."""
+edits (a truncated or too large upload refused by name, before any job), and every way a job
+ends: a client leaving while its job waits (dropped before it starts) or runs (stopped at its
+next step), a full queue (the retryable 503), shutdown mid-run (503), each counted in
+``/metrics``.  The hang-ups go over raw sockets to a real Hypercorn."""
 
 from __future__ import annotations
 
@@ -60,6 +61,37 @@ async def test_scripted_images_are_deterministic_and_edits_blend(start_server, c
     assert next(m for m in models if m["id"] == SCRIPTED_IMAGE_ID)["capabilities"] == ["text_to_image"]
     ollama = await client.post(f"{server.url}/api/generate", json={"model": SCRIPTED_IMAGE_ID, "prompt": "hi"})
     assert ollama.status_code == 400 and "does not support generate" in ollama.json()["error"]
+
+
+async def test_a_truncated_or_too_large_upload_to_edits_is_a_400_naming_image(start_server, client) -> None:
+    server = await start_server(images=[ScriptedImages(step_delay=0)])
+    form = {"model": SCRIPTED_IMAGE_ID, "prompt": "a lighthouse", "steps": "1"}
+    png = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (16, 32, 3), dtype=np.uint8)).save(png, "PNG")
+    whole = png.getvalue()
+    bomb = io.BytesIO()
+    Image.new("1", (6000, 6000)).save(bomb, "PNG")  # 36 million pixels in a few kilobytes
+    assert len(bomb.getvalue()) < 10_000
+
+    # its signature and header (the size is known) and a scrap of its pixel data
+    r = await client.post(f"{server.url}/v1/images/edits", data=form,
+                          files={"image": ("t.png", whole[:60], "image/png")})  # fmt: skip
+    assert r.status_code == 400 and list(r.json()) == ["error"]
+    error = r.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", "image", None)
+    assert error["message"].startswith("'image': the image could not be decoded; the file is truncated or corrupt")
+
+    r = await client.post(f"{server.url}/v1/images/edits", data=form, files={"image": ("b.png", bomb.getvalue())})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "image"
+    assert r.json()["error"]["message"] == (
+        "'image': the image is too large: 6000x6000 pixels, 36,000,000 in all, over the 16,777,216 an image may have")
+
+    metrics = (await client.get(f"{server.url}/metrics")).text
+    assert _metric(metrics, 'turbospark_image_jobs_total{kind="edit",outcome="done"}') == 0  # no job for either
+    r = await client.post(f"{server.url}/v1/images/edits", data=form, files={"image": ("w.png", whole, "image/png")})
+    assert r.status_code == 200 and _rgb(r.json()["data"][0]["b64_json"]).shape == (16, 32, 3)  # and it keeps serving
+    metrics = (await client.get(f"{server.url}/metrics")).text
+    assert _metric(metrics, 'turbospark_image_jobs_total{kind="edit",outcome="done"}') == 1
 
 
 async def test_a_job_whose_client_left_while_it_waited_never_runs(start_server, client) -> None:

@@ -1,10 +1,13 @@
 """The Images API's wire module (sans-io), tested directly: each field's checks (a 400 naming the
 field), multipart's string fields, sizes against a model's multiple, encoded images that decode
-to what went in, and the response and stream-event bodies in OpenAI's shape."""
+to what went in, uploads refused by name (not an image, truncated, a decompression bomb counted
+from its header), and the response and stream-event bodies in OpenAI's shape."""
 
 from __future__ import annotations
 
 import io
+import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -12,8 +15,8 @@ from PIL import Image
 
 from turbospark.errors import RequestInvalid
 from turbospark.images.wire import (
-    MAX_PIXELS, check_edit, check_generate, completed_event, decode_upload, encode_image, images_response,
-    partial_event, pixels_of, resized, usage,
+    MAX_PIXELS, MAX_UPLOAD_PIXELS, check_edit, check_generate, completed_event, decode_upload, encode_image,
+    images_response, partial_event, pixels_of, resized, usage,
 )  # fmt: skip
 
 
@@ -97,10 +100,78 @@ def test_encoded_images_decode_to_what_went_in(fmt: str) -> None:
     assert resized(back, 12, 8).shape == (8, 12, 3) and resized(back, 24, 16) is back
 
 
+def _encoded(image: Image.Image, fmt: str) -> bytes:
+    out = io.BytesIO()
+    image.save(out, fmt)
+    return out.getvalue()
+
+
+def _declaring(width: int, height: int) -> bytes:
+    """A PNG that is its header alone: it declares ``width`` x ``height`` pixels and holds none."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
+
+
 def test_an_upload_that_is_not_an_image_is_a_400_naming_the_field() -> None:
     with pytest.raises(RequestInvalid) as refused:
         decode_upload(b"GIF89a but not really", param="image")
-    assert refused.value.param == "image" and "can decode" in str(refused.value)
+    assert refused.value.param == "image"
+    assert str(refused.value).startswith("'image': the data is not an image this server reads (BMP, GIF, JPEG")
+    with pytest.raises(RequestInvalid, match="'image': ICO images are not read here"):
+        decode_upload(_encoded(Image.new("RGB", (16, 16)), "ICO"))
+
+
+_NOISE = Image.fromarray(np.random.default_rng(0).integers(0, 255, (48, 64, 3), dtype=np.uint8))
+_PNG, _JPEG = _encoded(_NOISE, "PNG"), _encoded(_NOISE, "JPEG")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [_PNG[:60], _PNG[: len(_PNG) // 2], _declaring(64, 48), _JPEG[: len(_JPEG) // 2], _JPEG[:-2]],
+    ids=["png-header-and-a-scrap", "png-half", "png-without-idat", "jpeg-half", "jpeg-without-eoi"],
+)
+def test_a_truncated_upload_is_a_400_saying_it_could_not_be_decoded(data: bytes) -> None:
+    """Each opens (its header is whole, its size known) and fails only once its pixels are
+    decoded: that is done before the upload is taken, and the refusal says what is wrong."""
+    with Image.open(io.BytesIO(data)) as image:
+        assert image.size == (64, 48)
+    with pytest.raises(RequestInvalid) as refused:
+        decode_upload(data, param="image")
+    assert refused.value.param == "image"
+    assert str(refused.value).startswith("'image': the image could not be decoded; the file is truncated or corrupt")
+
+
+def test_a_decompression_bomb_is_refused_as_too_large_from_its_header_before_any_decoding() -> None:
+    # a header alone, 6000x6000: were it decoded first, it would be refused as truncated
+    with pytest.raises(RequestInvalid) as refused:
+        decode_upload(_declaring(6000, 6000), param="image")
+    assert refused.value.param == "image"
+    assert str(refused.value) == ("'image': the image is too large: 6000x6000 pixels, 36,000,000 in all, "
+                                  f"over the {MAX_UPLOAD_PIXELS:,} an image may have")  # fmt: skip
+    # a real one: 36 million 1-bit pixels in a few kilobytes
+    bomb = _encoded(Image.new("1", (6000, 6000)), "PNG")
+    assert len(bomb) < 10_000
+    with pytest.raises(RequestInvalid, match=r"'image': the image is too large: 6000x6000 pixels"):
+        decode_upload(bomb)
+    # past PIL's own guard (twice Image.MAX_IMAGE_PIXELS), which refuses it while opening: too large still
+    assert 20_000 * 20_000 > 2 * (Image.MAX_IMAGE_PIXELS or 0)
+    with pytest.raises(RequestInvalid) as refused:
+        decode_upload(_declaring(20_000, 20_000), param="image")
+    assert refused.value.param == "image"
+    assert str(refused.value).startswith("'image': the image is too large: 400,000,000 pixels, over the")
+
+
+def test_an_upload_within_the_limits_decodes_to_its_pixels() -> None:
+    rgb = decode_upload(_PNG)
+    assert rgb.shape == (48, 64, 3) and (rgb == np.asarray(Image.open(io.BytesIO(_PNG)))).all()
+    assert decode_upload(_encoded(Image.new("L", (4096, 4096)), "PNG")).shape == (4096, 4096, 3)  # the limit itself
+    mpo = io.BytesIO()  # a camera's JPEG holding a second picture, which PIL names MPO
+    _NOISE.save(mpo, "MPO", save_all=True, append_images=[_NOISE])
+    assert Image.open(mpo).format == "MPO" and decode_upload(mpo.getvalue()).shape == (48, 64, 3)
 
 
 def test_bodies_have_openais_shape() -> None:

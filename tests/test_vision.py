@@ -2,10 +2,10 @@
 with ``turbospark models import``, served from the store, and asked about an image through the
 openai SDK (chat and Responses), the anthropic SDK and the Ollama client: the greedy text is
 transformers' own ``generate`` on the same image and prompt.  ``/v1/models`` and ``/api/show``
-list ``vision``; a bad image is a 400 naming the part, in each family's shape.  On the model thread
-(``MlxBackend`` directly): the prompt's ids are the processor's; image and text requests decode in
-one batch as each does alone; a request dropped while its image is encoded stops within one
-piece; the prefix cache tells images apart."""
+list ``vision``; a bad image (not an image, truncated, too large) is a 400 naming the part, in
+each family's shape.  On the model thread (``MlxBackend`` directly): the prompt's ids are the
+processor's; image and text requests decode in one batch as each does alone; a request dropped
+while its image is encoded stops within one piece; the prefix cache tells images apart."""
 
 from __future__ import annotations
 
@@ -165,6 +165,55 @@ async def test_a_bad_image_is_a_400_naming_the_part_in_each_family(nursery: trio
             # the server keeps serving
             ok = await h.post(f"{server.url}/v1/chat/completions", json={
                 "model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+            assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+    finally:
+        server.stop.set()
+
+
+async def test_a_truncated_or_too_large_image_is_a_400_naming_the_part_in_each_family(
+    nursery: trio.Nursery, store_home: Path
+) -> None:
+    """A PNG's signature and header (its size known) and a scrap of its pixel data is refused as
+    truncated when the request is read, whichever family carries it; a decompression bomb (50.4
+    million 1-bit pixels in a few kilobytes) as too large, counted from its header."""
+    server = await _serve(nursery, store_home)
+    whole = _png(1)
+    cut = base64.b64encode(whole[:60]).decode()
+    url = f"data:image/png;base64,{cut}"
+    bomb = io.BytesIO()
+    Image.new("1", (7100, 7100)).save(bomb, format="PNG")
+    assert len(bomb.getvalue()) < 10_000
+    truncated = "the image could not be decoded; the file is truncated or corrupt"
+    try:
+        async with httpx.AsyncClient(timeout=60) as h:
+            r = await h.post(f"{server.url}/v1/chat/completions", json={"model": MODEL, "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": url}}]}]})  # fmt: skip
+            assert r.status_code == 400 and list(r.json()) == ["error"]
+            assert (r.json()["error"]["type"], r.json()["error"]["param"]) == ("invalid_request_error", "messages")
+            assert r.json()["error"]["message"].startswith(f"messages[1] image 1: {truncated}")
+            r = await h.post(f"{server.url}/v1/responses", json={"model": MODEL, "input": [
+                {"role": "user", "content": [{"type": "input_image", "image_url": url}]}]})  # fmt: skip
+            assert r.status_code == 400 and r.json()["error"]["message"].startswith(f"input[0] image 1: {truncated}")
+            r = await h.post(f"{server.url}/v1/messages", json={"model": MODEL, "max_tokens": 4, "messages": [
+                {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                           "data": cut}}]}]})  # fmt: skip
+            assert r.status_code == 400 and r.json()["type"] == "error"
+            assert r.json()["error"]["message"].startswith(f"messages[0] image 1: {truncated}")
+            r = await h.post(f"{server.url}/api/chat", json={"model": MODEL, "stream": False, "messages": [
+                {"role": "user", "content": "x", "images": [cut]}]})  # fmt: skip
+            assert r.status_code == 400 and r.json()["error"].startswith(f"messages[0] image 1: {truncated}")
+
+            r = await h.post(f"{server.url}/v1/chat/completions", json={"model": MODEL, "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {
+                    "url": "data:image/png;base64," + base64.b64encode(bomb.getvalue()).decode()}}]}]})  # fmt: skip
+            assert r.status_code == 400 and r.json()["error"]["message"] == (
+                "messages[0] image 1: the image is too large: 7100x7100 pixels, 50,410,000 in all, "
+                "over the 50,000,000 an image may have")  # fmt: skip
+            # the server keeps serving, images included
+            ok = await h.post(f"{server.url}/v1/chat/completions", json={"model": MODEL, "max_tokens": 2, "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {
+                    "url": "data:image/png;base64," + base64.b64encode(whole).decode()}}]}]})  # fmt: skip
             assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
     finally:
         server.stop.set()

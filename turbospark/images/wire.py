@@ -24,6 +24,7 @@ import attrs
 import numpy as np
 
 from ..errors import RequestInvalid
+from ..turns.images import decoded
 
 __all__ = [
     "ImageRequest", "MAX_N", "MAX_PIXELS", "MAX_PROMPT_CHARS", "check_edit", "check_generate",
@@ -208,21 +209,14 @@ def encode_image(rgb: np.ndarray, output_format: str, compression: int = 100) ->
 
 
 def decode_upload(data: bytes, param: str = "image") -> np.ndarray:
-    """An uploaded image (PNG, JPEG, WebP, ...) as 8-bit RGB; a 400 naming ``param`` when it is
-    not a decodable image or is too large."""
-    from PIL import Image, UnidentifiedImageError
-
+    """An uploaded image as 8-bit RGB; a 400 naming ``param`` when it is over the limits (its
+    bytes, or its pixels as its header counts them, before any is decoded), not an image this
+    server reads, or does not decode whole (truncated or corrupt).  Checked as a chat message's
+    image is (``turns.images.decoded``)."""
     if len(data) > MAX_UPLOAD_BYTES:
         raise RequestInvalid(f"'{param}' is over {MAX_UPLOAD_BYTES // (1024 * 1024)} MiB", param=param)
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            if image.width * image.height > MAX_UPLOAD_PIXELS:
-                raise RequestInvalid(f"'{param}' is {image.width}x{image.height}; at most {MAX_UPLOAD_PIXELS} pixels",
-                                     param=param)  # fmt: skip
-            return np.asarray(image.convert("RGB"))
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
-        raise RequestInvalid(f"'{param}' is not an image this server can decode (PNG, JPEG or WebP)",
-                             param=param) from None  # fmt: skip
+    image = decoded(data, f"'{param}'", param, MAX_UPLOAD_PIXELS)
+    return np.asarray(image.convert("RGB"))
 
 
 def resized(rgb: np.ndarray, width: int, height: int) -> np.ndarray:

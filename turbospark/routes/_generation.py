@@ -25,6 +25,7 @@ from ..messages import (
     TextPrompt,
 )
 from ..model.backend import SamplingParams
+from ..turns.images import decode_whole
 from .._system import System
 from ..web.app import request_scope, system
 
@@ -53,13 +54,21 @@ class Context:
 
 
 async def _images_ahead(sys_: System, scope: ExitStack, model: str, prompt: ChatPrompt | TextPrompt) -> None:
-    """A vision model's images decoded and processed in a worker thread before the job is
-    queued, so that the model thread, which decodes the other streams, does not."""
+    """A vision model's images decoded whole (a truncated one is a 400 naming its part) and
+    processed in a worker thread before the job is queued, so that neither the request's task
+    (which shares the Trio thread with every stream's) nor the model thread, which decodes the
+    other streams, does it."""
     if not isinstance(prompt, ChatPrompt) or not prompt.images:
         return
     entry = (await sys_.lease(model, "chat", scope=scope)).entry
-    if (ahead := getattr(entry.tokenizer, "process_images", None)) is not None:
-        await trio.to_thread.run_sync(ahead, prompt.images, abandon_on_cancel=True)
+    ahead = getattr(entry.tokenizer, "process_images", None)
+
+    def ready() -> None:
+        decode_whole(prompt.messages)
+        if ahead is not None:
+            ahead(prompt.images)
+
+    await trio.to_thread.run_sync(ready, abandon_on_cancel=True)
 
 
 async def start(

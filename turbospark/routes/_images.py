@@ -93,4 +93,4 @@ async def fetch_images(messages: Iterable[Mapping[str, Any]], **kwargs: Any) -> 
     for m in messages:
         for part in m.get("content") if isinstance(m.get("content"), list) else ():
             if isinstance(part, dict) and part.get("type") == "image" and "url" in part:
-                part["data"] = await fetch_image(part.pop("url"), part.pop("where", "messages"), **kwargs)
+                part["data"] = await fetch_image(part.pop("url"), part.setdefault("where", "messages"), **kwargs)

@@ -5,12 +5,14 @@
 The order of checks: the body's fields (400 naming the field), then the model (unknown: 404;
 not an image model: 400; OpenAI's names, ``dall-e-2``, ``dall-e-3``, ``gpt-image-1``..., reach
 the only image model, as an SDK requires a name; a stored model not loaded yet loads, through the
-resolver), then the size against the model's multiple, then the edit's image.  The job goes to
-the model's queue (full: the retryable 503 chat answers) and its reply channel is entered into the
-request scope: a client that leaves, while the job waits or runs, stops it before its next
-denoising step (``turbospark_image_cancellations``).  ``stream: true`` sends OpenAI's image
-events (``image_generation.partial_image`` / ``.completed``; ``image_edit.`` for edits) as SSE,
-and a comment frame per step (``: step 3/8``) that SDKs skip and the web page shows.
+resolver), then the size against the model's multiple, then the edit's image (its pixels counted
+from its header before any is decoded, then decoded whole: too large, truncated or corrupt is a
+400 naming ``image``).  The job goes to the model's queue (full: the retryable 503 chat answers)
+and its reply channel is entered into the request scope: a client that leaves, while the job
+waits or runs, stops it before its next denoising step (``turbospark_image_cancellations``).
+``stream: true`` sends OpenAI's image events (``image_generation.partial_image`` /
+``.completed``; ``image_edit.`` for edits) as SSE, and a comment frame per step (``: step 3/8``)
+that SDKs skip and the web page shows.
 """
 
 from __future__ import annotations
