@@ -109,8 +109,8 @@ async def test_a_sequence_failing_in_a_real_batch_fails_alone(batch_server, clie
 
     real = mlx_backend.make_processors
 
-    def processors(params, prompt_len):
-        out = real(params, prompt_len)
+    def processors(params, prompt_len, *rest):
+        out = real(params, prompt_len, *rest)
         if params.presence_penalty == 0.25:  # the marked request's processor blows up
 
             def broken(tokens, logits):

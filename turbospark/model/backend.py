@@ -65,6 +65,16 @@ class SamplingParams:
     logprobs: int | None = None  # report each token's log-probability and this many alternatives
     grammar: Grammar | None = None  # constrained decoding: only what the grammar accepts
     speculative: bool = True  # prompt-lookup drafts may be checked (the backend decides when)
+    # vLLM's and llama.cpp's: the tokens that end a turn (``Tokenizer.stop_ids``) are never
+    # sampled before ``min_tokens`` tokens (nor stop strings matched), and never at all with
+    # ``ignore_eos`` (stop strings still end it); a grammar's end is taken where it is the only
+    # token the grammar allows (``mlx_sampling.hold_ends``)
+    min_tokens: int = 0
+    ignore_eos: bool = False
+
+    def holds_end(self, generated: int) -> bool:
+        """Whether the ending tokens are held back for the token after ``generated`` ones."""
+        return self.ignore_eos or generated < self.min_tokens
 
 
 @attrs.frozen

@@ -46,7 +46,7 @@ from .lookup import Backoff, Lookup, Pace
 from .pacing import JoinPacer
 from .pipeline import pipeline
 from .constraint import Matcher
-from .mlx_sampling import Sampler, constrain, greedy, guard, make_processors, make_sampler, top_logprobs
+from .mlx_sampling import Sampler, greedy, guard, make_processors, make_sampler, top_logprobs
 from .mlx_blocks import half_kv
 from .mlx_draft import ModelDrafter, check_vocabularies
 from .mlx_fused import Outside, can_fuse, can_fuse_outside, fusable, fused_next, fused_outside
@@ -216,11 +216,8 @@ class MlxBackend:
         sampler = own = make_sampler(params)
         if sampler is not greedy:
             own = guard(self._failed, seq, sampler, greedy)
-        steps = make_processors(params, len(prompt))
-        matcher = None
-        if params.grammar is not None:
-            matcher = self.tokenizer.grammars.matcher(params.grammar)
-            steps.append(constrain(matcher))
+        matcher = None if params.grammar is None else self.tokenizer.grammars.matcher(params.grammar)
+        steps = make_processors(params, len(prompt), self.tokenizer.stop_ids, matcher)
         processors = [guard(self._failed, seq, p, lambda tokens, logits: logits) for p in steps]
         with mx.stream(self.stream):
             (uid,) = self.engine.insert(

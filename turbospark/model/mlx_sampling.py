@@ -6,8 +6,9 @@ the model thread, inside a step.
 - A sampler draws with its request's own PRNG key, split per step, so a ``seed`` repeats exactly
   whatever shares the batch; greedy sequences share one sampler (``greedy``), so an all-greedy
   batch samples in one call.
-- Penalties, ``logit_bias`` and a grammar are logits processors, given the tokens in the
-  sequence's KV cache (the whole prompt, then what was generated).
+- Penalties, ``logit_bias``, the hold on the turn's end (``min_tokens``, ``ignore_eos``) and a
+  grammar are logits processors, given the tokens in the sequence's KV cache (the whole prompt,
+  then what was generated).
 - ``top_logprobs`` evaluates the chosen token's log-probability and the top ``k`` in one go for
   the sequences that asked (the others never pay for the sync).
 """
@@ -15,7 +16,7 @@ the model thread, inside a step.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Collection, Hashable
 from typing import TypeVar
 
 import mlx.core as mx
@@ -34,7 +35,9 @@ from .constraint import Matcher
 
 K = TypeVar("K", bound=Hashable)
 
-__all__ = ["Sampler", "constrain", "greedy", "guard", "make_processors", "make_sampler", "top_logprobs"]
+__all__ = [
+    "Sampler", "constrain", "greedy", "guard", "hold_ends", "make_processors", "make_sampler", "top_logprobs",
+]
 
 
 def greedy(logprobs: mx.array) -> mx.array:
@@ -105,8 +108,11 @@ def make_sampler(params: SamplingParams) -> Callable[[mx.array], mx.array]:
     return Sampler(params, seed)
 
 
-def make_processors(params: SamplingParams, prompt_len: int) -> list[Callable[..., mx.array]]:
-    """Penalties, as logits processors for the batch engine.
+def make_processors(
+    params: SamplingParams, prompt_len: int, ends: Collection[int] = (), matcher: Matcher | None = None,
+) -> list[Callable[..., mx.array]]:
+    """Penalties, ``logit_bias``, the hold on ``ends`` (the tokens that end the turn) and the
+    grammar ``matcher`` enforces, as logits processors for the batch engine, in that order.
 
     The engine hands each processor the tokens in the sequence's KV cache: the whole prompt, then
     what was generated.  Presence and frequency penalties see the generated text only (OpenAI's
@@ -132,17 +138,61 @@ def make_processors(params: SamplingParams, prompt_len: int) -> list[Callable[..
         ids = mx.array([i for i, _ in params.logit_bias])
         bias = mx.array([b for _, b in params.logit_bias], dtype=mx.float32)
         processors.append(lambda tokens, logits: logits.at[:, ids].add(bias.astype(logits.dtype)))
+    holding = _holding(params, prompt_len) if ends else None
+    if matcher is not None:
+        processors.append(constrain(matcher, ends, holding))
+    elif holding is not None:
+        processors.append(hold_ends(ends, holding))
     return processors
 
 
-def constrain(matcher: Matcher) -> Callable[[mx.array, mx.array], mx.array]:
-    """Constrained decoding as a logits processor: consume the token sampled last step (the
-    engine feeds it back as the newest context token; the first call sees the prompt's last
-    token), then mask every token the grammar does not allow next."""
-    calls = 0
+def _holding(params: SamplingParams, prompt_len: int) -> Callable[[mx.array], bool] | None:
+    """Whether the turn's end is held back, given the context; None where it never is.  What
+    was generated is what the KV cache holds past the prompt: the same count in a plain step and
+    at each position of a speculative one (``mlx_speculate``)."""
+    if not (params.ignore_eos or params.min_tokens):
+        return None
+    return lambda tokens: params.holds_end(tokens.shape[0] - prompt_len)
+
+
+def _end_mask(ends: Collection[int], width: int) -> np.ndarray:
+    mask = np.zeros(width, dtype=bool)
+    mask[[i for i in ends if 0 <= i < width]] = True
+    return mask
+
+
+def hold_ends(ends: Collection[int], holding: Callable[[mx.array], bool]) -> Callable[[mx.array, mx.array], mx.array]:
+    """``min_tokens`` and ``ignore_eos`` as a logits processor: while ``holding`` says so (given
+    the context), every token of ``ends`` gets a logit of -inf, so no sampler, greedy or not,
+    can draw one.  Only its own sequence's row is touched: its batch-mates end as they would."""
+    masks: dict[int, mx.array] = {}  # by vocabulary width, built once
 
     def process(tokens: mx.array, logits: mx.array) -> mx.array:
-        nonlocal calls
+        if not holding(tokens):
+            return logits
+        width = logits.shape[-1]
+        if width not in masks:
+            masks[width] = mx.array(_end_mask(ends, width))
+        return mx.where(masks[width], mx.array(-mx.inf, dtype=logits.dtype), logits)
+
+    return process
+
+
+def constrain(
+    matcher: Matcher, ends: Collection[int] = (), holding: Callable[[mx.array], bool] | None = None,
+) -> Callable[[mx.array, mx.array], mx.array]:
+    """Constrained decoding as a logits processor: consume the token sampled last step (the
+    engine feeds it back as the newest context token; the first call sees the prompt's last
+    token), then mask every token the grammar does not allow next.
+
+    While ``holding`` (``min_tokens``, ``ignore_eos``), ``ends`` are masked too, wherever the
+    grammar allows anything else: where its end is all it allows (a JSON answer closed), the end
+    is taken, so a constrained answer never runs on past its grammar."""
+    calls = 0
+    held: np.ndarray | None = None  # ``ends`` over the vocabulary, built once
+
+    def process(tokens: mx.array, logits: mx.array) -> mx.array:
+        nonlocal calls, held
         if calls:
             matcher.consume(int(tokens[-1].item()))
         calls += 1
@@ -152,6 +202,12 @@ def constrain(matcher: Matcher) -> Callable[[mx.array, mx.array], mx.array]:
         mask = np.zeros(logits.shape[-1], dtype=bool)
         width = min(len(allowed), mask.size)
         mask[:width] = allowed[:width]
+        if holding is not None and holding(tokens):
+            if held is None:
+                held = _end_mask(ends, mask.size)
+            others = mask & ~held
+            if others.any():
+                mask = others
         return mx.where(mx.array(mask), logits, mx.array(-mx.inf, dtype=logits.dtype))
 
     return process

@@ -16,6 +16,11 @@ template (SmolLM2's, shipped in ``data/chatml``), so prompt and completion token
   persist across restarts as the real one's entries do (``prompt_files``, empty KV).
 - Under a grammar (constrained decoding) it follows its script where the grammar allows, and
   otherwise takes the grammar's shortest way out.
+- Where its end-of-turn token is held back (``ignore_eos``, or fewer than ``min_tokens`` tokens
+  so far), it writes the endless text instead, as a model whose end is masked writes on, and
+  ends once it may: after exactly ``min_tokens`` tokens, never with ``ignore_eos`` (the budget
+  ends it).  Under a grammar it takes another way the grammar allows, and the grammar's end
+  where that is all it allows.
 """
 
 from __future__ import annotations
@@ -115,7 +120,7 @@ class ScriptedBackend:
         cached = self.cached_prefix(prompt)
         self._seqs[seq] = _ScriptedSeq(
             total=len(prompt), tokens=self._tokens(params), logprobs=params.logprobs,
-            matcher=self._matcher(params), done=cached, cached=cached, prompt=list(prompt),
+            matcher=self._matcher(params), done=cached, cached=cached, prompt=list(prompt), params=params,
         )
         return cached
 
@@ -127,7 +132,7 @@ class ScriptedBackend:
         for sid, params in new.items():
             self._seqs[sid] = _ScriptedSeq(
                 total=total, tokens=self._tokens(params), done=total, logprobs=params.logprobs,
-                matcher=self._matcher(params),
+                matcher=self._matcher(params), params=params,
             )
         return True
 
@@ -150,11 +155,11 @@ class ScriptedBackend:
                 seq.done = min(seq.done + self.prefill_chunk, seq.total)
                 progress[sid] = PrefillProgress(seq.done, seq.total, seq.cached)
                 continue
-            token = next(seq.tokens, None)
+            held = seq.params.holds_end(seq.generated)
             if seq.matcher is not None:
-                token = self._constrained(seq.matcher, token)
-            elif token is None:  # a script without an end-of-turn token: stop repeating
-                token = self._endless[0]
+                token = self._constrained(seq.matcher, next(seq.tokens, None), held)
+            else:
+                token = self._scripted(seq, held)
             self.counters.decode_steps += 1
             seq.generated += 1
             seq.emitted.append(token)
@@ -164,13 +169,34 @@ class ScriptedBackend:
                 logprobs[sid] = (0.0, tuple(top[: seq.logprobs]))
         return StepOutput(progress, out, logprobs=logprobs)
 
-    def _constrained(self, matcher: Matcher, token: int | None) -> int:
+    def _scripted(self, seq: _ScriptedSeq, held: bool) -> int:
+        """The script's next token.  Its end, while held back, waits and the endless text goes
+        on; it comes once it may (after ``min_tokens`` tokens; never with ``ignore_eos``)."""
+        if seq.end is None:
+            token = next(seq.tokens, None)
+            if token is None:  # a script without an end-of-turn token: stop repeating
+                return self._endless[0]
+            if not (held and token in self.tokenizer.stop_ids):
+                return token
+            seq.end = token
+        if not held:
+            return seq.end
+        if seq.filler is None:
+            seq.filler = itertools.cycle(self._endless)
+        return next(seq.filler)
+
+    def _constrained(self, matcher: Matcher, token: int | None, held: bool = False) -> int:
         """The script's token where the grammar allows it.  Else the shortest way out: what the
         grammar forces, the end of the turn where it may end, a token that closes a string,
-        an object or an array, a zero, else the lowest token it allows."""
+        an object or an array, a zero, else the lowest token it allows.  ``held``: the end of the
+        turn is not allowed where the grammar allows anything else."""
         if matcher.done:
             return token if token is not None else self._endless[0]
         allowed = matcher.allowed()
+        if held:
+            others = allowed.copy()
+            others[[i for i in self.tokenizer.stop_ids if i < others.size]] = False
+            allowed = others if others.any() else allowed
         if token is None or not allowed[token]:
             forced = matcher.forced()
             preferred = [self.tokenizer.eos_id, *self._closers]
@@ -229,6 +255,9 @@ class _ScriptedSeq:
     prompt: list[int] = attrs.field(factory=list)
     cached: int = 0
     emitted: list[int] = attrs.field(factory=list)
+    params: SamplingParams = attrs.field(factory=SamplingParams)  # what holds its end back
+    end: int | None = None  # its end of turn, while held back
+    filler: Iterator[int] | None = None  # the endless text, written while its end is held back
 
     @property
     def in_cache(self) -> int:

@@ -5,8 +5,11 @@ one request's alone lives here, fed one engine event at a time: prefill progress
 per decode step.  ``feed`` turns a token into the text that became safe to show (stream decoding,
 stop strings held back until they cannot match), decides whether the sequence has ended (a stop
 token, a stop string, its budget) and, at the end, adds what the decoder and the stop matcher
-still held.  ``event`` tells the observer what the sequence did.  Nothing here does I/O, so the
-loop stays "step, feed, deliver" and this object is tested without MLX or Trio.
+still held.  Stop strings count only from the ``min_tokens``-th token on (vLLM's rule); the
+backend keeps stop tokens from being sampled before then, or ever with ``ignore_eos``, so one
+that comes anyway (the end a grammar forces) ends the sequence.  ``event`` tells the observer
+what the sequence did.  Nothing here does I/O, so the loop stays "step, feed, deliver" and this
+object is tested without MLX or Trio.
 """
 
 from __future__ import annotations
@@ -80,7 +83,7 @@ class SequenceState:
         if token in self.stop_ids:
             self.stop_reason = "Eos" if token == self.eos_id else "EndOfTurn"
             return self._last(self._tail())
-        text = self.stops.feed(self.decoder.add(token))
+        text = self.stops.feed(self.decoder.add(token), armed=self._armed)
         if self.stops.matched is not None:
             self.stop_reason = "StopString"
             return self._last(text)
@@ -94,11 +97,16 @@ class SequenceState:
 
     def _tail(self) -> str:
         """What the decoder or the stop matcher still held; a stop string it completes wins."""
-        tail = self.stops.feed(self.decoder.flush())
+        tail = self.stops.feed(self.decoder.flush(), armed=self._armed)
         if self.stops.matched is not None:
             self.stop_reason = "StopString"
             return tail
         return tail + self.stops.flush()
+
+    @property
+    def _armed(self) -> bool:
+        """Whether a stop string may end it: not before ``min_tokens`` tokens."""
+        return self.new_tokens >= self.params.min_tokens
 
     def end(self, reason: StopReason) -> None:
         """Ended from outside: the client left, the sequence failed, the server stops."""

@@ -5,6 +5,12 @@ holds back the longest tail of what it has seen that could still grow into a sto
 emits everything before it.  When a stop string completes, the text before it is emitted and the
 stop string itself (and anything after it) is dropped.  At the end of a turn that did not stop on
 a string, ``flush()`` hands back the held tail.
+
+Before ``min_tokens`` (vLLM's "stop strings are not checked until min_tokens") the matcher is fed
+unarmed: it still holds back what could grow into a stop string, but matches nothing, so text
+that holds a whole stop string is shown.  Once armed, a stop string counts only if it completes
+in text fed since: one that began in the held tail may complete, one that was already whole in
+it may not.
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ class StopMatcher:
         self._held = ""
         self.matched: str | None = None
 
-    def feed(self, text: str) -> str:
+    def feed(self, text: str, *, armed: bool = True) -> str:
         """Take the next piece; return the text that is safe to emit now.
 
         After a stop string completes, ``matched`` names it and further input is ignored.
+        Unarmed, no stop string completes (``min_tokens`` not reached yet).
         """
         if self.matched is not None:
             return ""
@@ -31,8 +38,9 @@ class StopMatcher:
             return text
         buf = self._held + text
         hit_at, hit = len(buf) + 1, None
-        for stop in self._stops:
-            at = buf.find(stop)
+        for stop in self._stops if armed else ():
+            # only a match that ends in ``text``: one whole in the held tail was fed unarmed
+            at = buf.find(stop, max(0, len(self._held) - len(stop) + 1))
             if at != -1 and at < hit_at:
                 hit_at, hit = at, stop
         if hit is not None:

@@ -64,8 +64,8 @@ async def completions() -> Response:
     )
     grammar = demanded_grammar(grammar, peer_grammar(body))
     params = sampling_params(
-        body, max_tokens=body.max_tokens or DEFAULT_MAX_TOKENS, model_defaults=entry.sampling_defaults,
-        logprobs=body.logprobs, grammar=grammar,
+        body, max_tokens=body.max_tokens, default_max_tokens=DEFAULT_MAX_TOKENS,
+        model_defaults=entry.sampling_defaults, logprobs=body.logprobs, grammar=grammar,
     )
     # no template to replay a corrective turn on: the guardrails rescue, never retry
     plan = TurnPlan(entry.id, TextPrompt(text, tools), params, n, call_required=required)

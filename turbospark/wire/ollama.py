@@ -6,7 +6,8 @@
   ``top_k``, ``min_p``, ``seed``, ``num_predict`` (``max_tokens``; negative: the default budget),
   ``repeat_penalty``, ``presence_penalty``, ``frequency_penalty``, ``stop``, ``num_ctx`` (checked
   against the model's context window by the route).  Runner settings (``num_thread``,
-  ``num_gpu`` ...) are accepted and reported as not honoured; anything else is a 400.
+  ``num_gpu`` ...) are accepted and reported as not honoured; anything else is a 400 (vLLM's
+  ``ignore_eos`` and ``min_tokens`` among them: Ollama has no name for either).
 - ``ndjson``: one JSON object and a newline per frame; ``created_at``, ``nanoseconds``.
 """
 

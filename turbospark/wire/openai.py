@@ -172,6 +172,11 @@ class GenerationFields(SamplingFields):
     guided_choice: Any = None
     guided_grammar: Any = None
     return_progress: bool = False  # llama.cpp's: prompt_progress chunks while the prompt is read
+    # vLLM's and llama.cpp's, as benchmark clients send them: the end of the turn (its stop
+    # tokens) never comes, or not before min_tokens (vLLM's; nor a stop string); not above the
+    # request's budget (the route checks: both budget fields are known there)
+    ignore_eos: bool = False
+    min_tokens: int = attrs.field(default=0, validator=_in_range(0, MAX_BUDGET))
 
 
 @attrs.frozen(kw_only=True)
