@@ -2,7 +2,9 @@
 ``mlx.launch``'s ring backend on loopback) answers with the same greedy text as one process; a
 client that leaves stops its sequence (on every rank: they run in lockstep); a rank that dies or
 cannot be reached (stopped) gets the requests in flight and new ones a retryable 503 and ends the
-run with a non-zero status instead of a hang; a model whose heads do not split is refused."""
+run with a non-zero status instead of a hang; SIGTERM or SIGINT to the script stops every rank (rank
+0 gracefully), killed after a bound if need be, and leaves no process behind; a model whose heads do
+not split is refused."""
 
 from __future__ import annotations
 
@@ -215,6 +217,109 @@ def test_a_rank_that_cannot_be_reached_is_answered_503_and_ends_the_run(env, tmp
         with contextlib.suppress(ProcessLookupError):  # gone already when the test got that far
             os.kill(follower, signal.SIGKILL)
         sharded.stop()
+
+
+def _processes(marker: str) -> list[str]:
+    """The processes whose command line names ``marker`` (a zombie's is empty), one
+    ``pid: command line`` each."""
+    if not Path("/proc/self/cmdline").exists():  # macOS
+        out = subprocess.run(["ps", "-axww", "-o", "pid=,command="], capture_output=True, text=True).stdout
+        return [line.strip() for line in out.splitlines() if marker in line]
+    found = []
+    for path in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            line = path.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
+            continue
+        if marker in line:
+            found.append(f"{path.parent.name}: {line}")
+    return found
+
+
+def _kill_all(marker: str) -> None:
+    """What a failed test left running: killed, so that it holds no port or core."""
+    for line in _processes(marker):
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(line.split()[0].rstrip(":")), signal.SIGKILL)
+
+
+# The script as a supervisor starts it: with SIGINT's default action even where this test runs
+# with SIGINT ignored (started by `&` in a non-interactive shell), which bash could not trap.
+DEFAULT_SIGINT = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                  "os.execv(sys.argv[1], sys.argv[1:])")
+
+
+def _serve_script(env: dict[str, str], model: Path) -> Running:
+    flags = ["--model", str(model), "--port", str(_port()), *NO_EXTRAS]
+    script = str(ROOT / "scripts" / "serve-distributed")
+    return Running([sys.executable, "-c", DEFAULT_SIGINT, script, "2", *flags], env)
+
+
+def _port_free(url: str) -> bool:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.socket() as s:
+        if s.connect_ex((host, int(port))) == 0:
+            return False
+    with socket.socket() as s:  # as the server binds it
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, int(port)))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_script_stops_every_rank(env, tmp_path: Path, signum: int) -> None:
+    """SIGTERM or SIGINT to the script's own pid (a supervisor's stop, not to its process group):
+    rank 0 shuts down gracefully (the stream in flight ends whole) and ends the other rank; the
+    script exits 128 + the signal's number once every process it started has ended, and leaves
+    none behind, nor the port taken."""
+    model = tmp_path / "tiny-llama.gguf"  # in this test's own folder: it names its processes
+    write_tiny_gguf(model)
+    sharded = _serve_script(env, model)
+    try:
+        sharded.follower_pid()  # both ranks hold their shards
+        running = _processes(str(model))
+        assert len(running) >= 3, running  # mlx.launch and 2 ranks
+        body = {"model": "any", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 24,
+                "temperature": 0, "stream": True}
+        with httpx.Client(timeout=60) as client, client.stream("POST", f"{sharded.url}/v1/chat/completions", json=body) as s:
+            lines = s.iter_lines()
+            next(lines)
+            os.kill(sharded.proc.pid, signum)
+            rest = "\n".join(lines)
+        assert rest.rstrip().endswith("data: [DONE]") and '"error"' not in rest, rest
+        assert sharded.proc.wait(timeout=30) == 128 + signum
+        assert _processes(str(model)) == [], "".join(sharded.lines[-20:])
+        assert _port_free(sharded.url)
+        assert sharded.said("turbospark: SIGINT, shutting down", count=1), "".join(sharded.lines)  # rank 0, gracefully
+        said = "".join(sharded.lines)
+        assert "exited with code" not in said and "Traceback" not in said, said  # no rank failed
+    finally:
+        sharded.stop()
+        _kill_all(str(model))
+
+
+def test_ranks_that_do_not_stop_are_killed_after_the_bound(env, tmp_path: Path) -> None:
+    """A rank that cannot stop (a stopped process: rank 0's shutdown waits on it): the script kills
+    what is left of its ranks SERVE_DISTRIBUTED_STOP_TIMEOUT seconds after the signal."""
+    model = tmp_path / "tiny-llama.gguf"
+    write_tiny_gguf(model)
+    sharded = _serve_script({**env, "SERVE_DISTRIBUTED_STOP_TIMEOUT": "3"}, model)
+    try:
+        os.kill(sharded.follower_pid(), signal.SIGSTOP)
+        began = time.monotonic()
+        os.kill(sharded.proc.pid, signal.SIGTERM)
+        assert sharded.proc.wait(timeout=30) == 143
+        took = time.monotonic() - began
+        assert _processes(str(model)) == [], "".join(sharded.lines[-20:])
+        assert _port_free(sharded.url)
+        assert 2 <= took < 20, took  # 3 s, counted in whole seconds
+        assert sharded.said("did not stop within 3s", count=1), "".join(sharded.lines)
+    finally:
+        sharded.stop()
+        _kill_all(str(model))
 
 
 @pytest.mark.parametrize(("shard", "refusal"), [

@@ -53,6 +53,8 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("OPENBLAS_CORETYPE", "OpenBLAS's kernel set; where turbospark preloads OpenBLAS it sets this from the CPU "
                           "(Haswell where the CPU has AVX2, SkylakeX with AVX-512), and keeps a value you give"),
     ("MLX_RING_PORT", "`scripts/serve-distributed`: the ranks' first port (default 32323)"),
+    ("SERVE_DISTRIBUTED_STOP_TIMEOUT", "`scripts/serve-distributed`: how many seconds after SIGTERM or SIGINT "
+     "the ranks have to stop before what is left is killed (default 30; [deployment.md](deployment.md))"),
 )
 
 #: What only the test suite reads.
