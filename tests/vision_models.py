@@ -27,7 +27,7 @@ from .image_pipelines import TOKENIZER, _randomise
 
 __all__ = ["GEMMA3_TEMPLATE", "IDEFICS3_TEMPLATE", "LLAVA_TEMPLATE", "MISTRAL3_TEMPLATE", "QWEN2_VL_TEMPLATE",
            "as_qwen_repository", "ask", "reference_generate", "run_jobs", "tiny_gemma3", "tiny_idefics3", "tiny_llava", "tiny_mistral3",
-           "tiny_qwen2_vl"]
+           "tiny_qwen2_vl", "tiny_smolvlm2"]
 
 #: SmolVLM's chat template
 IDEFICS3_TEMPLATE = (
@@ -91,6 +91,81 @@ def tiny_idefics3(directory: Path, *, seed: int = 0) -> Path:
     processor = Idefics3Processor(images, tokenizer, image_seq_len=4, chat_template=IDEFICS3_TEMPLATE)
     processor.save_pretrained(directory)
     return directory
+
+
+#: SmolVLM2's video processor config, in the shape its repositories ship (the class needs torch and
+#: torchvision); its sizes are the tiny model's
+SMOLVLM_VIDEO: dict[str, Any] = {
+    "video_processor_type": "SmolVLMVideoProcessor", "processor_class": "SmolVLMProcessor", "do_convert_rgb": True,
+    "do_normalize": True, "do_pad": True, "do_rescale": True, "do_resize": True, "do_sample_frames": True,
+    "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "max_image_size": {"longest_edge": 32},
+    "resample": 1, "rescale_factor": 1 / 255, "size": {"longest_edge": 32}, "fps": 1, "num_frames": 64,
+    "video_sampling": {"fps": 1, "max_frames": 64, "video_size": {"longest_edge": 32}},
+}  # fmt: skip
+
+
+def tiny_smolvlm2(directory: Path, *, nested: bool = False, seed: int = 0) -> Path:
+    """A tiny random SmolVLM2 model (``model_type`` ``smolvlm``: the same toy sizes and tokens as
+    ``tiny_idefics3``), saved in ``directory`` as SmolVLM2's repositories hold it: the model by
+    transformers' ``SmolVLMForConditionalGeneration``; ``processor_config.json`` naming
+    ``SmolVLMProcessor``, ``preprocessor_config.json`` its ``SmolVLMImageProcessor`` and
+    ``video_preprocessor_config.json`` its ``SmolVLMVideoProcessor`` (or, ``nested``, all three in
+    ``processor_config.json``, as transformers 5's ``save_pretrained`` writes them); the chat
+    template in ``chat_template.jinja``.  The processor's class is not what writes them: it wants
+    its video processor, which needs torchvision."""
+    import torch
+    from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration, SmolVLMImageProcessorPil
+
+    directory = Path(directory)
+    tokenizer = _tokenizer(directory)
+    config = SmolVLMConfig(
+        text_config={"model_type": "llama", **TEXT, "vocab_size": len(tokenizer),
+                     "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+                     "pad_token_id": tokenizer.pad_token_id},
+        vision_config=VISION, scale_factor=2,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"), tie_word_embeddings=False,
+    )
+    model = SmolVLMForConditionalGeneration(config).eval()
+    _randomise(model, torch, seed)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(directory)
+    images = SmolVLMImageProcessorPil(
+        size={"longest_edge": 64}, max_image_size={"longest_edge": 32}, do_image_splitting=True,
+    )
+    images.save_pretrained(directory)
+    image_config = {**json.loads((directory / "preprocessor_config.json").read_text()),
+                    "processor_class": "SmolVLMProcessor"}
+    assert image_config["image_processor_type"] == "SmolVLMImageProcessor"
+    processor: dict[str, Any] = {"image_seq_len": 4, "processor_class": "SmolVLMProcessor"}
+    if nested:
+        (directory / "preprocessor_config.json").unlink()
+        processor = {"image_processor": image_config, "video_processor": SMOLVLM_VIDEO, **processor}
+    else:
+        (directory / "preprocessor_config.json").write_text(json.dumps(image_config, indent=2))
+        (directory / "video_preprocessor_config.json").write_text(json.dumps(SMOLVLM_VIDEO, indent=2))
+    (directory / "processor_config.json").write_text(json.dumps(processor, indent=2))
+    tokenizer.chat_template = IDEFICS3_TEMPLATE
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def _smolvlm_processor(directory: Path) -> Any:
+    """transformers' ``SmolVLMProcessor`` for ``directory`` without its video processor (which needs
+    torchvision) and without ``num2words`` (which only videos' prompts use)."""
+    from unittest import mock
+
+    import transformers
+    from transformers import AutoTokenizer, SmolVLMImageProcessorPil
+    from transformers.models.smolvlm import processing_smolvlm
+
+    unchecked = type("SmolVLMProcessor", (transformers.SmolVLMProcessor,),
+                     {"check_argument_for_proper_class": lambda *a: None})
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    settings = json.loads((Path(directory) / "processor_config.json").read_text())
+    with mock.patch.object(processing_smolvlm, "num2words", processing_smolvlm.num2words or str):
+        return unchecked(SmolVLMImageProcessorPil.from_pretrained(directory), tokenizer, None,
+                         image_seq_len=settings["image_seq_len"], chat_template=tokenizer.chat_template)
 
 
 #: A ChatML template that places each image part as ``<image>`` and a newline, as LLaVA's do
@@ -365,6 +440,10 @@ def reference_generate(directory: Path, messages: list[dict[str, Any]], images: 
     model = AutoModelForImageTextToText.from_pretrained(directory, dtype=torch.float32).eval()
     if name == "PixtralProcessor":
         inputs = _pixtral_inputs(directory, messages, images)
+    elif name == "SmolVLMProcessor":  # its apply_chat_template asks the video processor for frames
+        processor = _smolvlm_processor(directory)
+        text = processor.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        inputs = processor(text=text, images=images or None, return_tensors="pt")
     else:
         processor = (_qwen_processor(directory, name) if not named.exists()
                      else getattr(transformers, name).from_pretrained(directory))  # fmt: skip

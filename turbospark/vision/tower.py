@@ -5,7 +5,9 @@ tower's and projector's weights, which it builds with mlx-vlm's classes for the 
 is pinned by ``scripts/setup``; ``families.py``, ``qwen.py``).  The processor is transformers'
 own class for the directory, with its PIL image processor (no torch, no torchvision): it sizes,
 splits and normalises the images and says what each becomes in the prompt
-(``replace_image_token``).
+(``replace_image_token``).  Where that class wants a video processor (torch and torchvision:
+Qwen's, SmolVLM2's) or torchvision itself (Mistral 3's), the family brings its own
+(``processor``): the PIL image processor, the tokenizer and the class's expansion.
 
 An image is encoded in pieces (``pieces.Piece``: one layer of the tower for one tile, for the
 Idefics3 family, or for one image, for the others; a wide layer in parts of at most
@@ -35,6 +37,7 @@ from .families import Gemma3, Idefics3, Llava
 from .pieces import Piece, budget
 from .pixtral import Mistral3
 from .qwen import QwenVL, mrope_sections
+from .smolvlm import SmolVLM
 
 __all__ = ["FeatureCache", "Piece", "Prepared", "Tower", "digest"]
 
@@ -70,7 +73,7 @@ class FeatureCache:
             self._items.popitem(last=False)
 
 
-_FAMILIES: dict[str, Any] = {"idefics3": Idefics3, "smolvlm": Idefics3, "llava": Llava, "gemma3": Gemma3,
+_FAMILIES: dict[str, Any] = {"idefics3": Idefics3, "smolvlm": SmolVLM, "llava": Llava, "gemma3": Gemma3,
                              "qwen2_vl": QwenVL, "qwen2_5_vl": QwenVL, "mistral3": Mistral3}
 
 
