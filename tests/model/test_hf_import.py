@@ -207,3 +207,19 @@ def test_an_unquantized_mlx_community_directory(
     assert stored.manifest["dtype"] == "float32"
     assert {a.dtype for a in mx.load(str(stored.path / "model.safetensors")).values()} == {mx.float32}
     np.testing.assert_allclose(_logits(stored.path), _logits(src, mx.float32), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kept_as", ["chat_template.jinja", "chat_template.json"])
+def test_a_chat_template_kept_in_a_file_of_its_own_is_folded_into_the_tokenizers_config(
+    kept_as: str, store: ModelStore, tmp_path: Path, tokenizer_files: Path, on_cpu: None
+) -> None:
+    """transformers 4.51 on writes ``chat_template.jinja``; older vision repositories (SmolVLM2's)
+    keep the processor's template in ``chat_template.json``: either way the stored tokenizer has it."""
+    src = hf_directory(tmp_path / "Tiny", "llama", tokenizer_files)
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    config.pop("chat_template")
+    (src / "tokenizer_config.json").write_text(json.dumps(config))
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    (src / kept_as).write_text(template if kept_as.endswith(".jinja") else json.dumps({"chat_template": template}))
+    model = store.import_source(src, progress=False)
+    assert json.loads((model.path / "tokenizer_config.json").read_text())["chat_template"] == template

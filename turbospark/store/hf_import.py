@@ -75,6 +75,19 @@ def check_architecture(config: dict[str, Any]) -> str:
     return model_type
 
 
+def _template_file(src: Path) -> str | None:
+    """A directory's chat template kept beside the tokenizer's config: ``chat_template.jinja``
+    (transformers 4.51 on), or the ``chat_template`` of a ``chat_template.json`` (a processor's,
+    as older vision repositories such as SmolVLM2's keep it)."""
+    if (src / "chat_template.jinja").is_file():
+        return (src / "chat_template.jinja").read_text()
+    try:
+        template = json.loads((src / "chat_template.json").read_text()).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return template if isinstance(template, str) else None
+
+
 def convert_hf(src: Path, out: Path, *, dtype: str, progress: Progress) -> dict[str, Any]:
     """Copy a Hugging Face directory into ``out``, converting the weights to ``dtype``; returns config."""
     config = json.loads((src / "config.json").read_text())
@@ -83,9 +96,11 @@ def convert_hf(src: Path, out: Path, *, dtype: str, progress: Progress) -> dict[
             shutil.copy2(f, out / f.name)
     tok_config_path = out / "tokenizer_config.json"
     tok_config = json.loads(tok_config_path.read_text())
-    if "chat_template" not in tok_config and (src / "chat_template.jinja").is_file():
-        tok_config["chat_template"] = (src / "chat_template.jinja").read_text()
-        tok_config_path.write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n")
+    if "chat_template" not in tok_config:  # a template of its own file: the newer .jinja, or the older .json
+        template = _template_file(src)
+        if template is not None:
+            tok_config["chat_template"] = template
+            tok_config_path.write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n")
 
     weight_files = sorted(src.glob("model*.safetensors"))
     if dtype == "native":
