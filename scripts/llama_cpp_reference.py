@@ -8,7 +8,14 @@ Reads a JSON request from a file, answers with a ``.npz`` (``--out``):
     the logits of every position: ``tokens_<i>`` (prompt then generated ids) and ``logits_<i>``
     (one row per position: the row at position j predicts token j + 1). Float32 KV cache and no
     flash attention, so that llama.cpp computes in float32 throughout (its defaults round the cache
-    to float16).
+    to float16).  ``"ids": [[ID...]...]`` in place of ``"prompts"``: prompts as token ids, read as
+    they are.
+
+``{"kind": "score", "model": PATH, "tokens": [[ID...]...], "n_ctx": N, "from": [N...]}``
+    For each list of token ids, read as they are (no BOS added), one ``eval`` per token from
+    position ``from[i]`` on (the prompt before it in one ``eval``), as a server decodes:
+    ``logits_<i>``, one row per position from ``from[i] - 1`` on.  Float32 KV cache, no flash
+    attention, as for ``generate``; ``"threads"`` as there.
 
 ``{"kind": "tokenize", "model": PATH, "texts": [TEXT...]}``
     ``ids_<i>_<add_special>_<parse_special>`` for each text and the four flag combinations, with a
@@ -30,7 +37,7 @@ _F32 = 0  # GGML_TYPE_F32
 
 def _generate(request: dict) -> dict[str, np.ndarray]:
     out = {}
-    for i, prompt in enumerate(request["prompts"]):
+    for i, prompt in enumerate(request.get("prompts") or request["ids"]):
         llm = llama_cpp.Llama(
             request["model"],
             n_ctx=request["n_ctx"],
@@ -42,7 +49,7 @@ def _generate(request: dict) -> dict[str, np.ndarray]:
             type_v=_F32,
             verbose=False,
         )
-        tokens = llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
+        tokens = list(prompt) if "ids" in request else llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=True)
         llm.eval(tokens)
         for _ in range(request["n_predict"]):
             next_token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
@@ -50,6 +57,20 @@ def _generate(request: dict) -> dict[str, np.ndarray]:
             llm.eval([next_token])
         out[f"tokens_{i}"] = np.array(tokens, dtype=np.int64)
         out[f"logits_{i}"] = np.array(llm.scores[: llm.n_tokens], dtype=np.float32)
+        del llm
+    return out
+
+
+def _score(request: dict) -> dict[str, np.ndarray]:
+    out = {}
+    for i, (tokens, start) in enumerate(zip(request["tokens"], request["from"])):
+        llm = llama_cpp.Llama(request["model"], n_ctx=request["n_ctx"], n_batch=512,
+                              n_threads=request.get("threads", 2), logits_all=True, flash_attn=False,
+                              type_k=_F32, type_v=_F32, verbose=False)
+        llm.eval(tokens[:start])
+        for token in tokens[start:]:
+            llm.eval([token])
+        out[f"logits_{i}"] = np.array(llm.scores[start - 1: llm.n_tokens], dtype=np.float32)
         del llm
     return out
 
@@ -72,7 +93,7 @@ def main() -> None:
     args = parser.parse_args()
     with open(args.request, encoding="utf-8") as f:
         request = json.load(f)
-    answer = _generate(request) if request["kind"] == "generate" else _tokenize(request)
+    answer = {"generate": _generate, "score": _score, "tokenize": _tokenize}[request["kind"]](request)
     np.savez(args.out, **answer)
 
 

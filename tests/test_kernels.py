@@ -9,8 +9,10 @@ Quantized weights are read as MLX defines them (``scale * q + bias``), in float3
 rounds each to the input's type first: for float16 and bfloat16 inputs the quantized tolerance is
 twice the float one.  Where the instruction set has integer dot products (AVX2), rows of x times
 affine weights with K a multiple of 64 are computed with x rounded to 8 bits per 32 values
-(llama.cpp's Q8_0); each such value is off by at most half its 32's step (max |x| / 254), so the
-products may differ from MLX's by up to ``|s * q| @ half-steps`` more, exactly that bound (``TURBOSPARK_KERNELS_EXACT=1`` keeps x in float32: the float tolerance alone,
+(llama.cpp's Q8_1: the weights' biases meet the rounded values' sum, as its ``s``, so a product
+reads x's rounded values alone); each such value is off by at most half its 32's step
+(max |x| / 254), so the products may differ from MLX's by up to ``|W| @ half-steps`` more,
+exactly that bound (``TURBOSPARK_KERNELS_EXACT=1`` keeps x in float32: the float tolerance alone,
 tested too).
 
 A SwiGLU epilogue's exp (eight at a time where the set has FMA) is MLX's own: the same bits; so
@@ -63,12 +65,12 @@ def activations(request: pytest.FixtureRequest):
     kernels.native.set_activations_in_8_bits(before)
 
 
-def rounding_of_x(x: mx.array, sq: mx.array) -> np.ndarray:
-    """The most rounding x to 8 bits per 32 values moves each output: |s * q| @ (max |x| / 254)."""
+def rounding_of_x(x: mx.array, w: mx.array) -> np.ndarray:
+    """The most rounding x to 8 bits per 32 values moves each output: |W| @ (max |x| / 254)."""
     xf = np.array(x.astype(mx.float32))
     xf = xf.reshape(-1, xf.shape[-1])
     step = np.abs(xf.reshape(len(xf), -1, 32)).max(-1, keepdims=True) / 254
-    return np.broadcast_to(step, (*step.shape[:2], 32)).reshape(xf.shape) @ np.abs(np.array(sq.astype(mx.float32))).T
+    return np.broadcast_to(step, (*step.shape[:2], 32)).reshape(xf.shape) @ np.abs(np.array(w.astype(mx.float32))).T
 
 
 def check_close(got: mx.array, want: mx.array, x: mx.array, w: mx.array, tol: float, more: np.ndarray | float = 0.0) -> None:
@@ -124,7 +126,7 @@ def test_quantized_weights_equal_mlx_quantized_matmul(isa, activations, shape, b
     w = mx.dequantize(wq, scales, biases, group_size=group, bits=bits)
     more = 0.0
     if kernels.x_in_8_bits() and k % 64 == 0:
-        more = rounding_of_x(x, mx.dequantize(wq, scales, mx.zeros_like(biases), group_size=group, bits=bits))
+        more = rounding_of_x(x, w)
     check_close(got, want, x, w, TOLERANCE[dtype] * (1 if dtype == mx.float32 else 2) * (2 if bias else 1), more)
 
 

@@ -11,11 +11,15 @@ difference, over each step's 20 likeliest tokens, must stay under 5e-4 (float32 
 30 layers, summed in another order: measured 2e-5 to 5e-5 for both forms).
 
 That holds with x kept float32 in the 4-bit products (``TURBOSPARK_KERNELS_EXACT=1``).  By
-default they round x to 8 bits per 32 values, as llama.cpp does: then log-probabilities move by up
-to ~1 (measured 0.86 to 0.95 over these prompts; median 0.4), the text may part where MLX's top two
-are closer than twice that, and what it costs is measured as likelihood: the mean negative
-log-likelihood per token of a text, read one token a step, stays within 0.02 of the float32
-activations' (measured +0.004 of 3.85).
+default they round x to 8 bits per 32 values, as llama.cpp does, and the fair measure of what that
+may move is what llama.cpp's own 8-bit x moves on the same GGUF against the same reference
+(``benchmarks/bench_x8_logprobs.py``, decision 0040): over these prompts' 24 steps' 20 likeliest
+tokens, llama.cpp's log-probabilities moved by up to 0.99 (medians 0.22-0.25 a prompt), ours by
+up to 0.69 (medians 0.20-0.26).  So the bound is 1.0, llama.cpp's largest, and the text may part
+only where MLX's own top two are within 0.5, twice llama.cpp's median (ours parted where they were
+0.07 and 0.09 apart, llama.cpp's own text where they were 0.02 and 0.27).  What it costs is also
+measured as likelihood: the mean negative log-likelihood per token of a text, read one token a
+step, stays within 0.02 of the float32 activations'.
 
 By default the fused layers also keep their KV cache in float16, as llama.cpp does (decision
 0035); with x in float32 that moves log-probabilities by up to 2e-2 (measured 7e-3 to 1e-2) and
@@ -108,10 +112,13 @@ def kv_in_float16(on: bool) -> Iterator[None]:
 
 
 #: How far log-probabilities may move: float32 rounding alone; with the KV cache in float16
-#: (measured 7e-3 to 1e-2); with x in 8 bits (measured 0.86 to 0.95 where the greedy text parted
-#: after a token or two, 1.71 where it stayed MLX's for all 24 tokens: the largest of 24 steps'
-#: 20 likeliest tokens).
-BOUND = {"exact": 5e-4, "kv16": 2e-2, "int8": 2.5}
+#: (measured 7e-3 to 1e-2); with x in 8 bits, the largest llama.cpp's own 8-bit x moves them on the
+#: same file (0.99; ours 0.69: the module's docstring).
+BOUND = {"exact": 5e-4, "kv16": 2e-2, "int8": 1.0}
+#: Where the greedy texts may part: MLX's own top two closer than this at that token.  With x in 8
+#: bits, twice the median llama.cpp's 8-bit x moves log-probabilities (0.22-0.25); otherwise twice
+#: the largest difference measured up to there (None).
+PARTING = {"int8": 0.5}
 
 
 @pytest.mark.parametrize(("store", "kind"), [(smollm2_store, "exact"), (smollm2_native_store, "exact"),
@@ -134,7 +141,7 @@ def test_greedy_text_equals_mlx_own_ops_on_the_same_weights(store, kind) -> None
         assert max(diffs) <= BOUND[kind], f"log-probabilities differ by {max(diffs):.2e}"
         if first is not None:
             top2 = np.sort(their_rows[first])[-2:]
-            assert top2[1] - top2[0] <= 2 * max(diffs), (
+            assert top2[1] - top2[0] <= PARTING.get(kind, 2 * max(diffs)), (
                 f"token {first} differs where MLX's top two are {top2[1] - top2[0]:.2e} apart")
 
 

@@ -32,7 +32,7 @@ struct RowsJob {
   // affine weights times 8-bit activations (Isa::rows_q8): x as Isa::quantize wrote it
   const int8_t* x8 = nullptr;
   const float* d8 = nullptr;
-  const float* xsg = nullptr;  // R x K/group: each group's sum of x
+  const float* xsg = nullptr;  // R x K/group: each group's sum of x as rounded (each 32's scale x sum(x8))
   const float* usg = nullptr;  // R x K/group, 8-bit weights: each group's 128 * d * sum(x8)
   const int32_t* xs8 = nullptr;  // R x K/32, packed 8-bit weights: each 32's sum of x8 (quantize_packed)
 };

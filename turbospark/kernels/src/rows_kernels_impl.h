@@ -627,23 +627,27 @@ inline int hsum_i32(__m256i v) {
   return _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
 }
 
-// 32 values of x rounded to int8 with the scale m / 127 (m = max |x|), in order; their float sum
-// into `sum`
+// 32 values of x rounded to int8 with the scale m / 127 (m = max |x|), in order, as llama.cpp's
+// Q8_1 rounds them; into `sum` the rounded values' sum times that scale (Q8_1's s), which the
+// weights' biases meet: a product then reads x's rounded values alone, so the rounding moves an
+// output by sum(w * e) (e: each value's rounding), as llama.cpp's does, not by sum(s * q * e),
+// which for MLX's affine weights (q from 0, the bias bringing it back) is about twice as much for
+// 4-bit weights and some 64 times for 8-bit ones
 inline __m256i round32(const float* c, float& m, float& sum) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 v[4];
-  __m256 amax = _mm256_setzero_ps(), total = _mm256_setzero_ps();
+  __m256 amax = _mm256_setzero_ps();
   for (int i = 0; i < 4; ++i) {
     v[i] = _mm256_loadu_ps(c + 8 * i);
     amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
-    total = _mm256_add_ps(total, v[i]);
   }
   m = hsum_max(amax);
-  sum = hsum(v8f(total));
   const __m256 inv = _mm256_set1_ps(m > 0 ? 127.0f / m : 0.0f);
   const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v[0], inv)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v[1], inv));
   const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v[2], inv)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v[3], inv));
   const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+  const __m256i pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), b);  // |sum of two| <= 254: no saturation
+  sum = (m / 127.0f) * float(hsum_i32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1))));
   return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
@@ -904,7 +908,7 @@ void rows_q8(const RowsJob& job, int o0, int o1) {
 
 // x as `quantize` rounds it (the same values and scales), in order, or for 4-bit weights
 // (`pairs`) each 8 values as their 4 even then 4 odd ones; each 32's scale (R x K/32), each
-// group's sum of x (R x K/G) and, where xs8 is given, each 32's sum of x8 (R x K/32)
+// group's sum of x as rounded (R x K/G) and, where xs8 is given, each 32's sum of x8 (R x K/32)
 void quantize_packed(const float* x, int R, int K, int G, bool pairs, int8_t* x8, float* d32, float* xsg,
                      int32_t* xs8) {
   std::fill(xsg, xsg + size_t(R) * (K / G), 0.0f);
