@@ -12,9 +12,9 @@ from contextlib import contextmanager
 import mlx.core as mx
 
 __all__ = [
-    "MAX_FLOAT32_ROWS", "available", "describe", "fast_ops_served", "huge_pages", "kv_half", "kv_write", "linear",
-    "logsumexp", "merged_attention", "mlx_own_ops", "native", "pack_quantized", "packs", "set_kv_half",
-    "quantized_linear", "serve_fast_ops", "fast_ops_restored", "serves_float", "split_heads", "supports_quantized",
+    "MAX_FLOAT32_ROWS", "available", "describe", "fast_ops_restored", "fast_ops_served", "huge_pages", "kv_half",
+    "kv_write", "linear", "logsumexp", "merged_attention", "mlx_own_ops", "native", "pack_quantized", "packs",
+    "quantized_linear", "serve_fast_ops", "serves_float", "set_kv_half", "split_heads", "supports_quantized",
     "x_in_8_bits",
 ]
 
@@ -250,8 +250,8 @@ _OURS_FAST = {"rms_norm": rms_norm, "rope": rope, "scaled_dot_product_attention"
 def serve_fast_ops() -> None:
     """Make ``mx.fast.rms_norm``, ``rope`` and ``scaled_dot_product_attention`` one op each on the
     CPU, and ``mx.logsumexp`` over a last axis, for every caller in this process (idempotent;
-    inside ``fast_ops_restored`` for a while, ``mlx_own_ops`` for MLX's own on one thread).  Needs the
-    kernels."""
+    inside ``fast_ops_restored`` for a while; ``mlx_own_ops`` for MLX's own on one thread).
+    Needs the kernels."""
     for name, fn in _OURS_FAST.items():
         setattr(mx.fast, name, fn)
     mx.logsumexp = logsumexp
