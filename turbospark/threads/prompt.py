@@ -28,6 +28,7 @@ __all__ = ["EXACT_UP_TO", "Prepared", "count_prompt", "encode_prompt", "prepare"
 #: on a slow 2-core x86 machine (80 KB, Claude Code's own prompt, 0.1 s); a longer text is
 #: refused from its length or a few slices (``Tokenizer.tokens_past``), with a lower bound.
 EXACT_UP_TO = 1 << 18
+_THINK_END = "</think>"  # where the templates that keep reasoning out of the history cut
 
 
 def render_prompt(
@@ -52,9 +53,11 @@ def render_prompt(
     ``expand`` rewrites the template's own text before it is encoded: a vision model's image
     placeholders become the tokens its images are read into (``mlx_vision.Seen.expand``)."""
     if isinstance(prompt, ChatPrompt):
-        # the users' own words alone can be too long to render at all (the template copies them)
-        said = sum(len(t) for m in prompt.messages if m.get("role") == "user" for t in texts_of(m.get("content")))
-        if limit is not None and said > EXACT_UP_TO and tok.surely_more_than(said, limit):
+        # the messages' texts, or the tools, alone can be too long to render at all (the template
+        # copies them: 24 MiB of tools or of history held the model thread, and its streams,
+        # 90-140 ms)
+        if limit is not None and (said := _written(tok, prompt, limit)) > EXACT_UP_TO \
+                and tok.surely_more_than(said, limit):
             raise _too_long(window or limit, tok.fewest_tokens(said))
         text = tok.render_chat(
             prompt.messages, tools=prompt.tools or None, template_kwargs=prompt.template_kwargs
@@ -92,6 +95,44 @@ def _within(tok: Tokenizer, text: str, limit: int | None, window: int | None) ->
 
 def _too_long(window: int, least: int) -> ContextOverflow:
     return ContextOverflow.prompt_too_long(window, least, exact=False)
+
+
+def _written(tok: Tokenizer, prompt: ChatPrompt, limit: int) -> int:
+    """Characters that every rendering of ``prompt`` writes out whole: the messages' texts (an
+    assistant's after its reasoning, ``_kept``), then the tools' (their names, descriptions and
+    schemas' strings, as a template lists them as JSON or the tool preamble does); counted a
+    tool at a time until surely past ``limit``."""
+    said = sum(_kept(m, t) for m in prompt.messages for t in texts_of(m.get("content")))
+    for tool in prompt.tools:
+        if tok.surely_more_than(said, limit):
+            break
+        said += _strings_in(tool.get("function", tool))  # what the tool preamble lists
+    return said
+
+
+def _kept(message: dict[str, Any], text: str) -> int:
+    """How much of a message's text any template writes out: all of it, but of an assistant's
+    only what follows its last ``</think>`` (the templates that keep reasoning out of the
+    history, Qwen 3's and DeepSeek-R1's, cut there)."""
+    if message.get("role") == "assistant" and (cut := text.rfind(_THINK_END)) != -1:
+        return len(text) - cut - len(_THINK_END)
+    return len(text)
+
+
+def _strings_in(value: Any) -> int:
+    """The characters of every string in a JSON value, its keys included (iterative: a deep one
+    costs no stack)."""
+    count, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            count += len(item)
+        elif isinstance(item, dict):
+            count += sum(len(k) for k in item if isinstance(k, str))
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return count
 
 
 def texts_of(content: Any) -> list[str]:

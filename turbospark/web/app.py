@@ -115,6 +115,7 @@ class _Request(TrioRequest):
         elif path.startswith("/api/blobs/"):
             max_content_length = None
         super().__init__(method, scheme, path, *args, max_content_length=max_content_length, **kwargs)
+        self.body_limit = max_content_length  # what ``web/bodies.py`` counts a chunked body against
 
 
 class _App(QuartTrio):
