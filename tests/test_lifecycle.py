@@ -316,3 +316,41 @@ async def test_a_model_stored_while_serving_answers_to_its_name_on_every_route(s
     await trio.sleep(STRANGER_S)  # a name no model had is looked for again after a while
     r = await client.post(f"{server.url}/v1/chat/completions", json=body)
     assert r.status_code == 200 and stored.loads == {"beta": 1} and shelf.loads == {"alpha": 1}
+
+
+async def test_an_unloaded_model_is_freed_where_start_up_was_frozen(start_server, client) -> None:
+    """``serve`` freezes what start-up made (``turbospark._collector``), so that the collector's
+    full passes stop walking it; a frozen object is never collected as a cycle, and a model's
+    objects hold cycles (a backend and its engine's callbacks): its unload collects them."""
+    import gc
+    import weakref
+
+    from turbospark._collector import freeze_start_up
+
+    made: list[weakref.ref] = []
+
+    def make() -> ScriptedBackend:
+        backend = ScriptedBackend(model_id="alpha", script="Loaded and answering.")
+        backend.itself = backend  # a cycle, freed by no reference count
+        made.append(weakref.ref(backend))
+        return backend
+
+    loadable = Loadable(id="alpha", make=make, capabilities=frozenset({"chat", "completion"}),
+                        context_window=8192, size=100)
+    server = await start_server(library=[loadable])
+    events = server.system.subscribe()
+    try:
+        r = await client.post(f"{server.url}/api/chat", json=chat("alpha", keep_alive=-1))
+        assert r.status_code == 200 and made and made[0]() is not None
+        freeze_start_up()  # as serve does once it listens: the loaded model is frozen with the rest
+        r = await client.post(f"{server.url}/api/generate", json={"model": "alpha", "keep_alive": 0})
+        assert r.status_code == 200
+        with trio.fail_after(10):
+            async for event in events:
+                if isinstance(event, ModelUnloaded):
+                    break
+            while made[0]() is not None:  # collected once its actor has ended
+                await trio.sleep(0.02)
+        assert gc.get_freeze_count() > 0  # frozen again after the collection
+    finally:
+        gc.unfreeze()

@@ -38,6 +38,7 @@ from functools import partial
 import attrs
 import trio
 
+from ._collector import collect_unloaded
 from ._scope import current_scope, enter_request_scope, request_scope
 from .actors._attached import attached, attached_audio
 from .actors._mailbox import call
@@ -308,6 +309,12 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
         embedding_limits = EmbeddingLimits(settings.embedding_batch, room)
 
         async def start_model(loadable: Loadable, *, task_status: trio.TaskStatus[Any]) -> None:
+            try:
+                await _run_model(loadable, task_status=task_status)
+            finally:  # its actor is gone, and with it what held the model: its cycles go too
+                nursery.start_soon(collect_unloaded)
+
+        async def _run_model(loadable: Loadable, *, task_status: trio.TaskStatus[Any]) -> None:
             if loadable.kind == "generation":
                 await model_actor(loadable.id, loadable.make, queue_send.clone(), obs.emit, limits,
                                   task_status=task_status)

@@ -16,6 +16,7 @@ from .blas import reexec_with_openblas
 from ..model.backend import BackendSpec
 from ..model.encoder import EncoderSpec
 from ..audio.engines import AudioSpec
+from .._collector import freeze_start_up
 from ..config import Settings
 from .interrupt import interruptible, leaving
 
@@ -58,6 +59,7 @@ async def _run(
                     serve, settings, specs, audio_catalogue=audio_catalogue(), library=library, shelf=shelf
                 ))
                 running.append(server)
+                freeze_start_up()  # the collector's full passes walk only what came since
                 if lifeline is not None:  # serve --distributed: the other ranks' heartbeats
                     nursery.start_soon(lifeline.watch, server)
                 print(f"turbospark listening on {server.url}", file=sys.stderr, flush=True)
@@ -76,6 +78,7 @@ async def _run(
                         print(f"  kernels: {entry.id}: {entry.kernels}", file=sys.stderr)
                 sys.stderr.flush()
             nursery.cancel_scope.cancel()  # the signal watcher
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
