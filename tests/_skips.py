@@ -23,7 +23,7 @@ __all__ = ["ALLOWED", "kernels_buildable", "refused"]
 #: (pattern a skip's reason must match, why that skip is allowed)
 ALLOWED: list[tuple[str, str]] = [
     (r"needs llama-cpp-python \(\$TURBOSPARK_LLAMA_CPP_PYTHON", "the opt-in comparison with llama.cpp (scripts/check-against-llama-cpp)"),
-    (r"chromium|Chromium|playwright", "the web page's browser tests: Debian's Chromium, installed by scripts/setup only as root"),
+    (r"no chromium on PATH", "the web page's browser tests: Debian's Chromium, installed by scripts/setup only as root"),
     (r"haproxy is not installed", "HAProxy, installed by scripts/setup only as root"),
     (r"separate hosts need root and iproute2|hosts of the test's own cannot be made here",
      "network namespaces: root and a sandbox that allows them"),
