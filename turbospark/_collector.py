@@ -17,10 +17,12 @@ of the model's thread and so the model, until its cancel scope has caught it.
 from __future__ import annotations
 
 import gc
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
-__all__ = ["AFTER_UNLOAD_S", "collect_unloaded", "freeze_start_up"]
+__all__ = ["AFTER_UNLOAD_S", "collect_unloaded", "collecting", "freeze_start_up"]
 
 #: How long after a model's actor ends its memory is collected: by then the ``Cancelled`` that
 #: unloaded it, whose traceback holds the model thread's frames and so the model, is gone.
@@ -41,3 +43,16 @@ async def collect_unloaded() -> None:
         gc.unfreeze()
         gc.collect()
         gc.freeze()
+
+
+def collecting(nursery: trio.Nursery, start_model: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+    """``start_model`` (``Lifecycle.start_model``: a model from load to unload) followed, once
+    it has ended, by ``collect_unloaded`` in a task of ``nursery``'s."""
+
+    async def start(loadable: Any, *, task_status: trio.TaskStatus[Any]) -> None:
+        try:
+            await start_model(loadable, task_status=task_status)
+        finally:  # its actor is gone, and with it what held the model: its cycles go too
+            nursery.start_soon(collect_unloaded)
+
+    return start

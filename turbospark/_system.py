@@ -38,7 +38,7 @@ from functools import partial
 import attrs
 import trio
 
-from ._collector import collect_unloaded
+from ._collector import collecting
 from ._scope import current_scope, enter_request_scope, request_scope
 from .actors._attached import attached, attached_audio
 from .actors._mailbox import call
@@ -305,16 +305,9 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
             await nursery.start(_in_scope, scope, partial(images_actor, images_recv, obs.emit, queue_size=settings.max_queue))
 
         limits = Limits(settings.max_batch, settings.kv_budget, settings.special_tokens_in_content)
-        room = embedding_queue(settings)
-        embedding_limits = EmbeddingLimits(settings.embedding_batch, room)
+        embedding_limits = EmbeddingLimits(settings.embedding_batch, embedding_queue(settings))
 
         async def start_model(loadable: Loadable, *, task_status: trio.TaskStatus[Any]) -> None:
-            try:
-                await _run_model(loadable, task_status=task_status)
-            finally:  # its actor is gone, and with it what held the model: its cycles go too
-                nursery.start_soon(collect_unloaded)
-
-        async def _run_model(loadable: Loadable, *, task_status: trio.TaskStatus[Any]) -> None:
             if loadable.kind == "generation":
                 await model_actor(loadable.id, loadable.make, queue_send.clone(), obs.emit, limits,
                                   task_status=task_status)
@@ -329,7 +322,7 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
                 await attached_audio(audio_send, spec, task_status=task_status)
 
         lifecycle = Lifecycle(
-            start_model=start_model, queue=queue_send, emit=obs.emit,
+            start_model=collecting(nursery, start_model), queue=queue_send, emit=obs.emit,
             keep_alive=settings.keep_alive, max_models=settings.max_loaded_models,
             max_memory=settings.max_loaded_memory,
         )
