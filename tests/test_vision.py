@@ -36,22 +36,11 @@ from turbospark.threads.prompt import render_prompt  # noqa: E402
 
 from ._support import import_into  # noqa: E402
 from ._support import serve_store as _serve  # noqa: E402
-from .vision_models import reference_generate, tiny_idefics3, tiny_llava  # noqa: E402
+from .vision_models import reference_generate, tiny_idefics3, tiny_llava, png as _png, rgb as _rgb  # noqa: E402
 
 MODEL = "tiny-vlm"
 QUESTION = "What is in this image?"
 NEW = 8
-
-
-def _png(seed: int, size: tuple[int, int] = (48, 40)) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 255, (*size, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="PNG")
-    return out.getvalue()
-
-
-def _rgb(data: bytes) -> Image.Image:
-    return Image.open(io.BytesIO(data)).convert("RGB")
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ from turbospark.vision.tower import Prepared  # noqa: E402
 
 from ._support import import_into  # noqa: E402
 from ._support import serve_store as _serve  # noqa: E402
-from .vision_models import ask, reference_generate, run_jobs, tiny_gemma3  # noqa: E402
+from .vision_models import ask, reference_generate, run_jobs, tiny_gemma3, png, rgb as _rgb  # noqa: E402
 
 MODEL = "tiny-gemma3"
 QUESTION = "What is in this image?"
@@ -38,14 +38,7 @@ NEW = 8
 
 
 def _png(seed: int, size: tuple[int, int] = (40, 48)) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 255, (*size, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="PNG")
-    return out.getvalue()
-
-
-def _rgb(data: bytes) -> Image.Image:
-    return Image.open(io.BytesIO(data)).convert("RGB")
+    return png(seed, size)
 
 
 @pytest.fixture(scope="module")

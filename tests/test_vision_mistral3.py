@@ -28,7 +28,7 @@ from PIL import Image  # noqa: E402
 
 from ._support import import_into  # noqa: E402
 from ._support import serve_store as _serve  # noqa: E402
-from .vision_models import _pixtral_inputs, ask, reference_generate, run_jobs, tiny_mistral3  # noqa: E402
+from .vision_models import _pixtral_inputs, ask, reference_generate, run_jobs, tiny_mistral3, png, rgb as _rgb  # noqa: E402
 
 MODEL = "tiny-mistral3"
 QUESTION = "What is in this image?"
@@ -37,14 +37,7 @@ WIDE, TALL = (40, 64), (64, 40)  # (height, width)
 
 
 def _png(seed: int, size: tuple[int, int] = WIDE) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 255, (*size, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="PNG")
-    return out.getvalue()
-
-
-def _rgb(data: bytes) -> Image.Image:
-    return Image.open(io.BytesIO(data)).convert("RGB")
+    return png(seed, size)
 
 
 @pytest.fixture(scope="module")

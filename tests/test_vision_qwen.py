@@ -31,7 +31,7 @@ from turbospark.vision.qwen import mrope_positions, windows  # noqa: E402
 
 from ._support import import_into  # noqa: E402
 from ._support import serve_store as _serve  # noqa: E402
-from .vision_models import _qwen_processor, as_qwen_repository, ask, reference_generate, run_jobs, tiny_qwen2_vl  # noqa: E402
+from .vision_models import _qwen_processor, as_qwen_repository, ask, reference_generate, run_jobs, tiny_qwen2_vl, png, rgb as _rgb  # noqa: E402
 
 MODEL = "tiny-qwen-vl"
 QUESTION = "What is in this image?"
@@ -40,14 +40,7 @@ FAMILY = {"2": "qwen2_vl", "2.5": "qwen2_5_vl"}
 
 
 def _png(seed: int, size: tuple[int, int] = (40, 48)) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 255, (*size, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="PNG")
-    return out.getvalue()
-
-
-def _rgb(data: bytes) -> Image.Image:
-    return Image.open(io.BytesIO(data)).convert("RGB")
+    return png(seed, size)
 
 
 @pytest.fixture(scope="module", params=["2", "2.5"], ids=["qwen2-vl", "qwen2.5-vl"])

@@ -32,7 +32,7 @@ import openai  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from ._support import import_into  # noqa: E402
-from .vision_models import _smolvlm_processor, ask, reference_generate, run_jobs, tiny_smolvlm2  # noqa: E402
+from .vision_models import _smolvlm_processor, ask, reference_generate, run_jobs, tiny_smolvlm2, png as _png, rgb as _rgb  # noqa: E402
 
 MODEL = "tiny-smolvlm2"
 QUESTION = "What is in this image?"
@@ -53,17 +53,6 @@ class _Without(PathFinder):
 
 sys.meta_path[:] = [_Without if f is PathFinder else f for f in sys.meta_path]
 '''
-
-
-def _png(seed: int, size: tuple[int, int] = (48, 40)) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 255, (*size, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="PNG")
-    return out.getvalue()
-
-
-def _rgb(data: bytes) -> Image.Image:
-    return Image.open(io.BytesIO(data)).convert("RGB")
 
 
 def _question(images: int = 1) -> list[dict[str, Any]]:

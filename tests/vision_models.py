@@ -19,11 +19,30 @@ through the two-layer projector, as LLaVA 1.5 selects them.
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 from .image_pipelines import TOKENIZER, _randomise
+
+
+def png(seed: int, size: tuple[int, int] = (48, 40)) -> bytes:
+    """A PNG of random pixels, ``size`` (height, width), the same for the same seed."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 255, (*size, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+def rgb(data: bytes) -> Any:
+    """An image file as PIL's RGB image."""
+    from PIL import Image
+
+    return Image.open(io.BytesIO(data)).convert("RGB")
 
 __all__ = ["GEMMA3_TEMPLATE", "IDEFICS3_TEMPLATE", "LLAVA_TEMPLATE", "MISTRAL3_TEMPLATE", "QWEN2_VL_TEMPLATE",
            "as_qwen_repository", "ask", "reference_generate", "run_jobs", "tiny_gemma3", "tiny_idefics3", "tiny_llava", "tiny_mistral3",
