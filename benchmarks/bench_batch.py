@@ -76,9 +76,9 @@ def run_raw(model_dir: Path) -> None:
     """Child: load once, then answer each JSON line ``{size, run, max_tokens}`` on stdin."""
     import mlx.core as mx
     from mlx_lm.generate import batch_generate
-    from mlx_lm.utils import load_model
 
     from turbospark.cli.blas import describe
+    from turbospark.model.mlx_ggml import load_model
     from turbospark.model.mlx_kernels import install
     from turbospark.model.tokenizer import Tokenizer
 

@@ -62,9 +62,9 @@ def child(model_dir: Path, tokens: int) -> None:
     import mlx.core as mx
     import numpy as np
     from mlx_lm.models.cache import make_prompt_cache
-    from mlx_lm.utils import load_model
     from mlx.utils import tree_flatten
 
+    from turbospark.model.mlx_ggml import load_model
     from turbospark.model.mlx_kernels import install
     from turbospark.model.tokenizer import Tokenizer
 

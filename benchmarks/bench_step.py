@@ -43,8 +43,8 @@ def child(path: Path, kernels: bool, context: int, steps: int, batch: int, isa: 
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_lm.models.cache import make_prompt_cache
-    from mlx_lm.utils import load_model
 
+    from turbospark.model.mlx_ggml import load_model
     from turbospark.model.mlx_kernels import install
 
     if isa:

@@ -153,8 +153,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp's threads")
     args = parser.parse_args()
 
-    from mlx_lm.utils import load_model
-
+    from turbospark.model.mlx_ggml import load_model
     from turbospark.model.tokenizer import Tokenizer
     from turbospark.store.pull import pull
     from turbospark.store.store import ModelStore, store_root

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.utils import load_model
 
+from turbospark.model.mlx_ggml import load_model
 from turbospark.model.pipeline import pipeline
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]  # longer than the tiny Gemma 3's window (8)

@@ -9,7 +9,9 @@ from newer Pythons.  A package ``scripts/setup --test`` installs, a model that c
 ``mlx.launch`` (MLX ships it) is never optional.  Nor are turbospark's CPU kernels where this
 machine can build them (Linux with cmake and a C++ compiler, as ``scripts/setup`` builds them),
 unless they are turned off (``TURBOSPARK_KERNELS=off``) or set to an instruction set the CPU does
-not run (``TURBOSPARK_KERNELS_ISA``).
+not run (``TURBOSPARK_KERNELS_ISA``); nor is ggml beside them (``scripts/build-ggml``: its skips
+name the kernels' reason when they are not here, and ``test_ggml_blocks`` fails where they are and
+it is not).
 """
 
 from __future__ import annotations

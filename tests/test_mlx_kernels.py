@@ -54,7 +54,8 @@ NEW = 24
 def reference(path, prompts: list[list[int]]) -> list[tuple[list[int], list[np.ndarray]]]:
     """Greedy tokens and each step's log-probabilities from mlx-lm's model with MLX's own ops."""
     from mlx_lm.models.cache import make_prompt_cache
-    from mlx_lm.utils import load_model
+
+    from turbospark.model.mlx_ggml import load_model
 
     out = []
     with kernels.mlx_own_ops():  # mx.fast's functions and mx.logsumexp: MLX's own on this thread
@@ -153,8 +154,7 @@ def test_8_bit_activations_and_a_float16_cache_cost_little_likelihood() -> None:
     from pathlib import Path
 
     from mlx_lm.models.cache import make_prompt_cache
-    from mlx_lm.utils import load_model
-
+    from turbospark.model.mlx_ggml import load_model
     from turbospark.model.mlx_kernels import installed
     from turbospark.model.tokenizer import Tokenizer
 

@@ -17,10 +17,10 @@ import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm.utils import load_model
 
 from tests.model.gguf_fixtures import llama_cpp_sources
 from tests.model.gguf_tiny_models import CASES, Q, TinyModel, random_tensor, write_tiny
+from turbospark.model.mlx_ggml import load_model
 from turbospark.store.gguf_architectures import llama3_rope_scaling
 from turbospark.store.gguf_import import ModelImportError, convert_gguf
 from turbospark.store.gguf_reader import read_gguf

@@ -19,11 +19,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.generate import generate_step
-from mlx_lm.utils import load_model
 from tokenizers import Tokenizer
 
 from tests.model.tiny import HEADS, KV_HEADS, Q, llamacpp_permute, write_tiny_gguf
 from tests.realmodels import gemma_store, smollm2_store
+from turbospark.model.mlx_ggml import load_model
 from turbospark.store.gguf_import import ModelImportError, convert_gguf
 
 CHATML_DIR = Path(__file__).parents[2] / "turbospark" / "model" / "data" / "chatml"

@@ -41,11 +41,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.utils import load_model
 from tokenizers import Tokenizer
 
 from tests.model.gguf_fixtures import fixture_cases, llama_cpp_sources
 from tests.model.gguf_tiny_models import CASES, DEQUANT_CASES, TinyModel, write_tiny
+from turbospark.model.mlx_ggml import load_model
 from turbospark.store.gguf_import import convert_gguf
 from turbospark.store.gguf_pretokenizers import PRE_TOKENIZERS
 from turbospark.store.gguf_reader import read_gguf

@@ -33,7 +33,11 @@ or a model runs on a GPU, MLX's own ops serve and ``describe()`` says why.  ``TU
 turns them off; ``TURBOSPARK_KERNELS_ISA`` picks another instruction set the CPU runs (the tests
 run on each).
 
-Owns the C++ sources (``src/``), their CMake build and ``ops`` (loading ``_native``, the functions
-the model code calls, ``serve_fast_ops``).  Imports nothing of turbospark; ``model`` and
+GGUF's other block types (K-quants, Q5, IQ) go through a pinned ggml's own CPU code, one library
+per instruction set built by ``scripts/build-ggml`` and opened at run time (``blocks``, decision
+0041).
+
+Owns the C++ sources (``src/``), their CMake build, ``ops`` (loading ``_native``, the functions
+the model code calls, ``serve_fast_ops``) and ``blocks`` (ggml's block products).  Imports nothing of turbospark; ``model`` and
 ``store`` import it.
 """

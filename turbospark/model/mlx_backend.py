@@ -38,10 +38,10 @@ import attrs
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import trim_prompt_cache
-from mlx_lm.utils import load_model
 
 from .backend import PrefillProgress, SamplingParams, StepOutput
 from .mlx_load import context_window, generation_defaults, kv_sizes, model_fingerprint
+from .mlx_ggml import load_model
 from .lookup import Backoff, Lookup, Pace
 from .pacing import JoinPacer
 from .pipeline import pipeline
@@ -100,7 +100,7 @@ class MlxBackend:
         self.model_id = model_id
         self.stream = mx.new_thread_local_stream(mx.default_device())
         with mx.stream(self.stream):
-            self.model, config = load_model(path, lazy=group is not None)
+            self.model, config = load_model(path, lazy=group is not None, group=group)
             self.layers: tuple[int, int] | None = None  # this rank's slice (pipeline sharding)
             if group is not None and shard == "pipeline":  # this rank's layers (``pipeline.py``)
                 self.layers = pipeline(self.model, group)

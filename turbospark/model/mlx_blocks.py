@@ -29,6 +29,7 @@ import mlx.nn as nn
 from mlx_lm.models.activations import swiglu
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
+from ..kernels import blocks
 from ..kernels import ops as kernels
 
 __all__ = ["fuse", "half_kv", "kv_update"]
@@ -53,6 +54,8 @@ class _Weights:
         self.names = [n for n in ("weight", "scales", "biases", "bias") if n in first]
         self.weight = self.scales = self.biases = self.bias = None
         self.packed = getattr(first, "_turbospark_packed", False)  # each module's part is packed: so is the whole
+        self.ggml_type = getattr(first, "ggml_type", None)  # GGUF blocks (``mlx_ggml.GgmlLinear``)
+        self.in_features = getattr(first, "in_features", 0)
 
     def place(self, flats: dict[Any, mx.array], at: dict[Any, int]) -> None:
         """Takes this product's matrices from the buffers ``flats`` (by type, ``at`` the next
@@ -74,6 +77,9 @@ class _Weights:
         if norm is not None and norm.weight.dtype != x.dtype:  # not the prologue's case: the norm's own op
             x, norm = norm(x), None
         weight, eps = (norm.weight, norm.eps) if norm is not None else (None, 0.0)
+        if self.ggml_type is not None:
+            return blocks.linear(x, self.weight, self.ggml_type, self.in_features, self.bias, residual=residual,
+                                 swiglu=swiglu_halves, norm=weight, eps=eps)
         if self.quantized:
             return kernels.quantized_linear(x, self.weight, self.scales, self.biases, self.bias,
                                             group_size=self.group_size, bits=self.bits, packed=self.packed,
@@ -114,14 +120,30 @@ def _into_buffers(products: list[_Weights]) -> None:
         batch, size = [], 0
 
 
+class _Side:
+    """Products of different kinds (a GGUF file's q and k in Q4_K, its v in Q6_K) side by side:
+    x normalized once, each product alone, their outputs joined (what one joined product gives)."""
+
+    def __init__(self, products: list[_Weights]) -> None:
+        self.products = products
+
+    def __call__(self, x: mx.array, *, norm: nn.RMSNorm | None = None, swiglu_halves: bool = False) -> mx.array:
+        if norm is not None:
+            x = norm(x)
+        ys = [p(x) for p in self.products]
+        return swiglu(*ys) if swiglu_halves else mx.concatenate(ys, axis=-1)
+
+
 class _Parts:
     """A fused layer's joined products and its two others (a plain object: no parameters)."""
 
-    def __init__(self, block: Any) -> None:
+    def __init__(self, block: Any, ours: tuple[type, ...]) -> None:
         attn, mlp = block.self_attn, block.mlp
-        self.qkv = _Weights([attn.q_proj, attn.k_proj, attn.v_proj])
+        qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+        self.qkv = _Weights(qkv) if _same_kind(qkv, ours) else _Side([_Weights([m]) for m in qkv])
         self.o = _Weights([attn.o_proj])
-        self.gate_up = _Weights([mlp.gate_proj, mlp.up_proj])
+        gate_up = [mlp.gate_proj, mlp.up_proj]
+        self.gate_up = _Weights(gate_up) if _same_kind(gate_up, ours) else _Side([_Weights([m]) for m in gate_up])
         self.down = _Weights([mlp.down_proj])
         self.qk_norm = hasattr(attn, "q_norm")
         # where the joined q, k and v product splits into q, k and v (``mlx_fused``)
@@ -129,7 +151,8 @@ class _Parts:
         self.qkv_splits = [q_out, q_out + attn.k_proj["weight"].shape[0]]
 
     def products(self) -> list[_Weights]:
-        return [self.qkv, self.o, self.gate_up, self.down]
+        return [w for p in (self.qkv, self.o, self.gate_up, self.down)
+                for w in (p.products if isinstance(p, _Side) else [p])]
 
 
 def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
@@ -202,6 +225,8 @@ def _same_kind(modules: list[Any], ours: tuple[type, ...]) -> bool:
         return False
     if any(("bias" in m) != ("bias" in first) for m in modules):
         return False
+    if hasattr(first, "ggml_type"):
+        return all(m.ggml_type == first.ggml_type for m in modules)
     if isinstance(first, nn.QuantizedLinear):
         packed = getattr(first, "_turbospark_packed", False)
         return all(m.bits == first.bits and m.group_size == first.group_size and m["scales"].dtype == first["scales"].dtype
@@ -218,8 +243,8 @@ def _fusable(block: Any, ours: tuple[type, ...]) -> bool:
         return False
     try:
         qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
-        return (_same_kind(qkv, ours) and _same_kind([attn.o_proj], ours) and _same_kind([mlp.gate_proj, mlp.up_proj], ours)
-                and _same_kind([mlp.down_proj], ours) and type(mlp).__call__.__qualname__ == "MLP.__call__")
+        products = [*qkv, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        return all(_same_kind([m], ours) for m in products) and type(mlp).__call__.__qualname__ == "MLP.__call__"
     except AttributeError:
         return False
 
@@ -229,7 +254,7 @@ def fuse(model: nn.Module, ours: tuple[type, ...]) -> tuple[int, int]:
     layers the kernels read (``mlx_kernels`` changed theirs first); (fused, layers)."""
     layers = getattr(getattr(model, "model", None), "layers", None) or []
     fused = [block for block in layers if _fusable(block, ours)]
-    parts = [_Parts(block) for block in fused]
+    parts = [_Parts(block, ours) for block in fused]
     _into_buffers([w for p in parts for w in p.products()])
     for block, p in zip(fused, parts, strict=True):
         block._turbospark_parts = p

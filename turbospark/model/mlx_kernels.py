@@ -36,8 +36,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from ..kernels import blocks
 from ..kernels import ops as kernels
 from . import mlx_blocks
+from .mlx_ggml import GgmlEmbedding, GgmlLinear, block_layers
 
 __all__ = ["CPU_CACHE_BYTES", "Linear", "QuantizedLinear", "install", "installed", "serves"]
 
@@ -131,6 +133,11 @@ def install(model: nn.Module) -> str:
     ours = linear = 0
     head = False  # a tied output head (the embedding's as_linear) went to the kernels
     for _, module in model.named_modules():
+        if isinstance(module, (GgmlLinear, GgmlEmbedding)):  # GGUF blocks: the kernels' already
+            linear += isinstance(module, GgmlLinear)
+            ours += isinstance(module, GgmlLinear)
+            head = head or isinstance(module, GgmlEmbedding)
+            continue
         cls = _OURS.get(type(module))
         if cls is None:
             continue
@@ -144,14 +151,24 @@ def install(model: nn.Module) -> str:
     for _, module in model.named_modules():
         if type(module) is QuantizedLinear or (tied and type(module) is _QuantizedEmbedding):
             _pack(module)
-    fused, layers = mlx_blocks.fuse(model, (Linear, QuantizedLinear))
+    fused, layers = mlx_blocks.fuse(model, (Linear, QuantizedLinear, GgmlLinear))
     packed = sum(getattr(m, "_turbospark_packed", False) for _, m in model.named_modules())
     huge = kernels.huge_pages([a for _, a in tree_flatten(model.parameters())])
     return (f"{kernels.describe()}: {ours} of {linear} linear layers" + (" and the tied output head" if tied else "")
             + f", RMSNorm, RoPE and attention; {fused} of {layers} decoder layers fused"
             + (", their KV cache in float16" if mlx_blocks.half_kv(model) else "")
             + (f"; {packed} of {ours + tied} products' weights packed" if packed else "")
+            + _blocks_line(model)
             + f"; weights in huge pages: {huge >> 20} MiB")
+
+
+def _blocks_line(model: nn.Module) -> str:
+    """What reads the model's GGUF block tensors (``mlx_ggml``): ggml's variant, by type."""
+    counts = block_layers(model)
+    if not counts:
+        return ""
+    each = ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
+    return f"; GGUF blocks read by ggml ({blocks.variant()}): {each}"
 
 
 @contextmanager

@@ -33,7 +33,7 @@ _TMP_PREFIX = ".tmp-"
 
 @attrs.frozen
 class StoredModel:
-    """A model in the store. ``path`` is the directory to hand to ``mlx_lm.utils.load_model``."""
+    """A model in the store. ``path`` is the directory to hand to ``model.mlx_ggml.load_model``."""
 
     name: str
     path: Path

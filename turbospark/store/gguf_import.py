@@ -38,6 +38,7 @@ from .gguf_tensors import (
     convert_tensor,
     dequantize,
     hf_names,
+    kept_as_blocks,
     stored_float,
     zero_biases,
 )
@@ -163,6 +164,8 @@ def convert_gguf(path: Path, out_dir: Path, *, dtype: str, progress: bool = True
         for name, array in zeros.items():
             writer.add(name, stored_float(array, dtype))
 
+    if blocks := {names[t.name].removesuffix(".weight"): int(t.tensor_type) for t in tensors if kept_as_blocks(t, dtype)}:
+        config["ggml_types"] = blocks  # module -> GGUF type: read through ggml (``model.mlx_ggml``)
     if dtype == "native" and any(t.tensor_type in NATIVE_TYPES and len(t.shape) == 2 for t in tensors):
         # Per-layer bits are inferred from the packed shapes; group 32 is the GGUF block size.
         config["quantization"] = {"group_size": 32, "bits": 4, "mode": "affine"}

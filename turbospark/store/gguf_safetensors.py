@@ -18,6 +18,7 @@ _SAFETENSORS_DTYPES = {
     "float16": "F16",
     "bfloat16": "BF16",
     "uint32": "U32",
+    "uint8": "U8",
 }
 
 

@@ -14,8 +14,9 @@
   - llama.cpp stores Gemma's RMSNorm weights as ``1 + w``; MLX's Gemma adds the 1 itself.
 
   ``dtype`` then picks the stored form: float32/float16/bfloat16, ``native`` (Q4_0/Q4_1/Q8_0 and
-  Q4_K blocks re-laid losslessly as MLX affine quantization, the rest bf16), or ``q8``/``q4`` (MLX
-  re-quantized).
+  Q4_K blocks re-laid losslessly as MLX affine quantization, the other block types kept as their
+  GGUF blocks for the kernels to read through ggml (decision 0041), float tensors as they are), or
+  ``q8``/``q4`` (MLX re-quantized).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .gguf_errors import ModelImportError
 from .gguf_reader import GGUFFile, TensorInfo
 
 __all__ = [
+    "BLOCK_TYPES",
     "CONFIG_TENSORS",
     "NATIVE_TYPES",
     "QUANT_BITS",
@@ -41,6 +43,7 @@ __all__ = [
     "check_shapes",
     "convert_tensor",
     "hf_names",
+    "kept_as_blocks",
     "stored_float",
     "unpermute",
     "zero_biases",
@@ -51,6 +54,13 @@ _GQT = gguf.GGMLQuantizationType
 #: supports, and Q4_K: a scale and a minimum per 32 values).
 NATIVE_TYPES = frozenset({_GQT.Q4_0, _GQT.Q4_1, _GQT.Q8_0, _GQT.Q4_K})
 _FLOAT_TYPES = {_GQT.F32, _GQT.F16, _GQT.BF16}
+#: GGUF block types ``native`` keeps as they are stored, (N, row bytes) uint8, listed in
+#: config.json's ``ggml_types``: the kernels read them through ggml, elsewhere they are widened at
+#: load (``model.mlx_ggml``).
+BLOCK_TYPES = frozenset({
+    _GQT.Q5_0, _GQT.Q5_1, _GQT.Q2_K, _GQT.Q3_K, _GQT.Q5_K, _GQT.Q6_K, _GQT.IQ4_NL, _GQT.IQ4_XS,
+    _GQT.IQ3_XXS, _GQT.IQ3_S, _GQT.IQ2_XXS, _GQT.IQ2_XS, _GQT.IQ2_S, _GQT.IQ1_S, _GQT.IQ1_M,
+})
 QUANT_BITS = {"q8": 8, "q4": 4}
 QUANT_GROUP = 64
 # Tensors that are neither kept native nor re-quantized land in this type in the quantized modes.
@@ -210,6 +220,11 @@ def dequantize(gguf_file: GGUFFile, tensor: TensorInfo) -> np.ndarray:
     return np.asarray(values, dtype=np.float32).reshape(tuple(reversed(tensor.shape)))
 
 
+def kept_as_blocks(tensor: TensorInfo, dtype: str) -> bool:
+    """Whether ``dtype`` stores ``tensor`` as its GGUF blocks (``BLOCK_TYPES``, a matrix)."""
+    return dtype == "native" and tensor.tensor_type in BLOCK_TYPES and len(tensor.shape) == 2
+
+
 def convert_tensor(
     gguf_file: GGUFFile, tensor: TensorInfo, hf_name: str, arch: Architecture, config: Mapping[str, Any], dtype: str
 ) -> dict[str, np.ndarray | mx.array]:
@@ -227,6 +242,9 @@ def convert_tensor(
         if heads is not None:
             parts = [unpermute(p, heads) for p in parts]
         return dict(zip((hf_name, f"{base}.scales", f"{base}.biases"), parts, strict=True))
+    if kept_as_blocks(tensor, dtype):
+        rows = np.ascontiguousarray(gguf_file.data(tensor)).reshape(tensor.shape[1], -1)
+        return {hf_name: unpermute(rows, heads) if heads is not None else rows}
 
     values = dequantize(gguf_file, tensor)
     if heads is not None:

@@ -169,8 +169,9 @@ def _rebuilt(src: Path, out: Path, *, dtype: str, progress: Progress) -> dict[st
 
 
 def check_loads(directory: Path) -> None:
-    """Build the model from ``directory`` with mlx-lm (lazily: shapes and names only)."""
-    from mlx_lm.utils import load_model
+    """Build the model from ``directory`` with mlx-lm (lazily: shapes and names only), its GGUF
+    block tensors as ``model.mlx_ggml`` reads them."""
+    from ..model.mlx_ggml import load_model
 
     try:
         load_model(directory, lazy=True)

@@ -1,5 +1,5 @@
-"""The model store: one directory per model, in the layout ``mlx_lm.utils.load_model`` reads, and
-imports into it.
+"""The model store: one directory per model, in the layout ``model.mlx_ggml.load_model`` reads
+(mlx-lm's), and imports into it.
 
 ::
 

@@ -7,6 +7,7 @@
 
 #include "mlx/version.h"
 #include "fused.h"
+#include "ggml_blocks.h"
 #include "pool.h"
 #include "rows.h"
 
@@ -40,6 +41,29 @@ NB_MODULE(_native, m) {
       "residual"_a = nb::none(), "swiglu"_a = false, "norm"_a = nb::none(), "eps"_a = 0.0f, "packed"_a = false,
       "x @ dequantize(w).T (+ bias) for MLX's affine 4- and 8-bit weights, on the CPU; then + residual, or swiglu.\n"
       "packed: weights pack_quantized packed.");
+  m.def(
+      "rows_ggml_matmul",
+      [](const mlx::core::array& x, const mlx::core::array& w, int type, int k,
+         const std::optional<mlx::core::array>& bias, const std::optional<mlx::core::array>& residual, bool swiglu,
+         const std::optional<mlx::core::array>& norm, float eps) {
+        return tk::rows_ggml_matmul(x, w, type, k, bias, residual, swiglu, tk::Prologue{norm, eps});
+      },
+      "x"_a, "w"_a, "type"_a, "k"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false,
+      "norm"_a = nb::none(), "eps"_a = 0.0f,
+      "x @ dequantize(w).T (+ bias) for weights (N, row bytes) in a GGUF block type, through ggml; then + residual, or swiglu.");
+  m.def("ggml_open", &tk::ggml_open, "dir"_a, "Open ggml's libraries in dir: '' where they serve, else why not.");
+  m.def("ggml_ready", &tk::ggml_ready, "Whether ggml serves the instruction set in use.");
+  m.def("ggml_variant", &tk::ggml_variant, "ggml's CPU variant for the instruction set in use.");
+  m.def("ggml_row_bytes", &tk::ggml_row_bytes, "type"_a, "k"_a, "Bytes of a row of k values of a GGUF type; 0 where ggml has no product.");
+  m.def("ggml_type_name", &tk::ggml_type_name, "type"_a);
+  m.def(
+      "ggml_take_rows",
+      [](const mlx::core::array& table, const mlx::core::array& ids, int type, int k, mlx::core::Dtype dtype) {
+        return tk::ggml_take_rows(table, ids, type, k, dtype);
+      },
+      "table"_a, "ids"_a, "type"_a, "k"_a, "dtype"_a, "Rows ids of a table in a GGUF block type, as dtype.");
+  m.def("ggml_quantize", &tk::ggml_quantize, "values"_a, "type"_a, "float (N, K) as (N, row bytes) uint8 of a GGUF type (ggml).");
+  m.def("ggml_dequantize", &tk::ggml_dequantize, "blocks"_a, "type"_a, "k"_a, "(N, row bytes) of a GGUF type as float32 (N, k) (ggml).");
   m.def("pack_quantized", &tk::pack_quantized, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a,
         "4- or 8-bit weights packed eight output rows together: new (w, scales, biases) of the same shapes.");
   m.def("reads_packed", &tk::reads_packed, "bits"_a,

@@ -19,6 +19,7 @@
 #include "mlx/ops.h"
 #include "mlx/types/half_types.h"
 #include "enqueue.h"
+#include "ggml_blocks.h"
 #include "norm.h"
 #include "pool.h"
 #include "round.h"
@@ -149,7 +150,7 @@ void rms_norm_rows(float* xf, int R, int K, const mx::array& weight, float eps) 
 
 mx::array rows_op(const mx::array& x, std::vector<mx::array> weights, const std::optional<mx::array>& bias,
                   int N, int K, int group_size, int bits, const std::optional<mx::array>& residual, bool swiglu,
-                  const Prologue& prologue, bool packed, mx::StreamOrDevice s) {
+                  const Prologue& prologue, bool packed, mx::StreamOrDevice s, int ggml_type = -1) {
   auto stream = mx::to_stream(s);
   check_float(x, "x");
   if (x.ndim() < 1 || x.shape(-1) != K)
@@ -178,7 +179,7 @@ mx::array rows_op(const mx::array& x, std::vector<mx::array> weights, const std:
   auto epilogue = residual ? Epilogue::Residual : swiglu ? Epilogue::Swiglu : Epilogue::None;
   return mx::array(std::move(shape), x.dtype(),
                    std::make_shared<RowsMatmul>(stream, group_size, bits, bool(bias), epilogue, bool(prologue.norm),
-                                                prologue.eps, packed),
+                                                prologue.eps, packed, ggml_type),
                    std::move(inputs));
 }
 
@@ -361,6 +362,15 @@ mx::array rows_quantized_matmul(const mx::array& x, const mx::array& w, const mx
   return rows_op(x, {w, scales, biases}, bias, N, K, group_size, bits, residual, swiglu, prologue, packed, s);
 }
 
+mx::array rows_ggml_matmul(const mx::array& x, const mx::array& w, int type, int K,
+                           const std::optional<mx::array>& bias, const std::optional<mx::array>& residual,
+                           bool swiglu, const Prologue& prologue, mx::StreamOrDevice s) {
+  if (ggml_row_bytes(type, K) == 0) throw std::invalid_argument("[rows_ggml_matmul] a type ggml has no product for here");
+  if (w.dtype() != mx::uint8 || w.ndim() != 2 || size_t(w.shape(1)) != ggml_row_bytes(type, K))
+    throw std::invalid_argument("[rows_ggml_matmul] w must be (N, row bytes) uint8 of its type");
+  return rows_op(x, {w}, bias, w.shape(0), K, 0, 0, residual, swiglu, prologue, false, s, type);
+}
+
 namespace {
 // an array of a's shape and type in a buffer of its own (not MLX's allocator's: freed with the
 // array), its bytes not yet written
@@ -404,7 +414,7 @@ void RowsMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 bool RowsMatmul::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const RowsMatmul&>(other);
   return group_size_ == o.group_size_ && bits_ == o.bits_ && has_bias_ == o.has_bias_ && epilogue_ == o.epilogue_ &&
-         has_norm_ == o.has_norm_ && eps_ == o.eps_ && packed_ == o.packed_;
+         has_norm_ == o.has_norm_ && eps_ == o.eps_ && packed_ == o.packed_ && ggml_type_ == o.ggml_type_;
 }
 
 std::vector<mx::Shape> RowsMatmul::output_shapes(const std::vector<mx::array>& inputs) {
@@ -431,7 +441,7 @@ class Scratch {
 
 void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   auto work = [bits = bits_, group = group_size_, has_bias = has_bias_, epilogue = epilogue_, has_norm = has_norm_,
-               eps = eps_, packed = packed_](std::vector<mx::array>& in, mx::array& out) {
+               eps = eps_, packed = packed_, ggml_type = ggml_type_](std::vector<mx::array>& in, mx::array& out) {
     const auto& x = in[0];
     const int K = x.shape(-1), N = in[1].shape(0);
     const int R = K == 0 ? 0 : int(x.size() / K);
@@ -459,7 +469,18 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
     }
     RowsJob job{xf.data(), R, K, N, WeightType::F32, in[1].data<void>(), nullptr, nullptr, ScaleType::F32, group, y};
     size_t weight_bytes = in[1].nbytes();
-    if (bits == 0) {
+    auto& team = pool();
+    if (ggml_type >= 0) {
+      // GGUF blocks through ggml's products, x rounded as they take it, output rows split as below
+      const auto xq = ggml_quantize_x(ggml_type, xf.data(), R, K);
+      const int parts = weight_bytes < kParallelBytes ? 1 : R < kPromptRows ? step_parts() : team.size();
+      const int unit = 16, units = (N + unit - 1) / unit, chunks = parts == 1 ? 1 : std::min(units, 8 * parts);
+      const auto* w = in[1].data<uint8_t>();
+      team.run([&](int c) {
+        int o0 = std::min(N, unit * (units * c / chunks)), o1 = std::min(N, unit * (units * (c + 1) / chunks));
+        if (o0 < o1) ggml_rows_product(ggml_type, xq.data(), R, K, w, y, N, o0, o1);
+      }, chunks, parts);
+    } else if (bits == 0) {
       job.wtype = in[1].dtype() == mx::float32 ? WeightType::F32
                   : in[1].dtype() == mx::bfloat16 ? WeightType::BF16 : WeightType::F16;
     } else {
@@ -469,73 +490,74 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
       job.stype = scale_type(in[2].dtype());
     }
     const Isa* isa = current().load();
-    Scratch<int8_t> x8;
-    Scratch<float> d8, xsg, usg;
-    Scratch<int32_t> xs8;
-    RowsFn rows = isa->rows;
-    // Quantized weights times x in 8 bits, for any number of rows: each row's result is then the
-    // same bits whatever else is in the product (a step's batch, a prompt chunk it joins), and a
-    // prompt chunk runs as fast as through a GEMM of widened weights.
-    const bool x8_path = bits != 0 && K % 64 == 0 && x_in_8_bits(*isa);
-    // Packed weights: read as they are where the set can (rows_q4p, rows_q8p), else unpacked into
-    // MLX's layout for this product (TURBOSPARK_KERNELS_EXACT, a set without integer products).
-    const RowsFn packed_rows = bits == 4 ? isa->rows_q4p : isa->rows_q8p;
-    const bool packed_path = packed && x8_path && packed_rows != nullptr;
-    std::vector<uint8_t> unpacked;
-    if (packed && !packed_path) {
-      const size_t wb = in[1].nbytes(), sb = in[2].nbytes();
-      unpacked.resize(wb + 2 * sb);
-      pack_q(in[1].data<uint8_t>(), in[2].data<uint8_t>(), in[3].data<uint8_t>(), int(in[2].itemsize()), N, K, group,
-             bits, false, unpacked.data(), unpacked.data() + wb, unpacked.data() + wb + sb);
-      job.w = unpacked.data();
-      job.scales = unpacked.data() + wb;
-      job.biases = unpacked.data() + wb + sb;
-    }
-    if (packed_path) {
-      x8.resize(size_t(R) * K);
-      d8.resize(size_t(R) * K / 32);
-      xsg.resize(size_t(R) * (K / group));
-      xs8.resize(bits == 8 ? size_t(R) * K / 32 : 0);
-      isa->quantize_packed(xf.data(), R, K, group, bits == 4, x8.data(), d8.data(), xsg.data(),
-                           bits == 8 ? xs8.data() : nullptr);
-      job.x8 = x8.data();
-      job.d8 = d8.data();
-      job.xsg = xsg.data();
-      job.xs8 = xs8.data();
-      rows = packed_rows;
-    } else if (x8_path) {
-      x8.resize(size_t(R) * K);
-      d8.resize(size_t(R) * K / 8);
-      xsg.resize(size_t(R) * (K / group));
-      usg.resize(bits == 8 ? size_t(R) * (K / group) : 0);
-      isa->quantize(xf.data(), R, K, group, bits == 4, x8.data(), d8.data(), xsg.data(), usg.data());
-      job.x8 = x8.data();
-      job.d8 = d8.data();
-      job.xsg = xsg.data();
-      job.usg = usg.data();
-      rows = isa->rows_q8;
-    }
-    auto& team = pool();
-    // A decode step's quantized products take step_parts() threads (the whole team unless set
-    // otherwise); a prompt chunk's, and float weights (bound by reading memory), every core.
-    int parts = weight_bytes < kParallelBytes ? 1 : bits != 0 && R < kPromptRows ? step_parts() : team.size();
-    if (R >= kGemmRows && !x8_path && sgemm() != nullptr) {
-      std::vector<float> block(size_t(kGemmBlock) * K);
-      for (int o = 0; o < N; o += kGemmBlock) {
-        int nb = std::min(kGemmBlock, N - o);
-        isa->widen(job, o, o + nb, block.data());
-        sgemm()(kRowMajor, kNoTrans, kTrans, R, nb, K, 1.0f, xf.data(), K, block.data(), K, 0.0f, y + o, N);
+    if (ggml_type < 0) {  // the kernels' own products
+      Scratch<int8_t> x8;
+      Scratch<float> d8, xsg, usg;
+      Scratch<int32_t> xs8;
+      RowsFn rows = isa->rows;
+      // Quantized weights times x in 8 bits, for any number of rows: each row's result is then the
+      // same bits whatever else is in the product (a step's batch, a prompt chunk it joins), and a
+      // prompt chunk runs as fast as through a GEMM of widened weights.
+      const bool x8_path = bits != 0 && K % 64 == 0 && x_in_8_bits(*isa);
+      // Packed weights: read as they are where the set can (rows_q4p, rows_q8p), else unpacked into
+      // MLX's layout for this product (TURBOSPARK_KERNELS_EXACT, a set without integer products).
+      const RowsFn packed_rows = bits == 4 ? isa->rows_q4p : isa->rows_q8p;
+      const bool packed_path = packed && x8_path && packed_rows != nullptr;
+      std::vector<uint8_t> unpacked;
+      if (packed && !packed_path) {
+        const size_t wb = in[1].nbytes(), sb = in[2].nbytes();
+        unpacked.resize(wb + 2 * sb);
+        pack_q(in[1].data<uint8_t>(), in[2].data<uint8_t>(), in[3].data<uint8_t>(), int(in[2].itemsize()), N, K, group,
+               bits, false, unpacked.data(), unpacked.data() + wb, unpacked.data() + wb + sb);
+        job.w = unpacked.data();
+        job.scales = unpacked.data() + wb;
+        job.biases = unpacked.data() + wb + sb;
       }
-    } else if (parts == 1) {
-      rows(job, 0, N);
-    } else {
-      // chunks of output rows, in fours (packed weights: eights), about eight a thread
-      const int unit = packed_path ? 8 : 4, units = (N + unit - 1) / unit, chunks = std::min(units, 8 * parts);
-      team.run([&](int c) {
-        int o0 = std::min(N, unit * (units * c / chunks));
-        int o1 = std::min(N, unit * (units * (c + 1) / chunks));
-        if (o0 < o1) rows(job, o0, o1);
-      }, chunks, parts);
+      if (packed_path) {
+        x8.resize(size_t(R) * K);
+        d8.resize(size_t(R) * K / 32);
+        xsg.resize(size_t(R) * (K / group));
+        xs8.resize(bits == 8 ? size_t(R) * K / 32 : 0);
+        isa->quantize_packed(xf.data(), R, K, group, bits == 4, x8.data(), d8.data(), xsg.data(),
+                             bits == 8 ? xs8.data() : nullptr);
+        job.x8 = x8.data();
+        job.d8 = d8.data();
+        job.xsg = xsg.data();
+        job.xs8 = xs8.data();
+        rows = packed_rows;
+      } else if (x8_path) {
+        x8.resize(size_t(R) * K);
+        d8.resize(size_t(R) * K / 8);
+        xsg.resize(size_t(R) * (K / group));
+        usg.resize(bits == 8 ? size_t(R) * (K / group) : 0);
+        isa->quantize(xf.data(), R, K, group, bits == 4, x8.data(), d8.data(), xsg.data(), usg.data());
+        job.x8 = x8.data();
+        job.d8 = d8.data();
+        job.xsg = xsg.data();
+        job.usg = usg.data();
+        rows = isa->rows_q8;
+      }
+      // A decode step's quantized products take step_parts() threads (the whole team unless set
+      // otherwise); a prompt chunk's, and float weights (bound by reading memory), every core.
+      int parts = weight_bytes < kParallelBytes ? 1 : bits != 0 && R < kPromptRows ? step_parts() : team.size();
+      if (R >= kGemmRows && !x8_path && sgemm() != nullptr) {
+        std::vector<float> block(size_t(kGemmBlock) * K);
+        for (int o = 0; o < N; o += kGemmBlock) {
+          int nb = std::min(kGemmBlock, N - o);
+          isa->widen(job, o, o + nb, block.data());
+          sgemm()(kRowMajor, kNoTrans, kTrans, R, nb, K, 1.0f, xf.data(), K, block.data(), K, 0.0f, y + o, N);
+        }
+      } else if (parts == 1) {
+        rows(job, 0, N);
+      } else {
+        // chunks of output rows, in fours (packed weights: eights), about eight a thread
+        const int unit = packed_path ? 8 : 4, units = (N + unit - 1) / unit, chunks = std::min(units, 8 * parts);
+        team.run([&](int c) {
+          int o0 = std::min(N, unit * (units * c / chunks));
+          int o1 = std::min(N, unit * (units * (c + 1) / chunks));
+          if (o0 < o1) rows(job, o0, o1);
+        }, chunks, parts);
+      }
     }
     if (has_bias) {
       const auto& b = in[bits == 0 ? 2 : 4];

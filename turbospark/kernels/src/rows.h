@@ -56,9 +56,9 @@ class RowsMatmul : public mx::UnaryPrimitive {
  public:
   // bits 0: float weights; 4 or 8: affine quantized.
   RowsMatmul(mx::Stream stream, int group_size, int bits, bool has_bias, Epilogue epilogue = Epilogue::None,
-             bool has_norm = false, float eps = 0.0f, bool packed = false)
+             bool has_norm = false, float eps = 0.0f, bool packed = false, int ggml_type = -1)
       : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), has_bias_(has_bias), epilogue_(epilogue),
-        has_norm_(has_norm), eps_(eps), packed_(packed) {}
+        has_norm_(has_norm), eps_(eps), packed_(packed), ggml_type_(ggml_type) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -74,6 +74,7 @@ class RowsMatmul : public mx::UnaryPrimitive {
   bool has_norm_;  // the last input: RMSNorm's weight (Prologue)
   float eps_;
   bool packed_;  // 4-bit weights as pack_quantized left them
+  int ggml_type_;  // >= 0: weights in this GGUF block type, read through ggml (ggml_blocks.h)
 };
 
 // The instruction sets this build has and this CPU runs, best first; which one the kernels use.

@@ -1,0 +1,190 @@
+"""GGUF block types read as they are stored, through ggml's own CPU code (``kernels.blocks``,
+decision 0041).
+
+- ggml's dequantization of every type equals gguf's own (``gguf.quants.dequantize``, numpy:
+  written apart from ggml), bit for bit;
+- a product equals x @ W.T with W dequantized by gguf, within what rounding x to 8 bits per block
+  (as llama.cpp's products do) can move it, on every instruction set the kernels choose from;
+- a row's result does not depend on the rows beside it; the norm, residual and SwiGLU around the
+  product are the float products' own; an embedding's rows are the dequantized rows;
+- a model imported ``native`` keeps the GGUF's blocks (its stored size is the GGUF's), its layers
+  read them (fused where the layer's other products are the kernels'), its logits are the float32
+  import's within that rounding; without ggml they are widened at load.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from turbospark.kernels import blocks
+from turbospark.kernels import ops as kernels
+from turbospark.model import mlx_ggml, mlx_kernels
+from turbospark.store.gguf_import import convert_gguf
+from turbospark.store.gguf_tensors import BLOCK_TYPES, NATIVE_TYPES
+
+from .test_kernels import ISAS, isa, ours  # noqa: F401 (isa: a fixture)
+
+Q = gguf.GGMLQuantizationType
+pytestmark = pytest.mark.usefixtures("fast_ops_restored")
+needs_ggml = pytest.mark.skipif(not blocks.available(), reason=f"ggml: {blocks.describe()}")
+#: What the products serve: every type the store keeps as blocks, and the ones it re-lays.
+TYPES = sorted(t for t in BLOCK_TYPES | NATIVE_TYPES if t not in (Q.IQ2_XXS, Q.IQ2_XS, Q.IQ1_S, Q.IQ1_M))
+#: ggml's quantization of these needs an importance matrix: random blocks are made for them instead.
+IMATRIX = (Q.IQ2_XXS, Q.IQ2_XS, Q.IQ1_S, Q.IQ1_M)
+
+
+def blocks_of(qtype: Q, n: int, k: int, seed: int) -> tuple[mx.array, np.ndarray]:
+    """(N, row bytes) blocks of ``qtype`` from random weights, and gguf's dequantization of them."""
+    w = mx.array(np.random.default_rng(seed).normal(size=(n, k)).astype(np.float32) / k**0.5)
+    q = blocks.quantize(w, qtype)
+    return q, gguf.quants.dequantize(np.array(q), qtype).reshape(n, k).astype(np.float32)
+
+
+def bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """What rounding x to 8 bits per block can move x @ w.T: each value by half its block's step
+    (a block of 256 at most: its step is the largest), plus float32 sums."""
+    blocks_256 = np.abs(x).reshape(x.shape[0], -1, 256).max(axis=-1, keepdims=True)
+    step = np.broadcast_to(blocks_256 / 127, (x.shape[0], x.shape[1] // 256, 256)).reshape(x.shape)
+    return 0.51 * step @ np.abs(w).T + 1e-5 * np.abs(x) @ np.abs(w).T + 1e-6
+
+
+@needs_ggml
+def test_the_types_sizes_are_ggufs() -> None:
+    for qtype in TYPES:
+        values, size = gguf.GGML_QUANT_SIZES[qtype]
+        assert blocks.row_bytes(qtype, 4 * 256) == 4 * 256 // values * size, qtype.name
+        assert blocks.type_name(qtype).lower() == qtype.name.lower()
+
+
+@needs_ggml
+@pytest.mark.parametrize("qtype", TYPES + list(IMATRIX), ids=lambda t: t.name)
+def test_ggmls_dequantization_is_ggufs(qtype: Q) -> None:
+    if qtype in IMATRIX:
+        q = mx.array(np.random.default_rng(1).integers(0, 256, size=(3, gguf.GGML_QUANT_SIZES[qtype][1] * 2), dtype=np.uint8))
+        q[:, :2] = mx.array(np.array([0x00, 0x20], np.uint8))  # a small float16 scale first: finite values
+    else:
+        q, _ = blocks_of(qtype, 3, 512, seed=1)
+    want = gguf.quants.dequantize(np.array(q), qtype).reshape(3, 512)
+    assert np.array_equal(np.array(blocks.dequantize(q, qtype, 512)), want)
+
+
+@needs_ggml
+@ours
+@given(qtype=st.sampled_from(TYPES), rows=st.integers(1, 20), n=st.integers(1, 40), k_blocks=st.integers(1, 3),
+       bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_products_are_xs_times_the_dequantized_weights(isa, qtype, rows, n, k_blocks, bias, seed) -> None:
+    k = 256 * k_blocks
+    q, w = blocks_of(qtype, n, k, seed)
+    x = np.random.default_rng(seed + 1).normal(size=(rows, k)).astype(np.float32) * 2
+    b = mx.array(np.random.default_rng(seed + 2).normal(size=(n,)).astype(np.float32)) if bias else None
+    got = np.array(blocks.linear(mx.array(x), q, qtype, k, b))
+    want = x @ w.T + (np.array(b) if bias else 0)
+    assert (np.abs(got - want) <= bound(x, w)).all()
+    for r in range(rows):  # alone, the same bits as in the batch
+        assert np.array_equal(np.array(blocks.linear(mx.array(x[r:r + 1]), q, qtype, k, b)), got[r:r + 1])
+
+
+@needs_ggml
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16, mx.float16])
+def test_the_norm_residual_and_swiglu_are_the_float_products(dtype) -> None:
+    """Around ggml's rows, the kernels' own prologue and epilogues: the separate ops' bits."""
+    k, n = 512, 64
+    q, _ = blocks_of(Q.Q6_K, n, k, seed=3)
+    x = (mx.random.normal((2, 5, k)) * 2).astype(dtype)
+    r = mx.random.normal((2, 5, n)).astype(dtype)
+    norm = (1 + mx.random.normal((k,)) * 0.1).astype(dtype)
+    plain = blocks.linear(x, q, Q.Q6_K, k)
+    assert plain.dtype == dtype and plain.shape == (2, 5, n)
+    assert mx.array_equal(blocks.linear(x, q, Q.Q6_K, k, residual=r), r + plain)
+    normed = kernels.native.rms_norm(x, norm, 1e-5)
+    assert mx.array_equal(blocks.linear(x, q, Q.Q6_K, k, norm=norm, eps=1e-5), blocks.linear(normed, q, Q.Q6_K, k))
+    halves = blocks.linear(x, q, Q.Q6_K, k, swiglu=True)
+    gate, up = plain[..., : n // 2], plain[..., n // 2:]
+    assert halves.shape == (2, 5, n // 2)
+    assert np.allclose(np.array(halves.astype(mx.float32)), np.array((nn.silu(gate) * up).astype(mx.float32)),
+                       atol=2e-2 if dtype != mx.float32 else 1e-5)
+
+
+@needs_ggml
+@pytest.mark.parametrize("qtype", [Q.Q6_K, Q.Q5_K, Q.Q5_0, Q.IQ4_XS], ids=lambda t: t.name)
+def test_an_embeddings_rows_are_the_dequantized_rows(qtype: Q) -> None:
+    q, w = blocks_of(qtype, 50, 256, seed=4)
+    ids = mx.array([[3, 49, 0], [7, 7, 1]])
+    for dtype in (mx.float32, mx.bfloat16):
+        rows = blocks.take_rows(q, ids, qtype, 256, dtype)
+        assert rows.dtype == dtype and rows.shape == (2, 3, 256)
+        assert mx.array_equal(rows, mx.array(w[np.array(ids)]).astype(dtype))
+
+
+# -- models --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kquants(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The K-quant tiny model (K-quants and IQ4_XS in every matrix, a Q6_K head), as a GGUF."""
+    from tests.model.gguf_fixtures import llama_cpp_sources
+    from tests.model.gguf_tiny_models import CASES, write_tiny
+
+    path = tmp_path_factory.mktemp("kquants") / "m.gguf"
+    write_tiny(CASES["llama-kquants"], path, llama_cpp_sources() / "models")
+    return path
+
+
+def _imported(gguf_path: Path, out: Path, dtype: str) -> Path:
+    out.mkdir()
+    convert_gguf(gguf_path, out, dtype=dtype, progress=False)
+    return out
+
+
+IDS = mx.array([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14]])
+
+
+@needs_ggml
+def test_a_k_quant_gguf_keeps_its_blocks_and_the_kernels_read_them(kquants: Path, tmp_path: Path) -> None:
+    native = _imported(kquants, tmp_path / "native", "native")
+    floats = _imported(kquants, tmp_path / "f32", "float32")
+    config = json.loads((native / "config.json").read_text())
+    assert config["ggml_types"]["lm_head"] == Q.Q6_K
+    assert config["ggml_types"]["model.layers.1.mlp.down_proj"] == Q.IQ4_XS
+    stored = sum(p.stat().st_size for p in native.glob("*.safetensors"))
+    assert stored <= 1.02 * kquants.stat().st_size  # the GGUF's bytes, not widened
+    reference, _ = mlx_ggml.load_model(floats)
+    want = np.array(reference(IDS))
+    model, _ = mlx_ggml.load_model(native)
+    assert isinstance(model.lm_head, mlx_ggml.GgmlLinear) and model.lm_head["weight"].dtype == mx.uint8
+    line = mlx_kernels.install(model)
+    assert "2 of 2 decoder layers fused" in line and f"GGUF blocks read by ggml ({blocks.variant()})" in line
+    assert "3 Q6_K" in line and "2 IQ4_XS" in line
+    got = np.array(model(IDS))
+    assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9
+
+
+def test_without_ggml_the_blocks_are_widened_at_load(kquants: Path, tmp_path: Path, monkeypatch) -> None:
+    """A GPU, a sharded model or a machine without ggml: bfloat16 layers of the same values."""
+    native = _imported(kquants, tmp_path / "native", "native")
+    monkeypatch.setattr(blocks, "available", lambda: False)
+    model, _ = mlx_ggml.load_model(native)
+    assert type(model.lm_head) is nn.Linear and model.lm_head.weight.dtype == mx.bfloat16
+    assert not mlx_ggml.block_layers(model)
+    reference, _ = mlx_ggml.load_model(_imported(kquants, tmp_path / "f32", "float32"))
+    want = np.array(reference(IDS))
+    with kernels.mlx_own_ops():
+        got = np.array(model(IDS).astype(mx.float32))
+    assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()
+
+
+def test_ggml_is_built_where_the_kernels_are() -> None:
+    """``scripts/setup`` builds ggml beside the kernels (``scripts/build-ggml``): where the kernels
+    serve and ggml does not, the suite fails rather than widening every K-quant it tests."""
+    if kernels.available():
+        assert blocks.available(), blocks.describe()

@@ -1,0 +1,92 @@
+"""GGUF's block types read as they are stored (K-quants, Q5_0/Q5_1, Q6_K, IQ4...), through ggml's
+own CPU code (decision 0041).
+
+``scripts/build-ggml`` (run by ``scripts/setup``) builds the pinned ggml's CPU library once per
+instruction set the kernels choose from, into ``ggml/`` beside this file; the kernels open the
+one for the set in use.  A product here is one of the kernels' (``RowsMatmul``: the norm before
+it, the bias, residual or SwiGLU after it, the kernels' threads), with ggml's own row products in
+the middle: x rounded as llama.cpp rounds it for that type (Q8_K, Q8_0 or Q8_1), then ggml's
+``vec_dot`` for each output row, the same arithmetic as llama.cpp's products without its
+repacking.  Types are GGUF's numbers (``gguf.GGMLQuantizationType``).
+
+Optional: without ggml (not built, another platform) or on a GPU these types are widened at load
+(``model.mlx_ggml``) and ``describe()`` says why.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+
+from . import ops
+
+__all__ = ["GGML_DIR", "available", "dequantize", "describe", "linear", "quantize", "row_bytes", "serves", "take_rows",
+           "type_name", "variant"]
+
+#: Where ``scripts/build-ggml`` writes ggml's libraries.
+GGML_DIR = Path(__file__).with_name("ggml")
+
+
+def _open() -> str | None:
+    if ops.native is None:
+        return ops.describe()  # why the kernels are not here
+    return ops.native.ggml_open(str(GGML_DIR)) or None
+
+
+_why_not = _open()
+
+
+def available() -> bool:
+    """Whether ggml serves the instruction set the kernels use now."""
+    return _why_not is None and ops.native is not None and ops.native.ggml_ready()
+
+
+def variant() -> str:
+    """ggml's CPU variant in use (haswell, alderlake, icelake, x64...)."""
+    return ops.native.ggml_variant() if available() else ""
+
+
+def describe() -> str:
+    """One line for the startup report."""
+    if not available():
+        return f"GGUF block types widened at load (ggml: {_why_not or 'no variant for this instruction set'})"
+    return f"GGUF block types read by ggml ({variant()})"
+
+
+def row_bytes(ggml_type: int, k: int) -> int:
+    """Bytes of a row of ``k`` values of ``ggml_type``; 0 where ggml has no product for it here."""
+    return ops.native.ggml_row_bytes(int(ggml_type), k) if available() else 0
+
+
+def serves(ggml_type: int, k: int) -> bool:
+    """Whether products of ``ggml_type`` weights with rows of ``k`` values run here."""
+    return row_bytes(ggml_type, k) > 0
+
+
+def type_name(ggml_type: int) -> str:
+    return ops.native.ggml_type_name(int(ggml_type))
+
+
+def linear(x: mx.array, weight: mx.array, ggml_type: int, k: int, bias: mx.array | None = None, *,
+           residual: mx.array | None = None, swiglu: bool = False, norm: mx.array | None = None,
+           eps: float = 0.0) -> mx.array:
+    """``x @ dequantize(weight).T (+ bias)`` for ``weight`` (N, row bytes) uint8 in ``ggml_type``;
+    ``residual``, ``swiglu`` and ``norm`` as in ``ops.linear``: one op."""
+    return ops.native.rows_ggml_matmul(x, weight, int(ggml_type), k, bias, residual=residual, swiglu=swiglu,
+                                       norm=norm, eps=eps)
+
+
+def take_rows(table: mx.array, ids: mx.array, ggml_type: int, k: int, dtype: mx.Dtype) -> mx.array:
+    """Rows ``ids`` of ``table`` (V, row bytes) in ``ggml_type``, as ``dtype``: an embedding's lookup."""
+    return ops.native.ggml_take_rows(table, ids, int(ggml_type), k, dtype)
+
+
+def quantize(values: mx.array, ggml_type: int) -> mx.array:
+    """float (N, K) as (N, row bytes) uint8 blocks of ``ggml_type`` (ggml's own quantization)."""
+    return ops.native.ggml_quantize(values, int(ggml_type))
+
+
+def dequantize(blocks: mx.array, ggml_type: int, k: int) -> mx.array:
+    """(N, row bytes) blocks of ``ggml_type`` as float32 (N, k) (ggml's own dequantization)."""
+    return ops.native.ggml_dequantize(blocks, int(ggml_type), k)
