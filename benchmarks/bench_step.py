@@ -44,7 +44,7 @@ def child(path: Path, kernels: bool, context: int, steps: int, batch: int, isa: 
     import mlx.nn as nn
     from mlx_lm.models.cache import make_prompt_cache
 
-    from turbospark.model.mlx_ggml import load_model
+    from turbospark.model.mlx_ggml import GgmlLinear, K4Linear, load_model
     from turbospark.model.mlx_kernels import install
 
     if isa:
@@ -72,13 +72,14 @@ def child(path: Path, kernels: bool, context: int, steps: int, batch: int, isa: 
     with tempfile.TemporaryDirectory() as tmp:
         mx.export_to_dot(f"{tmp}/step.dot", mx.argmax(graph[:, -1], -1))
         ops = collections.Counter(re.findall(r'label ="([A-Za-z_]+)', Path(f"{tmp}/step.dot").read_text()))
-    linear = [m for _, m in model.named_modules() if isinstance(m, (nn.Linear, nn.QuantizedLinear))]
+    linear = [m for _, m in model.named_modules() if isinstance(m, (nn.Linear, nn.QuantizedLinear, GgmlLinear, K4Linear))]
     rows = {}
 
     def products() -> list:
         out = []
         for m in linear:
-            k = m.weight.shape[1] * 32 // m.bits if isinstance(m, nn.QuantizedLinear) else m.weight.shape[1]
+            k = (getattr(m, "in_features", 0) or m.weight.shape[1] * 32 // m.bits if isinstance(m, nn.QuantizedLinear)
+                 else getattr(m, "in_features", None) or m.weight.shape[1])
             x = rows.setdefault(k, mx.random.normal((batch, 1, k)))
             out.append(m(x))
         out.append(model.model.embed_tokens.as_linear(rows[model.args.hidden_size]))

@@ -7,9 +7,12 @@ decision 0041).
   (as llama.cpp's products do) can move it, on every instruction set the kernels choose from;
 - a row's result does not depend on the rows beside it; the norm, residual and SwiGLU around the
   product are the float products' own; an embedding's rows are the dequantized rows;
+- Q4_K packed for the kernels' own product (4.625 bits a weight) gives the bits of its float32
+  affine re-lay's packed product;
 - a model imported ``native`` keeps the GGUF's blocks (its stored size is the GGUF's), its layers
   read them (fused where the layer's other products are the kernels'), its logits are the float32
-  import's within that rounding; without ggml they are widened at load.
+  import's within that rounding; without ggml they are widened at load (Q4_K to MLX's affine
+  layout).
 """
 
 from __future__ import annotations
@@ -125,6 +128,30 @@ def test_an_embeddings_rows_are_the_dequantized_rows(qtype: Q) -> None:
         assert mx.array_equal(rows, mx.array(w[np.array(ids)]).astype(dtype))
 
 
+@needs_ggml
+@ours
+@given(rows=st.integers(1, 20), chunks=st.integers(1, 5), supers=st.integers(1, 3), bias=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_q4_k_packed_for_the_kernels_is_the_affine_products_bits(isa, rows, chunks, supers, bias, seed) -> None:
+    """Q4_K's super-blocks packed eight rows together (``pack_k4``, 4.625 bits a weight): the
+    kernels' product computes each 32's scale and bias from d, dmin, sc and m as the float32
+    re-lay does, so it gives the packed affine product's bits where the set reads them packed;
+    elsewhere each row is dequantized, within float32 rounding of x @ W.T."""
+    n, k = 8 * chunks, 256 * supers
+    q, w = blocks_of(Q.Q4_K, n, k, seed)
+    weight, fields = mlx_ggml.pack_k4(np.array(q))
+    assert weight.nbytes + fields.nbytes == n * k * 4.625 / 8
+    x = mx.array(np.random.default_rng(seed + 1).normal(size=(rows, k)).astype(np.float32))
+    b = mx.array(np.random.default_rng(seed + 2).normal(size=(n,)).astype(np.float32)) if bias else None
+    got = blocks.k4_linear(x, weight, fields, b)
+    if blocks.reads_k4():
+        affine = kernels.pack_quantized(*(mx.array(a) for a in mlx_ggml.q4_k_affine(np.array(q))), 32, 4)
+        assert mx.array_equal(got, kernels.quantized_linear(x, *affine, b, group_size=32, bits=4, packed=True))
+    else:
+        want = np.array(x) @ w.T + (np.array(b) if bias else 0)
+        assert np.allclose(np.array(got), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
 # -- models --------------------------------------------------------------------------------------
 
 
@@ -164,6 +191,11 @@ def test_a_k_quant_gguf_keeps_its_blocks_and_the_kernels_read_them(kquants: Path
     line = mlx_kernels.install(model)
     assert "2 of 2 decoder layers fused" in line and f"GGUF blocks read by ggml ({blocks.variant()})" in line
     assert "3 Q6_K" in line and "2 IQ4_XS" in line
+    if blocks.reads_k4():  # Q4_K packed for the kernels' own product; elsewhere ggml's
+        assert "2 Q4_K products packed for the kernels" in line
+        assert isinstance(model.model.layers[0].self_attn.q_proj, mlx_ggml.K4Linear)
+    else:
+        assert "2 Q4_K" in line and isinstance(model.model.layers[0].self_attn.q_proj, mlx_ggml.GgmlLinear)
     got = np.array(model(IDS))
     assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9
@@ -175,6 +207,9 @@ def test_without_ggml_the_blocks_are_widened_at_load(kquants: Path, tmp_path: Pa
     monkeypatch.setattr(blocks, "available", lambda: False)
     model, _ = mlx_ggml.load_model(native)
     assert type(model.lm_head) is nn.Linear and model.lm_head.weight.dtype == mx.bfloat16
+    q_proj = model.model.layers[0].self_attn.q_proj  # Q4_K: MLX's affine layout, as MLX's GPU reads it
+    assert type(q_proj) is nn.QuantizedLinear and (q_proj.bits, q_proj.group_size) == (4, 32)
+    assert q_proj.scales.dtype == mx.float32
     assert not mlx_ggml.block_layers(model)
     reference, _ = mlx_ggml.load_model(_imported(kquants, tmp_path / "f32", "float32"))
     want = np.array(reference(IDS))

@@ -365,11 +365,12 @@ def test_gemma_greedy_completion() -> None:
     assert tok.decode(out) == " the invention of the first computer in 1947."
 
 
-def test_native_keeps_q4_k_blocks_as_affine_4_bit_group_32_exactly() -> None:
-    """A Q4_K super-block's eight scales and minimums (6 bits each, packed in twelve bytes) become
-    float32 scales ``d * sc`` and biases ``-dmin * m`` per 32 values: MLX's dequantization of the
-    re-laid tensor is llama.cpp's (gguf's) of the GGUF's bytes, bit for bit."""
-    from turbospark.store.gguf_tensors import _repack_native
+def test_q4_k_blocks_become_affine_4_bit_group_32_exactly() -> None:
+    """Where the kernels do not read Q4_K packed (a GPU, no ggml), a Q4_K super-block's eight
+    scales and minimums (6 bits each, packed in twelve bytes) become float32 scales ``d * sc`` and
+    biases ``-dmin * m`` per 32 values at load: MLX's dequantization of the re-laid tensor is
+    llama.cpp's (gguf's) of the GGUF's bytes, bit for bit."""
+    from turbospark.model.mlx_ggml import q4_k_affine
 
     rng = np.random.default_rng(7)
     raw = rng.integers(0, 256, size=(6, 3 * 144), dtype=np.uint8)
@@ -377,7 +378,7 @@ def test_native_keeps_q4_k_blocks_as_affine_4_bit_group_32_exactly() -> None:
     for start in (0, 2):  # d and dmin: ordinary small float16 values
         blocks[..., start:start + 2] = np.float16(rng.uniform(1e-3, 1e-2, (6, 3))).view(np.uint8).reshape(6, 3, 2)
     want = gguf.quants.dequantize(raw, Q.Q4_K).reshape(6, 768)
-    weight, scales, biases = _repack_native(raw, Q.Q4_K)
+    weight, scales, biases = q4_k_affine(raw)
     assert weight.dtype == np.uint32 and weight.shape == (6, 96)
     assert scales.dtype == biases.dtype == np.float32 and scales.shape == (6, 24)
     got = mx.dequantize(mx.array(weight), mx.array(scales), mx.array(biases), group_size=32, bits=4)

@@ -21,8 +21,8 @@ import mlx.core as mx
 
 from . import ops
 
-__all__ = ["GGML_DIR", "available", "dequantize", "describe", "linear", "quantize", "row_bytes", "serves", "take_rows",
-           "type_name", "variant"]
+__all__ = ["GGML_DIR", "available", "dequantize", "describe", "k4_linear", "linear", "quantize", "reads_k4", "row_bytes",
+           "serves", "take_rows", "type_name", "variant"]
 
 #: Where ``scripts/build-ggml`` writes ggml's libraries.
 GGML_DIR = Path(__file__).with_name("ggml")
@@ -75,6 +75,22 @@ def linear(x: mx.array, weight: mx.array, ggml_type: int, k: int, bias: mx.array
     ``residual``, ``swiglu`` and ``norm`` as in ``ops.linear``: one op."""
     return ops.native.rows_ggml_matmul(x, weight, int(ggml_type), k, bias, residual=residual, swiglu=swiglu,
                                        norm=norm, eps=eps)
+
+
+def reads_k4() -> bool:
+    """Whether the kernels' instruction set in use reads Q4_K packed (``k4_linear``) as it is:
+    the sets with integer products, x in 8 bits."""
+    return ops.native is not None and ops.native.reads_k4()
+
+
+def k4_linear(x: mx.array, weight: mx.array, fields: mx.array, bias: mx.array | None = None, *,
+              residual: mx.array | None = None, swiglu: bool = False, norm: mx.array | None = None,
+              eps: float = 0.0) -> mx.array:
+    """``x @ W.T (+ bias)`` for W in Q4_K super-blocks packed eight rows together by the kernels
+    (``model.mlx_ggml.pack_k4``): the nibbles (N, K / 8) uint32 and each chunk's fields;
+    ``residual``, ``swiglu`` and ``norm`` as in ``ops.linear``.  Not ggml's: the kernels' own
+    packed product (decision 0041)."""
+    return ops.native.rows_k4_matmul(x, weight, fields, bias, residual=residual, swiglu=swiglu, norm=norm, eps=eps)
 
 
 def take_rows(table: mx.array, ids: mx.array, ggml_type: int, k: int, dtype: mx.Dtype) -> mx.array:

@@ -51,8 +51,9 @@ class _Weights:
         self.modules = modules
         self.quantized = isinstance(first, nn.QuantizedLinear)
         self.group_size, self.bits = getattr(first, "group_size", 0), getattr(first, "bits", 0)
-        self.names = [n for n in ("weight", "scales", "biases", "bias") if n in first]
-        self.weight = self.scales = self.biases = self.bias = None
+        self.names = [n for n in ("weight", "scales", "biases", "fields", "bias") if n in first]
+        self.weight = self.scales = self.biases = self.fields = self.bias = None
+        self.k4 = getattr(first, "k4", False)  # Q4_K packed (``mlx_ggml.K4Linear``)
         self.packed = getattr(first, "_turbospark_packed", False)  # each module's part is packed: so is the whole
         self.ggml_type = getattr(first, "ggml_type", None)  # GGUF blocks (``mlx_ggml.GgmlLinear``)
         self.in_features = getattr(first, "in_features", 0)
@@ -77,6 +78,9 @@ class _Weights:
         if norm is not None and norm.weight.dtype != x.dtype:  # not the prologue's case: the norm's own op
             x, norm = norm(x), None
         weight, eps = (norm.weight, norm.eps) if norm is not None else (None, 0.0)
+        if self.k4:
+            return blocks.k4_linear(x, self.weight, self.fields, self.bias, residual=residual, swiglu=swiglu_halves,
+                                    norm=weight, eps=eps)
         if self.ggml_type is not None:
             return blocks.linear(x, self.weight, self.ggml_type, self.in_features, self.bias, residual=residual,
                                  swiglu=swiglu_halves, norm=weight, eps=eps)
@@ -225,8 +229,8 @@ def _same_kind(modules: list[Any], ours: tuple[type, ...]) -> bool:
         return False
     if any(("bias" in m) != ("bias" in first) for m in modules):
         return False
-    if hasattr(first, "ggml_type"):
-        return all(m.ggml_type == first.ggml_type for m in modules)
+    if hasattr(first, "ggml_type") or hasattr(first, "k4"):
+        return all(getattr(m, "ggml_type", None) == getattr(first, "ggml_type", None) for m in modules)
     if isinstance(first, nn.QuantizedLinear):
         packed = getattr(first, "_turbospark_packed", False)
         return all(m.bits == first.bits and m.group_size == first.group_size and m["scales"].dtype == first["scales"].dtype

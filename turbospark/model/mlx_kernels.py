@@ -39,7 +39,7 @@ from mlx.utils import tree_flatten
 from ..kernels import blocks
 from ..kernels import ops as kernels
 from . import mlx_blocks
-from .mlx_ggml import GgmlEmbedding, GgmlLinear, block_layers
+from .mlx_ggml import GgmlEmbedding, GgmlLinear, K4Linear, block_layers
 
 __all__ = ["CPU_CACHE_BYTES", "Linear", "QuantizedLinear", "install", "installed", "serves"]
 
@@ -133,9 +133,9 @@ def install(model: nn.Module) -> str:
     ours = linear = 0
     head = False  # a tied output head (the embedding's as_linear) went to the kernels
     for _, module in model.named_modules():
-        if isinstance(module, (GgmlLinear, GgmlEmbedding)):  # GGUF blocks: the kernels' already
-            linear += isinstance(module, GgmlLinear)
-            ours += isinstance(module, GgmlLinear)
+        if isinstance(module, (GgmlLinear, GgmlEmbedding, K4Linear)):  # GGUF blocks: the kernels' already
+            linear += not isinstance(module, GgmlEmbedding)
+            ours += not isinstance(module, GgmlEmbedding)
             head = head or isinstance(module, GgmlEmbedding)
             continue
         cls = _OURS.get(type(module))
@@ -151,7 +151,7 @@ def install(model: nn.Module) -> str:
     for _, module in model.named_modules():
         if type(module) is QuantizedLinear or (tied and type(module) is _QuantizedEmbedding):
             _pack(module)
-    fused, layers = mlx_blocks.fuse(model, (Linear, QuantizedLinear, GgmlLinear))
+    fused, layers = mlx_blocks.fuse(model, (Linear, QuantizedLinear, GgmlLinear, K4Linear))
     packed = sum(getattr(m, "_turbospark_packed", False) for _, m in model.named_modules())
     huge = kernels.huge_pages([a for _, a in tree_flatten(model.parameters())])
     return (f"{kernels.describe()}: {ours} of {linear} linear layers" + (" and the tied output head" if tied else "")
@@ -167,8 +167,10 @@ def _blocks_line(model: nn.Module) -> str:
     counts = block_layers(model)
     if not counts:
         return ""
+    k4 = counts.pop("Q4_K packed", 0)
     each = ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
-    return f"; GGUF blocks read by ggml ({blocks.variant()}): {each}"
+    return ((f"; {k4} Q4_K products packed for the kernels" if k4 else "")
+            + (f"; GGUF blocks read by ggml ({blocks.variant()}): {each}" if each else ""))
 
 
 @contextmanager

@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 
 import attrs
+import gguf
 import mlx.core as mx
 from tqdm import tqdm
 
@@ -56,10 +57,11 @@ __all__ = [
 ]
 
 #: Accepted values of ``dtype``: plain float types; ``native`` keeps the GGUF's Q4_0/Q4_1/Q8_0
-#: tensors as MLX affine-quantized ones (group 32, lossless); ``q8``/``q4`` re-quantize with MLX
-#: (group 64).
+#: tensors as MLX affine-quantized ones (group 32, lossless) and its other block types as their
+#: blocks (``BLOCK_TYPES``); ``q8``/``q4`` re-quantize with MLX (group 64).
 DTYPES = ("float32", "float16", "bfloat16", "native", "q8", "q4")
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
+Q4_K = gguf.GGMLQuantizationType.Q4_K
 
 
 def default_dtype() -> str:
@@ -166,8 +168,9 @@ def convert_gguf(path: Path, out_dir: Path, *, dtype: str, progress: bool = True
 
     if blocks := {names[t.name].removesuffix(".weight"): int(t.tensor_type) for t in tensors if kept_as_blocks(t, dtype)}:
         config["ggml_types"] = blocks  # module -> GGUF type: read through ggml (``model.mlx_ggml``)
-    if dtype == "native" and any(t.tensor_type in NATIVE_TYPES and len(t.shape) == 2 for t in tensors):
-        # Per-layer bits are inferred from the packed shapes; group 32 is the GGUF block size.
+    if dtype == "native" and any(t.tensor_type in NATIVE_TYPES | {Q4_K} and len(t.shape) == 2 for t in tensors):
+        # Per-layer bits are inferred from the packed shapes; group 32 is the GGUF block size.  (Q4_K
+        # blocks become affine 4-bit at load where the kernels do not read them: ``mlx_ggml``.)
         config["quantization"] = {"group_size": 32, "bits": 4, "mode": "affine"}
     elif dtype in QUANT_BITS:
         config["quantization"] = {"group_size": QUANT_GROUP, "bits": QUANT_BITS[dtype], "mode": "affine"}

@@ -13,10 +13,10 @@
     text that looks right for a few tokens and then degenerates.
   - llama.cpp stores Gemma's RMSNorm weights as ``1 + w``; MLX's Gemma adds the 1 itself.
 
-  ``dtype`` then picks the stored form: float32/float16/bfloat16, ``native`` (Q4_0/Q4_1/Q8_0 and
-  Q4_K blocks re-laid losslessly as MLX affine quantization, the other block types kept as their
-  GGUF blocks for the kernels to read through ggml (decision 0041), float tensors as they are), or
-  ``q8``/``q4`` (MLX re-quantized).
+  ``dtype`` then picks the stored form: float32/float16/bfloat16, ``native`` (Q4_0/Q4_1/Q8_0
+  blocks re-laid losslessly as MLX affine quantization, the other block types kept as their GGUF
+  blocks, which ``model.mlx_ggml`` lays out at load for the kernels or ggml (decision 0041), float
+  tensors as they are), or ``q8``/``q4`` (MLX re-quantized).
 """
 
 from __future__ import annotations
@@ -51,14 +51,14 @@ __all__ = [
 
 _GQT = gguf.GGMLQuantizationType
 #: GGUF block types that map losslessly onto MLX affine quantization with group 32 (what mx.load
-#: supports, and Q4_K: a scale and a minimum per 32 values).
-NATIVE_TYPES = frozenset({_GQT.Q4_0, _GQT.Q4_1, _GQT.Q8_0, _GQT.Q4_K})
+#: supports): the store keeps them so.
+NATIVE_TYPES = frozenset({_GQT.Q4_0, _GQT.Q4_1, _GQT.Q8_0})
 _FLOAT_TYPES = {_GQT.F32, _GQT.F16, _GQT.BF16}
 #: GGUF block types ``native`` keeps as they are stored, (N, row bytes) uint8, listed in
 #: config.json's ``ggml_types``: the kernels read them through ggml, elsewhere they are widened at
 #: load (``model.mlx_ggml``).
 BLOCK_TYPES = frozenset({
-    _GQT.Q5_0, _GQT.Q5_1, _GQT.Q2_K, _GQT.Q3_K, _GQT.Q5_K, _GQT.Q6_K, _GQT.IQ4_NL, _GQT.IQ4_XS,
+    _GQT.Q4_K, _GQT.Q5_0, _GQT.Q5_1, _GQT.Q2_K, _GQT.Q3_K, _GQT.Q5_K, _GQT.Q6_K, _GQT.IQ4_NL, _GQT.IQ4_XS,
     _GQT.IQ3_XXS, _GQT.IQ3_S, _GQT.IQ2_XXS, _GQT.IQ2_XS, _GQT.IQ2_S, _GQT.IQ1_S, _GQT.IQ1_M,
 })
 QUANT_BITS = {"q8": 8, "q4": 4}
@@ -150,37 +150,12 @@ def _pack4(values: np.ndarray, rows: int) -> np.ndarray:
     return np.ascontiguousarray(values[..., 0::2] | (values[..., 1::2] << 4)).reshape(rows, -1).view(np.uint32)
 
 
-def _repack_q4_k(data: np.ndarray) -> list[np.ndarray]:
-    """Q4_K super-blocks as MLX affine 4-bit with group 32, losslessly.
-
-    A super-block holds 256 values: ``d`` and ``dmin`` (float16), twelve bytes packing eight 6-bit
-    scales ``sc`` and minimums ``m``, and 128 bytes of nibbles (each 32 bytes: a sub-block in the
-    low nibbles, the next in the high ones).  Value = d * sc * q - dmin * m: scale ``d * sc``, bias
-    ``-dmin * m``, kept as float32 (llama.cpp computes them in float32; float16 would round them).
-    """
-    rows = data.shape[0]
-    blocks = data.reshape(rows, -1, 144)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    dmin = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    s = blocks[..., 4:16]
-    sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 0x0F) | ((s[..., 0:4] >> 6) << 4)], axis=-1)
-    m = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], axis=-1)
-    scales = (d[..., None] * sc.astype(np.float32)).reshape(rows, -1)
-    biases = (-(dmin[..., None] * m.astype(np.float32))).reshape(rows, -1)
-    nibbles = blocks[..., 16:].reshape(rows, -1, 4, 1, 32)
-    values = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=3).reshape(rows, -1)
-    return [_pack4(values, rows), np.ascontiguousarray(scales), np.ascontiguousarray(biases)]
-
-
 def _repack_native(data: np.ndarray, qtype: gguf.GGMLQuantizationType) -> list[np.ndarray]:
-    """Re-lay GGUF Q4_0/Q4_1/Q8_0 blocks as MLX affine quantization (group 32), losslessly; Q4_K
-    through ``_repack_q4_k``.
+    """Re-lay GGUF Q4_0/Q4_1/Q8_0 blocks as MLX affine quantization (group 32), losslessly.
 
     Returns ``[weight (uint32), scales (float16), biases (float16)]`` with one row per tensor row, the
     layout ``mx.quantize`` produces: value = scale * q + bias, q unsigned, packed little-endian.
     """
-    if qtype == _GQT.Q4_K:
-        return _repack_q4_k(data)
     block_bytes = gguf.GGML_QUANT_SIZES[qtype][1]
     blocks = data.reshape(data.shape[0], -1, block_bytes)
     d = blocks[..., 0:2].copy().view(np.float16)[..., 0]

@@ -51,6 +51,17 @@ NB_MODULE(_native, m) {
       "x"_a, "w"_a, "type"_a, "k"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false,
       "norm"_a = nb::none(), "eps"_a = 0.0f,
       "x @ dequantize(w).T (+ bias) for weights (N, row bytes) in a GGUF block type, through ggml; then + residual, or swiglu.");
+  m.def(
+      "rows_k4_matmul",
+      [](const mlx::core::array& x, const mlx::core::array& w, const mlx::core::array& fields,
+         const std::optional<mlx::core::array>& bias, const std::optional<mlx::core::array>& residual, bool swiglu,
+         const std::optional<mlx::core::array>& norm, float eps) {
+        return tk::rows_k4_matmul(x, w, fields, bias, residual, swiglu, tk::Prologue{norm, eps});
+      },
+      "x"_a, "w"_a, "fields"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false,
+      "norm"_a = nb::none(), "eps"_a = 0.0f,
+      "x @ W.T (+ bias) for Q4_K super-blocks packed eight rows together (nibbles, fields); then + residual, or swiglu.");
+  m.def("reads_k4", &tk::reads_k4, "Whether the instruction set in use reads packed Q4_K as it is.");
   m.def("ggml_open", &tk::ggml_open, "dir"_a, "Open ggml's libraries in dir: '' where they serve, else why not.");
   m.def("ggml_ready", &tk::ggml_ready, "Whether ggml serves the instruction set in use.");
   m.def("ggml_variant", &tk::ggml_variant, "ggml's CPU variant for the instruction set in use.");

@@ -48,6 +48,14 @@ mx::array rows_quantized_matmul(const mx::array& x, const mx::array& w, const mx
 // rows_quantized_matmul(..., packed=true) reads them.  N must be a multiple of 8, K of 32.
 std::vector<mx::array> pack_quantized(const mx::array& w, const mx::array& scales, const mx::array& biases,
                                       int group_size, int bits);
+// x @ W.T (+ bias, + residual or swiglu, after the norm) for W in Q4_K super-blocks packed
+// eight rows together: w the nibbles as pack_quantized packs 4-bit weights (N, K / 8) uint32,
+// fields the chunks' K4Fields (rows_kernels.h) as uint8.  N a multiple of 8, K of 256.
+mx::array rows_k4_matmul(const mx::array& x, const mx::array& w, const mx::array& fields,
+                         const std::optional<mx::array>& bias, const std::optional<mx::array>& residual,
+                         bool swiglu, const Prologue& prologue, mx::StreamOrDevice s = {});
+// Whether the instruction set in use reads packed Q4_K directly (elsewhere: dequantized per row).
+bool reads_k4();
 // Whether the instruction set in use reads packed weights of `bits` directly (elsewhere they are
 // unpacked for every product: correct, and slower).
 bool reads_packed(int bits);

@@ -80,7 +80,22 @@ struct Isa {
   RowsFn rows_q8p;
   void (*quantize_packed)(const float* x, int R, int K, int G, bool pairs, int8_t* x8, float* d8, float* xsg,
                           int32_t* xs8);
+  // Q4_K super-blocks packed by pack_k4 (job.w the nibbles as rows_q4p reads them, job.scales
+  // the chunks' K4Fields) times x as quantize_packed rounds it with groups of 32; nullptr where
+  // the set cannot (then rows.cpp dequantizes them).
+  RowsFn rows_k4p = nullptr;
 };
+
+// A Q4_K super-block's fields for the eight rows of a packed chunk (pack_k4): each row's d and
+// dmin (float16) and its eight 32s' 6-bit scales and minimums, unpacked to bytes ([32][row]).
+// Value = d * sc * q - dmin * m, q the nibble.  4.625 bits a weight with the nibbles (GGUF: 4.5).
+struct K4Fields {
+  uint16_t d[8];
+  uint16_t dmin[8];
+  uint8_t sc[8][8];
+  uint8_t m[8][8];
+};
+static_assert(sizeof(K4Fields) == 160, "a chunk's super-block fields are 160 bytes");
 
 // MLX's affine 4- or 8-bit layout packed eight output rows together into the *_out buffers (the
 // same sizes), for rows_q4p and rows_q8p (N a multiple of 8, K of 32; S the bytes of a scale):
@@ -95,8 +110,8 @@ const Isa& isa_portable();
 const Isa& active_isa();
 #if defined(__x86_64__) || defined(_M_X64)
 const Isa& isa_avx2();
-// AVX2's set with another set's 8-bit products (rows_q8, rows_q4p, rows_q8p) under another name
-Isa avx2_with_rows_q8(const char* name, RowsFn rows_q8, RowsFn rows_q4p, RowsFn rows_q8p);
+// AVX2's set with another set's 8-bit products (rows_q8, rows_q4p, rows_q8p, rows_k4p) under another name
+Isa avx2_with_rows_q8(const char* name, RowsFn rows_q8, RowsFn rows_q4p, RowsFn rows_q8p, RowsFn rows_k4p);
 // AVX2's set with AVX-VNNI's 8-bit products, and whether this CPU really runs AVX-VNNI
 const Isa& isa_vnni();
 bool vnni_runs();

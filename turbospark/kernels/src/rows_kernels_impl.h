@@ -1026,6 +1026,59 @@ void rows_q4p(const RowsJob& job, int o0, int o1) {
 void rows_q8p(const RowsJob& job, int o0, int o1) {
   by_scale_type(job.stype, [&](auto s) { rows_packed_typed<8, decltype(s)>(job, o0, o1); });
 }
+
+// Q4_K super-blocks packed (rows_kernels.h, pack_k4): packed_block<4, RB, float> on the same
+// nibbles, each 32's scale d * sc and bias -dmin * m computed from the super-block's fields as
+// llama.cpp computes them (float32 products), so the same bits as the affine product of Q4_K
+// re-laid with float32 scales and biases (gguf_tensors._repack_q4_k).  x as quantize_packed
+// wrote it with groups of 32 (job.xsg: each 32's sum of x as rounded).
+template <int RB>
+inline void k4_block(const RowsJob& job, int o, int r) {
+  const int K = job.K, blocks = K / 32, supers = K / 256;
+  const __m256i* pw = reinterpret_cast<const __m256i*>(static_cast<const uint8_t*>(job.w) + size_t(o) * K / 2);
+  const auto* fields = static_cast<const K4Fields*>(job.scales) + size_t(o / 8) * supers;
+  const int8_t* x8 = job.x8 + size_t(r) * K;
+  const float* d32 = job.d8 + size_t(r) * blocks;
+  const float* xsg = job.xsg + size_t(r) * blocks;
+  const __m256i m4 = _mm256_set1_epi8(15);
+  __m256 acc[RB];
+  for (int j = 0; j < RB; ++j) acc[j] = _mm256_setzero_ps();
+  for (int sb = 0; sb < supers; ++sb) {
+    const K4Fields& f = fields[sb];
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f.d)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f.dmin)));
+    for (int b8 = 0; b8 < 8; ++b8) {
+      const int b = 8 * sb + b8;
+      __m256i sums[RB];
+      for (int j = 0; j < RB; ++j) sums[j] = _mm256_setzero_si256();
+      for (int u = 0; u < 4; ++u) {
+        const __m256i packed = _mm256_loadu_si256(pw + 4 * b + u);
+        const __m256i lo = _mm256_and_si256(packed, m4), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), m4);
+        for (int j = 0; j < RB; ++j) {
+          const int8_t* xj = x8 + size_t(j) * K + 32 * b + 8 * u;
+          sums[j] = dot_acc(sums[j], lo, broadcast4(xj), hi, broadcast4(xj + 4));
+        }
+      }
+      const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(f.sc[b8]))));
+      const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(f.m[b8]))));
+      const __m256 s = _mm256_mul_ps(d, sc), bias = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, m));
+      for (int j = 0; j < RB; ++j) {
+        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[j]), _mm256_mul_ps(s, _mm256_set1_ps(d32[size_t(j) * blocks + b])), acc[j]);
+        acc[j] = _mm256_fmadd_ps(bias, _mm256_set1_ps(xsg[size_t(j) * blocks + b]), acc[j]);
+      }
+    }
+  }
+  for (int j = 0; j < RB; ++j) _mm256_storeu_ps(job.y + size_t(r + j) * job.N + o, acc[j]);
+}
+
+void rows_k4p(const RowsJob& job, int o0, int o1) {
+  for (int o = o0; o < o1; o += 8) {
+    int r = 0;
+    for (; r + WIDE_RB <= job.R; r += WIDE_RB) k4_block<WIDE_RB>(job, o, r);
+    for (; r + 4 <= job.R; r += 4) k4_block<4>(job, o, r);
+    for (; r < job.R; ++r) k4_block<1>(job, o, r);
+  }
+}
 #endif
 
 } // namespace turbospark::kernels::ROWS_NS
