@@ -8,7 +8,7 @@ decision 0041).
 - a row's result does not depend on the rows beside it; the norm, residual and SwiGLU around the
   product are the float products' own; an embedding's rows are the dequantized rows;
 - Q4_K packed for the kernels' own product (4.625 bits a weight) gives the bits of its float32
-  affine re-lay's packed product;
+  affine re-lay's packed product; Q6_K packed (GGUF's 6.5625 bits) is within x's rounding;
 - a model imported ``native`` keeps the GGUF's blocks (its stored size is the GGUF's), its layers
   read them (fused where the layer's other products are the kernels'), its logits are the float32
   import's within that rounding; without ggml they are widened at load (Q4_K to MLX's affine
@@ -152,6 +152,29 @@ def test_q4_k_packed_for_the_kernels_is_the_affine_products_bits(isa, rows, chun
         assert np.allclose(np.array(got), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
+@needs_ggml
+@ours
+@given(rows=st.integers(1, 20), chunks=st.integers(1, 5), supers=st.integers(1, 3), bias=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_q6_k_packed_for_the_kernels_is_xs_times_the_dequantized_weights(isa, rows, chunks, supers, bias, seed) -> None:
+    """Q6_K packed eight rows together (``pack_k6``: the low nibbles, the high bits, each 16's
+    scale; GGUF's 6.5625 bits a weight): within x's rounding of x @ W.T, W dequantized by gguf;
+    a row alone the same bits as in the batch; an embedding's rows are gguf's rows."""
+    n, k = 8 * chunks, 256 * supers
+    q, w = blocks_of(Q.Q6_K, n, k, seed)
+    weight, highs, fields = mlx_ggml.pack_k6(np.array(q))
+    assert weight.nbytes + highs.nbytes + fields.nbytes == np.array(q).nbytes
+    x = np.random.default_rng(seed + 1).normal(size=(rows, k)).astype(np.float32)
+    b = mx.array(np.random.default_rng(seed + 2).normal(size=(n,)).astype(np.float32)) if bias else None
+    got = np.array(blocks.k6_linear(mx.array(x), weight, highs, fields, b))
+    want = x @ w.T + (np.array(b) if bias else 0)
+    assert (np.abs(got - want) <= bound(x, w)).all()
+    for r in range(rows):
+        assert np.array_equal(np.array(blocks.k6_linear(mx.array(x[r:r + 1]), weight, highs, fields, b)), got[r:r + 1])
+    ids = mx.array([[0, n - 1], [n // 2, 3 % n]])
+    assert mx.array_equal(blocks.k6_take_rows(weight, highs, fields, ids, mx.float32), mx.array(w[np.array(ids)]))
+
+
 # -- models --------------------------------------------------------------------------------------
 
 
@@ -187,27 +210,28 @@ def test_a_k_quant_gguf_keeps_its_blocks_and_the_kernels_read_them(kquants: Path
     reference, _ = mlx_ggml.load_model(floats)
     want = np.array(reference(IDS))
     model, _ = mlx_ggml.load_model(native)
-    assert isinstance(model.lm_head, mlx_ggml.GgmlLinear) and model.lm_head["weight"].dtype == mx.uint8
     line = mlx_kernels.install(model)
     assert "2 of 2 decoder layers fused" in line and f"GGUF blocks read by ggml ({blocks.variant()})" in line
-    assert "3 Q6_K" in line and "2 IQ4_XS" in line
-    if blocks.reads_k4():  # Q4_K packed for the kernels' own product; elsewhere ggml's
-        assert "2 Q4_K products packed for the kernels" in line
+    if blocks.reads_k4():  # Q4_K and Q6_K packed for the kernels' own products; elsewhere ggml's
+        assert "GGUF blocks packed for the kernels: 2 Q4_K, 3 Q6_K" in line
         assert isinstance(model.model.layers[0].self_attn.q_proj, mlx_ggml.K4Linear)
+        assert isinstance(model.lm_head, mlx_ggml.K6Linear)
     else:
-        assert "2 Q4_K" in line and isinstance(model.model.layers[0].self_attn.q_proj, mlx_ggml.GgmlLinear)
+        assert "2 Q4_K" in line and "3 Q6_K" in line
+        assert isinstance(model.model.layers[0].self_attn.q_proj, mlx_ggml.GgmlLinear)
+    assert "2 IQ4_XS" in line
     got = np.array(model(IDS))
     assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()
     assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9
 
 
-def test_without_ggml_the_blocks_are_widened_at_load(kquants: Path, tmp_path: Path, monkeypatch) -> None:
-    """A GPU, a sharded model or a machine without ggml: bfloat16 layers of the same values."""
+def test_where_the_kernels_do_not_serve_q4_k_is_affine_and_the_rest_widened(kquants: Path, tmp_path: Path) -> None:
+    """A sharded model (as on a GPU): Q4_K in MLX's affine 4-bit layout (what MLX's GPU reads),
+    the other block types bfloat16, of the same values."""
     native = _imported(kquants, tmp_path / "native", "native")
-    monkeypatch.setattr(blocks, "available", lambda: False)
-    model, _ = mlx_ggml.load_model(native)
+    model, _ = mlx_ggml.load_model(native, group=object())  # a sharded model's layers stay MLX's
     assert type(model.lm_head) is nn.Linear and model.lm_head.weight.dtype == mx.bfloat16
-    q_proj = model.model.layers[0].self_attn.q_proj  # Q4_K: MLX's affine layout, as MLX's GPU reads it
+    q_proj = model.model.layers[0].self_attn.q_proj
     assert type(q_proj) is nn.QuantizedLinear and (q_proj.bits, q_proj.group_size) == (4, 32)
     assert q_proj.scales.dtype == mx.float32
     assert not mlx_ggml.block_layers(model)
@@ -216,6 +240,18 @@ def test_without_ggml_the_blocks_are_widened_at_load(kquants: Path, tmp_path: Pa
     with kernels.mlx_own_ops():
         got = np.array(model(IDS).astype(mx.float32))
     assert np.abs(got - want).max() <= 0.05 * np.abs(want).max()
+
+
+def test_without_ggml_the_kernels_still_read_q4_k_and_q6_k(kquants: Path, tmp_path: Path, monkeypatch) -> None:
+    """ggml not built: the types the kernels pack themselves stay packed, the others are widened."""
+    native = _imported(kquants, tmp_path / "native", "native")
+    monkeypatch.setattr(blocks, "available", lambda: False)
+    model, _ = mlx_ggml.load_model(native)
+    down = model.model.layers[0].mlp.down_proj  # IQ4_XS: ggml's alone
+    assert type(down) is nn.Linear and down.weight.dtype == mx.bfloat16
+    if blocks.reads_k4():
+        assert isinstance(model.lm_head, mlx_ggml.K6Linear)
+        assert isinstance(model.model.layers[0].self_attn.q_proj, mlx_ggml.K4Linear)
 
 
 def test_ggml_is_built_where_the_kernels_are() -> None:

@@ -21,7 +21,7 @@ import mlx.core as mx
 
 from . import ops
 
-__all__ = ["GGML_DIR", "available", "dequantize", "describe", "k4_linear", "linear", "quantize", "reads_k4", "row_bytes",
+__all__ = ["GGML_DIR", "available", "dequantize", "describe", "k4_linear", "k6_linear", "k6_take_rows", "linear", "quantize", "reads_k4", "reads_k6", "row_bytes",
            "serves", "take_rows", "type_name", "variant"]
 
 #: Where ``scripts/build-ggml`` writes ggml's libraries.
@@ -80,7 +80,12 @@ def linear(x: mx.array, weight: mx.array, ggml_type: int, k: int, bias: mx.array
 def reads_k4() -> bool:
     """Whether the kernels' instruction set in use reads Q4_K packed (``k4_linear``) as it is:
     the sets with integer products, x in 8 bits."""
-    return ops.native is not None and ops.native.reads_k4()
+    return ops.native is not None and ops.native.reads_k(4)
+
+
+def reads_k6() -> bool:
+    """The same for Q6_K (``k6_linear``)."""
+    return ops.native is not None and ops.native.reads_k(6)
 
 
 def k4_linear(x: mx.array, weight: mx.array, fields: mx.array, bias: mx.array | None = None, *,
@@ -91,6 +96,20 @@ def k4_linear(x: mx.array, weight: mx.array, fields: mx.array, bias: mx.array | 
     ``residual``, ``swiglu`` and ``norm`` as in ``ops.linear``.  Not ggml's: the kernels' own
     packed product (decision 0041)."""
     return ops.native.rows_k4_matmul(x, weight, fields, bias, residual=residual, swiglu=swiglu, norm=norm, eps=eps)
+
+
+def k6_linear(x: mx.array, weight: mx.array, highs: mx.array, fields: mx.array, bias: mx.array | None = None, *,
+              residual: mx.array | None = None, swiglu: bool = False, norm: mx.array | None = None,
+              eps: float = 0.0) -> mx.array:
+    """``k4_linear`` for Q6_K packed by ``model.mlx_ggml.pack_k6``: the low nibbles (N, K / 8),
+    the high bits (N, K / 16) uint32 and each chunk's fields; 6.5625 bits a weight, GGUF's own."""
+    return ops.native.rows_k6_matmul(x, weight, highs, fields, bias, residual=residual, swiglu=swiglu, norm=norm,
+                                     eps=eps)
+
+
+def k6_take_rows(weight: mx.array, highs: mx.array, fields: mx.array, ids: mx.array, dtype: mx.Dtype) -> mx.array:
+    """Rows ``ids`` of Q6_K packed as ``k6_linear`` reads it, as ``dtype``: a tied embedding's lookup."""
+    return ops.native.k6_take_rows(weight, highs, fields, ids, dtype)
 
 
 def take_rows(table: mx.array, ids: mx.array, ggml_type: int, k: int, dtype: mx.Dtype) -> mx.array:

@@ -51,9 +51,10 @@ class _Weights:
         self.modules = modules
         self.quantized = isinstance(first, nn.QuantizedLinear)
         self.group_size, self.bits = getattr(first, "group_size", 0), getattr(first, "bits", 0)
-        self.names = [n for n in ("weight", "scales", "biases", "fields", "bias") if n in first]
-        self.weight = self.scales = self.biases = self.fields = self.bias = None
+        self.names = [n for n in ("weight", "scales", "biases", "highs", "fields", "bias") if n in first]
+        self.weight = self.scales = self.biases = self.highs = self.fields = self.bias = None
         self.k4 = getattr(first, "k4", False)  # Q4_K packed (``mlx_ggml.K4Linear``)
+        self.k6 = getattr(first, "k6", False)  # Q6_K packed (``mlx_ggml.K6Linear``)
         self.packed = getattr(first, "_turbospark_packed", False)  # each module's part is packed: so is the whole
         self.ggml_type = getattr(first, "ggml_type", None)  # GGUF blocks (``mlx_ggml.GgmlLinear``)
         self.in_features = getattr(first, "in_features", 0)
@@ -81,6 +82,9 @@ class _Weights:
         if self.k4:
             return blocks.k4_linear(x, self.weight, self.fields, self.bias, residual=residual, swiglu=swiglu_halves,
                                     norm=weight, eps=eps)
+        if self.k6:
+            return blocks.k6_linear(x, self.weight, self.highs, self.fields, self.bias, residual=residual,
+                                    swiglu=swiglu_halves, norm=weight, eps=eps)
         if self.ggml_type is not None:
             return blocks.linear(x, self.weight, self.ggml_type, self.in_features, self.bias, residual=residual,
                                  swiglu=swiglu_halves, norm=weight, eps=eps)
@@ -229,7 +233,7 @@ def _same_kind(modules: list[Any], ours: tuple[type, ...]) -> bool:
         return False
     if any(("bias" in m) != ("bias" in first) for m in modules):
         return False
-    if hasattr(first, "ggml_type") or hasattr(first, "k4"):
+    if hasattr(first, "ggml_type") or hasattr(first, "k4") or hasattr(first, "k6"):  # GGUF blocks (``mlx_ggml``)
         return all(getattr(m, "ggml_type", None) == getattr(first, "ggml_type", None) for m in modules)
     if isinstance(first, nn.QuantizedLinear):
         packed = getattr(first, "_turbospark_packed", False)

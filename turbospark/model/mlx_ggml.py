@@ -1,13 +1,19 @@
-"""A model directory's GGUF block tensors (K-quants, Q5, Q6_K...) as layers the kernels read as
-they are stored, or widened where they cannot (decision 0041).
+"""A model directory's GGUF block tensors (K-quants, Q5, Q6_K, IQ) as the layers that read them
+best where the model runs (decision 0041).
 
 The store keeps a GGUF tensor of a type MLX's affine layout cannot hold losslessly as its blocks
 (``weight``: (N, row bytes) uint8) and lists it in ``config.json``'s ``ggml_types``
 (module path -> GGUF type number).  ``load_model`` is mlx-lm's with one step added to the
-model's ``sanitize``: each such module becomes a ``GgmlLinear`` (or ``GgmlEmbedding``) whose
-products the kernels run through ggml (``kernels.blocks``), on the CPU with ggml built; anywhere
-else (a GPU, no ggml, a sharded model) its blocks are widened to bfloat16 by gguf's own
-dequantization, the form they had before.
+model's ``sanitize`` (``_place``); on the CPU (not sharded):
+
+- Q4_K and Q6_K are packed eight rows together for the kernels' own products (``K4Linear``,
+  ``K6Linear``, a tied head's ``K6Embedding``) where their instruction set reads them so;
+- any other type ggml multiplies becomes a ``GgmlLinear`` (or ``GgmlEmbedding``): ggml's row
+  products in the kernels' op (``kernels.blocks``).
+
+Anywhere else (a GPU, no kernels or ggml, a sharded model) Q4_K becomes MLX's affine 4-bit layout
+(float32 scales: lossless) and the rest is widened to bfloat16 by gguf's own dequantization: the
+forms the import stored before.
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ from mlx_lm.utils import load_model as mlx_lm_load_model
 from ..kernels import blocks
 from ..kernels import ops as kernels
 
-__all__ = ["GgmlEmbedding", "GgmlLinear", "K4Linear", "block_layers", "load_model", "pack_k4", "q4_k_affine", "q4_k_parts"]
+__all__ = ["GgmlEmbedding", "GgmlLinear", "K4Linear", "K6Embedding", "K6Linear", "block_layers", "load_model", "pack_k4", "pack_k6",
+           "q4_k_affine", "q4_k_parts", "q6_k_parts"]
 
 Q4_K = int(gguf.GGMLQuantizationType.Q4_K)
+Q6_K = int(gguf.GGMLQuantizationType.Q6_K)
 
 
 class GgmlLinear(nn.Module):
@@ -75,6 +83,82 @@ class K4Linear(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         return blocks.k4_linear(x, self["weight"], self["fields"], self.get("bias"))
+
+
+class K6Linear(nn.Module):
+    """``x @ W.T (+ bias)`` with W in Q6_K super-blocks packed eight rows together for the
+    kernels' own product (``pack_k6``): 6.5625 bits a weight, GGUF's own."""
+
+    def __init__(self, weight: mx.array, highs: mx.array, fields: mx.array, in_features: int,
+                 bias: mx.array | None = None) -> None:
+        super().__init__()
+        self.weight, self.highs, self.fields = weight, highs, fields
+        if bias is not None:
+            self.bias = bias
+        self.in_features = in_features
+        self.k6 = True
+        self._turbospark_packed = True
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return blocks.k6_linear(x, self["weight"], self["highs"], self["fields"], self.get("bias"))
+
+
+class K6Embedding(nn.Module):
+    """An embedding table in Q6_K packed for the kernels (a tied head, as llama-quantize writes
+    it): rows looked up as ``dtype``, ``as_linear`` the kernels' packed product."""
+
+    def __init__(self, weight: mx.array, highs: mx.array, fields: mx.array, dims: int,
+                 dtype: mx.Dtype = mx.float32) -> None:
+        super().__init__()
+        self.weight, self.highs, self.fields = weight, highs, fields
+        self.dims, self.dtype = dims, dtype
+        self._turbospark_packed = True
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        return blocks.k6_take_rows(self["weight"], self["highs"], self["fields"], ids, self.dtype)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return blocks.k6_linear(x, self["weight"], self["highs"], self["fields"])
+
+
+def q6_k_parts(data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q6_K rows ((N, K / 256 * 210) bytes) taken apart as gguf reads them: each value's q in
+    0..63 ((N, K) uint8), each 16's scale ((N, K / 16) int8) and ``d`` ((N, K / 256) float16).
+    Value = d * sc * (q - 32)."""
+    rows = data.shape[0]
+    b = np.ascontiguousarray(data).reshape(rows, -1, 210)
+    n = b.shape[1]
+    ql = b[..., :128].reshape(rows, n, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)
+    ql = (ql & 0x0F).reshape(rows, n, 2, 4, 32)
+    qh = b[..., 128:192].reshape(rows, n, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)
+    qh = (qh & 0x03).reshape(rows, n, 2, 4, 32)
+    q = (ql | (qh << 4)).reshape(rows, -1)
+    sc = b[..., 192:208].copy().view(np.int8).reshape(rows, -1)
+    d = b[..., 208:210].copy().view(np.float16)[..., 0]
+    return q, sc, d
+
+
+def pack_k6(data: np.ndarray) -> tuple[mx.array, mx.array, mx.array]:
+    """Q6_K rows packed eight rows together for ``blocks.k6_linear``: the low nibbles as
+    ``kernels.pack_quantized`` packs 4-bit weights; the high bits two words a 32 per row (for
+    dwords 2p and 2p + 1 of a 32, byte j holds the high bits of dword 2p's values 2j and 2j + 1 in
+    bits 0-3 and dword 2p + 1's in bits 4-7), eight rows side by side; per chunk and super-block
+    a ``K6Fields`` (the rows' d and their 16s' scales, [16][row]: 144 bytes)."""
+    q, sc, d = q6_k_parts(data)
+    n, k = q.shape
+    supers = d.shape[1]
+    low = q & 15
+    words = np.ascontiguousarray(low[:, 0::2] | (low[:, 1::2] << 4)).view(np.uint32)
+    zeros = mx.zeros((n, k // 32), mx.float16)
+    packed = kernels.pack_quantized(mx.array(words), zeros, zeros, 32, 4)[0]
+    h = (q >> 4).reshape(n, k // 32, 2, 2, 4, 2)  # [32][pair p][dword in pair][byte j][value 2j, 2j + 1]
+    byte = h[..., 0, :, 0] | h[..., 0, :, 1] << 2 | h[..., 1, :, 0] << 4 | h[..., 1, :, 1] << 6  # (n, 32s, p, j)
+    highs = np.ascontiguousarray(byte.astype(np.uint8)).view(np.uint32)[..., 0]  # (n, K / 32, 2)
+    highs = np.ascontiguousarray(highs.reshape(n // 8, 8, k // 32, 2).transpose(0, 2, 3, 1)).reshape(n, k // 16)
+    halves = np.ascontiguousarray(d.view(np.uint16).reshape(n // 8, 8, supers).transpose(0, 2, 1)).view(np.uint8)
+    scales = np.ascontiguousarray(sc.reshape(n // 8, 8, supers, 16).transpose(0, 2, 3, 1)).view(np.uint8)
+    fields = np.concatenate([halves.reshape(n // 8, supers, 16), scales.reshape(n // 8, supers, 128)], axis=-1)
+    return packed, mx.array(highs), mx.array(fields.reshape(-1))
 
 
 def q4_k_parts(data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -140,8 +224,11 @@ def _module_at(model: nn.Module, path: str) -> tuple[Any, str]:
     return parent, last
 
 
-def _place(model: nn.Module, weights: dict[str, mx.array], types: dict[str, int], native: bool) -> dict[str, mx.array]:
-    """Each module of ``types`` as a GGUF block layer (``native``) or its weight widened."""
+def _place(model: nn.Module, weights: dict[str, mx.array], types: dict[str, int], cpu: bool) -> dict[str, mx.array]:
+    """Each module of ``types`` as the layer that reads its blocks best here (``cpu``: the kernels
+    may serve it): Q4_K and Q6_K packed for the kernels' own products where their instruction set
+    reads them, else ggml's products where ggml is built; else Q4_K in MLX's affine layout and the
+    rest widened to bfloat16."""
     for path, ggml_type in types.items():
         name = f"{path}.weight"
         if name not in weights:  # dropped by the model's own sanitize (a tied head)
@@ -150,32 +237,30 @@ def _place(model: nn.Module, weights: dict[str, mx.array], types: dict[str, int]
         module = parent[int(last)] if isinstance(parent, list) else parent[last]
         linear = not isinstance(module, nn.Embedding)
         k, n = module.weight.shape[-1], module.weight.shape[0]
-        if ggml_type == Q4_K and linear and native and blocks.reads_k4() and n % 8 == 0:
+        if cpu and ggml_type == Q4_K and linear and blocks.reads_k4() and n % 8 == 0:
             packed, fields = pack_k4(np.asarray(weights[name]))
             weights.update({name: packed, f"{path}.fields": fields})
             new: nn.Module = K4Linear(packed, fields, k, weights.get(f"{path}.bias"))
-        elif ggml_type == Q4_K and linear and not native:  # MLX's affine layout: the quantize step takes it
+        elif cpu and ggml_type == Q6_K and blocks.reads_k6() and n % 8 == 0:
+            packed, highs, fields = pack_k6(np.asarray(weights[name]))
+            weights.update({name: packed, f"{path}.highs": highs, f"{path}.fields": fields})
+            new = (K6Linear(packed, highs, fields, k, weights.get(f"{path}.bias")) if linear
+                   else K6Embedding(packed, highs, fields, k))
+        elif cpu and blocks.serves(ggml_type, k):
+            new = (GgmlLinear(weights[name], ggml_type, k, weights.get(f"{path}.bias")) if linear
+                   else GgmlEmbedding(weights[name], ggml_type, k))
+        elif ggml_type == Q4_K and linear:  # MLX's affine layout: mlx-lm's quantize step takes it
             words, scales, biases = q4_k_affine(np.asarray(weights[name]))
             weights.update({name: mx.array(words), f"{path}.scales": mx.array(scales), f"{path}.biases": mx.array(biases)})
             continue
-        elif not native:
+        else:
             weights[name] = _widened(weights[name], ggml_type)
             continue
-        elif linear:
-            new = GgmlLinear(weights[name], ggml_type, k, weights.get(f"{path}.bias"))
-        else:
-            new = GgmlEmbedding(weights[name], ggml_type, k)
         if isinstance(parent, list):
             parent[int(last)] = new
         else:
             parent[last] = new
     return weights
-
-
-def _natively(types: dict[str, int], config: dict[str, Any], group: Any) -> bool:
-    if group is not None or mx.default_device().type != mx.cpu or not blocks.available():
-        return False
-    return all(blocks.serves(t, 256) for t in types.values())
 
 
 def load_model(path: Path, *, lazy: bool = False, group: Any = None) -> tuple[nn.Module, dict[str, Any]]:
@@ -185,7 +270,7 @@ def load_model(path: Path, *, lazy: bool = False, group: Any = None) -> tuple[nn
     types: dict[str, int] = config.get("ggml_types") or {}
     if not types:
         return mlx_lm_load_model(Path(path), lazy=lazy)
-    native = _natively(types, config, group)
+    cpu = group is None and mx.default_device().type == mx.cpu  # a sharded model's layers are MLX's
 
     def classes(config: dict[str, Any]) -> tuple[type, type]:
         model_class, args_class = _get_classes(config)
@@ -194,7 +279,7 @@ def load_model(path: Path, *, lazy: bool = False, group: Any = None) -> tuple[nn
             def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
                 if hasattr(model_class, "sanitize"):
                     weights = model_class.sanitize(self, weights)
-                return _place(self, weights, types, native)
+                return _place(self, weights, types, cpu)
 
         Model.__name__ = Model.__qualname__ = model_class.__name__
         Model.__module__ = model_class.__module__
@@ -204,11 +289,12 @@ def load_model(path: Path, *, lazy: bool = False, group: Any = None) -> tuple[nn
 
 
 def block_layers(model: nn.Module) -> dict[str, int]:
-    """Layers that read GGUF blocks through ggml, by type name, and those that read Q4_K packed
-    for the kernels (``"Q4_K packed"``): how many of each."""
+    """Layers that read GGUF blocks through ggml, by type name, and those that read Q4_K or Q6_K
+    packed for the kernels (``"Q4_K packed"``, ``"Q6_K packed"``): how many of each."""
     counts: dict[str, int] = {}
     for _, m in model.named_modules():
-        if isinstance(m, (GgmlLinear, GgmlEmbedding, K4Linear)):
-            name = "Q4_K packed" if isinstance(m, K4Linear) else gguf.GGMLQuantizationType(m.ggml_type).name
+        if isinstance(m, (GgmlLinear, GgmlEmbedding, K4Linear, K6Linear, K6Embedding)):
+            name = ("Q4_K packed" if isinstance(m, K4Linear) else "Q6_K packed" if isinstance(m, (K6Linear, K6Embedding))
+                    else gguf.GGMLQuantizationType(m.ggml_type).name)
             counts[name] = counts.get(name, 0) + 1
     return counts

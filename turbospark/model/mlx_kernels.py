@@ -39,7 +39,7 @@ from mlx.utils import tree_flatten
 from ..kernels import blocks
 from ..kernels import ops as kernels
 from . import mlx_blocks
-from .mlx_ggml import GgmlEmbedding, GgmlLinear, K4Linear, block_layers
+from .mlx_ggml import GgmlEmbedding, GgmlLinear, K4Linear, K6Embedding, K6Linear, block_layers
 
 __all__ = ["CPU_CACHE_BYTES", "Linear", "QuantizedLinear", "install", "installed", "serves"]
 
@@ -133,10 +133,11 @@ def install(model: nn.Module) -> str:
     ours = linear = 0
     head = False  # a tied output head (the embedding's as_linear) went to the kernels
     for _, module in model.named_modules():
-        if isinstance(module, (GgmlLinear, GgmlEmbedding, K4Linear)):  # GGUF blocks: the kernels' already
-            linear += not isinstance(module, GgmlEmbedding)
-            ours += not isinstance(module, GgmlEmbedding)
-            head = head or isinstance(module, GgmlEmbedding)
+        if isinstance(module, (GgmlLinear, GgmlEmbedding, K4Linear, K6Linear, K6Embedding)):  # GGUF blocks: ours already
+            table = isinstance(module, (GgmlEmbedding, K6Embedding))
+            linear += not table
+            ours += not table
+            head = head or table
             continue
         cls = _OURS.get(type(module))
         if cls is None:
@@ -151,7 +152,7 @@ def install(model: nn.Module) -> str:
     for _, module in model.named_modules():
         if type(module) is QuantizedLinear or (tied and type(module) is _QuantizedEmbedding):
             _pack(module)
-    fused, layers = mlx_blocks.fuse(model, (Linear, QuantizedLinear, GgmlLinear, K4Linear))
+    fused, layers = mlx_blocks.fuse(model, (Linear, QuantizedLinear, GgmlLinear, K4Linear, K6Linear))
     packed = sum(getattr(m, "_turbospark_packed", False) for _, m in model.named_modules())
     huge = kernels.huge_pages([a for _, a in tree_flatten(model.parameters())])
     return (f"{kernels.describe()}: {ours} of {linear} linear layers" + (" and the tied output head" if tied else "")
@@ -167,9 +168,9 @@ def _blocks_line(model: nn.Module) -> str:
     counts = block_layers(model)
     if not counts:
         return ""
-    k4 = counts.pop("Q4_K packed", 0)
+    packed = ", ".join(f"{counts.pop(f'{t} packed')} {t}" for t in ("Q4_K", "Q6_K") if f"{t} packed" in counts)
     each = ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
-    return ((f"; {k4} Q4_K products packed for the kernels" if k4 else "")
+    return ((f"; GGUF blocks packed for the kernels: {packed}" if packed else "")
             + (f"; GGUF blocks read by ggml ({blocks.variant()}): {each}" if each else ""))
 
 

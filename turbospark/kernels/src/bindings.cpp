@@ -61,7 +61,21 @@ NB_MODULE(_native, m) {
       "x"_a, "w"_a, "fields"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false,
       "norm"_a = nb::none(), "eps"_a = 0.0f,
       "x @ W.T (+ bias) for Q4_K super-blocks packed eight rows together (nibbles, fields); then + residual, or swiglu.");
-  m.def("reads_k4", &tk::reads_k4, "Whether the instruction set in use reads packed Q4_K as it is.");
+  m.def(
+      "rows_k6_matmul",
+      [](const mlx::core::array& x, const mlx::core::array& w, const mlx::core::array& highs,
+         const mlx::core::array& fields, const std::optional<mlx::core::array>& bias,
+         const std::optional<mlx::core::array>& residual, bool swiglu, const std::optional<mlx::core::array>& norm,
+         float eps) { return tk::rows_k6_matmul(x, w, highs, fields, bias, residual, swiglu, tk::Prologue{norm, eps}); },
+      "x"_a, "w"_a, "highs"_a, "fields"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false,
+      "norm"_a = nb::none(), "eps"_a = 0.0f,
+      "x @ W.T (+ bias) for Q6_K super-blocks packed eight rows together (nibbles, high bits, fields).");
+  m.def(
+      "k6_take_rows",
+      [](const mlx::core::array& w, const mlx::core::array& highs, const mlx::core::array& fields,
+         const mlx::core::array& ids, mlx::core::Dtype dtype) { return tk::k6_take_rows(w, highs, fields, ids, dtype); },
+      "w"_a, "highs"_a, "fields"_a, "ids"_a, "dtype"_a, "Rows ids of Q6_K weights packed for the kernels, as dtype.");
+  m.def("reads_k", &tk::reads_k, "bits"_a, "Whether the instruction set in use reads packed Q4_K (4) or Q6_K (6) as they are.");
   m.def("ggml_open", &tk::ggml_open, "dir"_a, "Open ggml's libraries in dir: '' where they serve, else why not.");
   m.def("ggml_ready", &tk::ggml_ready, "Whether ggml serves the instruction set in use.");
   m.def("ggml_variant", &tk::ggml_variant, "ggml's CPU variant for the instruction set in use.");

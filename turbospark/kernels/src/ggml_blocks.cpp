@@ -9,6 +9,7 @@
 #include "mlx/ops.h"
 #include "mlx/types/half_types.h"
 #include "enqueue.h"
+#include "kquants.h"
 #include "rows_kernels.h"
 #include "strided.h"
 
@@ -200,6 +201,65 @@ mx::array ggml_take_rows(const mx::array& table, const mx::array& ids, int type,
                    {t, mx::contiguous(mx::astype(ids, mx::int32, stream), false, stream)});
 }
 
+namespace {
+// one looked-up row (float32) into row i of out, in out's type
+void put_row(const float* row, int K, size_t i, mx::array& out) {
+  switch (out.dtype()) {
+    case mx::float32:
+      std::memcpy(out.data<float>() + i * K, row, sizeof(float) * K);
+      break;
+    case mx::bfloat16:
+      for (int k = 0; k < K; ++k) out.data<mx::bfloat16_t>()[i * K + k] = mx::bfloat16_t(row[k]);
+      break;
+    default:
+      for (int k = 0; k < K; ++k) out.data<mx::float16_t>()[i * K + k] = mx::float16_t(row[k]);
+  }
+}
+} // namespace
+
+mx::array k6_take_rows(const mx::array& w, const mx::array& highs, const mx::array& fields, const mx::array& ids,
+                       mx::Dtype dtype, mx::StreamOrDevice s) {
+  if (w.dtype() != mx::uint32 || w.ndim() != 2 || w.shape(0) % 8 != 0 || (w.shape(1) * 8) % 256 != 0)
+    throw std::invalid_argument("[k6_take_rows] w must be (N, K / 8) uint32");
+  const int N = w.shape(0), K = w.shape(1) * 8;
+  if (highs.dtype() != mx::uint32 || highs.shape() != mx::Shape{N, K / 16} || fields.dtype() != mx::uint8 ||
+      fields.size() != size_t(N / 8) * (K / 256) * sizeof(K6Fields))
+    throw std::invalid_argument("[k6_take_rows] highs and fields must be pack_k6's");
+  if (dtype != mx::float32 && dtype != mx::bfloat16 && dtype != mx::float16)
+    throw std::invalid_argument("[k6_take_rows] rows come as float32, bfloat16 or float16");
+  auto stream = mx::to_stream(s);
+  auto shape = ids.shape();
+  shape.push_back(K);
+  return mx::array(std::move(shape), dtype, std::make_shared<K6Rows>(stream, K),
+                   {mx::contiguous(w, false, stream), mx::contiguous(highs, false, stream),
+                    mx::contiguous(mx::flatten(fields, stream), false, stream),
+                    mx::contiguous(mx::astype(ids, mx::int32, stream), false, stream)});
+}
+
+void K6Rows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  enqueue(stream(), inputs, out, [K = K_](std::vector<mx::array>& in, mx::array& out) {
+    const int N = in[0].shape(0);
+    std::vector<float> row(K);
+    const int32_t* ids = in[3].data<int32_t>();
+    for (size_t i = 0; i < in[3].size(); ++i) {
+      if (ids[i] < 0 || ids[i] >= N) std::fill(row.begin(), row.end(), 0.0f);
+      else k6_row(in[0].data<uint32_t>(), in[1].data<uint32_t>(), reinterpret_cast<const K6Fields*>(in[2].data<uint8_t>()),
+                  K, ids[i], row.data());
+      put_row(row.data(), K, i, out);
+    }
+  });
+}
+
+void K6Rows::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[K6Rows] runs on the CPU only");
+}
+
+std::vector<mx::Shape> K6Rows::output_shapes(const std::vector<mx::array>& inputs) {
+  auto shape = inputs[3].shape();
+  shape.push_back(K_);
+  return {shape};
+}
+
 void GgmlRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   enqueue(stream(), inputs, out, [type = type_, K = K_](std::vector<mx::array>& in, mx::array& out) {
     const auto& table = in[0];
@@ -215,16 +275,7 @@ void GgmlRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
       } else {
         to_float(table.data<uint8_t>() + wrow * id, row.data(), K);
       }
-      switch (out.dtype()) {
-        case mx::float32:
-          std::memcpy(out.data<float>() + i * K, row.data(), sizeof(float) * K);
-          break;
-        case mx::bfloat16:
-          for (int k = 0; k < K; ++k) out.data<mx::bfloat16_t>()[i * K + k] = mx::bfloat16_t(row[k]);
-          break;
-        default:
-          for (int k = 0; k < K; ++k) out.data<mx::float16_t>()[i * K + k] = mx::float16_t(row[k]);
-      }
+      put_row(row.data(), K, i, out);
     }
   });
 }

@@ -50,6 +50,24 @@ mx::array ggml_take_rows(const mx::array& table, const mx::array& ids, int type,
 mx::array ggml_quantize(const mx::array& values, int type);
 mx::array ggml_dequantize(const mx::array& blocks, int type, int K);
 
+// Rows `ids` of Q6_K weights packed for the kernels (rows_k6_matmul's w, highs, fields), as
+// `dtype`: a tied embedding's lookup, its head read packed.
+mx::array k6_take_rows(const mx::array& w, const mx::array& highs, const mx::array& fields, const mx::array& ids,
+                       mx::Dtype dtype, mx::StreamOrDevice s = {});
+
+class K6Rows : public mx::UnaryPrimitive {
+ public:
+  K6Rows(mx::Stream stream, int K) : mx::UnaryPrimitive(stream), K_(K) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override;
+  const char* name() const override { return "TurbosparkK6Rows"; }
+  bool is_equivalent(const mx::Primitive& other) const override { return K_ == static_cast<const K6Rows&>(other).K_; }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+
+ private:
+  int K_;
+};
+
 class GgmlRows : public mx::UnaryPrimitive {
  public:
   GgmlRows(mx::Stream stream, int type, int K) : mx::UnaryPrimitive(stream), type_(type), K_(K) {}

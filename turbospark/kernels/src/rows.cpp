@@ -20,6 +20,7 @@
 #include "mlx/types/half_types.h"
 #include "enqueue.h"
 #include "ggml_blocks.h"
+#include "kquants.h"
 #include "norm.h"
 #include "pool.h"
 #include "round.h"
@@ -382,47 +383,23 @@ mx::array rows_k4_matmul(const mx::array& x, const mx::array& w, const mx::array
   return rows_op(x, {w, mx::flatten(fields)}, bias, N, K, 256, 4, residual, swiglu, prologue, true, s);
 }
 
-bool reads_k4() {
+mx::array rows_k6_matmul(const mx::array& x, const mx::array& w, const mx::array& highs, const mx::array& fields,
+                         const std::optional<mx::array>& bias, const std::optional<mx::array>& residual,
+                         bool swiglu, const Prologue& prologue, mx::StreamOrDevice s) {
+  if (w.dtype() != mx::uint32 || w.ndim() != 2 || w.shape(0) % 8 != 0 || (w.shape(1) * 8) % 256 != 0)
+    throw std::invalid_argument("[rows_k6_matmul] w must be (N, K / 8) uint32, N a multiple of 8 and K of 256");
+  const int N = w.shape(0), K = w.shape(1) * 8;
+  if (highs.dtype() != mx::uint32 || highs.shape() != mx::Shape{N, K / 16})
+    throw std::invalid_argument("[rows_k6_matmul] highs must be (N, K / 16) uint32");
+  if (fields.dtype() != mx::uint8 || fields.size() != size_t(N / 8) * (K / 256) * sizeof(K6Fields))
+    throw std::invalid_argument("[rows_k6_matmul] fields must be the chunks' K6Fields as uint8");
+  return rows_op(x, {w, mx::flatten(fields), highs}, bias, N, K, 256, 6, residual, swiglu, prologue, true, s);
+}
+
+bool reads_k(int bits) {
   const Isa* isa = current().load();
-  return isa->rows_k4p != nullptr && x_in_8_bits(*isa);
+  return (bits == 4 ? isa->rows_k4p : isa->rows_k6p) != nullptr && x_in_8_bits(*isa);
 }
-
-namespace {
-// IEEE half to float, exactly (subnormals included)
-float half_to_float(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu;
-  float v;
-  if (exp == 0) {
-    v = std::ldexp(float(mant), -24);
-  } else if (exp == 31) {
-    v = mant ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
-  } else {
-    uint32_t bits = ((exp + 112) << 23) | (mant << 13);
-    std::memcpy(&v, &bits, sizeof v);
-  }
-  uint32_t out;
-  std::memcpy(&out, &v, sizeof out);
-  out |= sign;
-  std::memcpy(&v, &out, sizeof v);
-  return v;
-}
-
-// Row o of packed Q4_K weights as float32 (where the set cannot read them packed): the value
-// d * sc * q - dmin * m, with the packed kernel's float32 products.
-void k4_row(const uint32_t* w, const K4Fields* fields, int K, int o, float* out) {
-  const uint32_t* chunk = w + size_t(o / 8) * K;  // 8 rows x K / 8 words
-  const int lane = o % 8, supers = K / 256;
-  for (int b = 0; b < K / 32; ++b) {
-    const K4Fields& f = fields[size_t(o / 8) * supers + b / 8];
-    const float d = half_to_float(f.d[lane]), dmin = half_to_float(f.dmin[lane]);
-    const float scale = d * float(f.sc[b % 8][lane]), bias = -(dmin * float(f.m[b % 8][lane]));
-    for (int u = 0; u < 4; ++u) {
-      const uint32_t word = chunk[size_t(4 * b + u) * 8 + lane];
-      for (int n = 0; n < 8; ++n) out[32 * b + 8 * u + n] = scale * float((word >> (4 * n)) & 15u) + bias;
-    }
-  }
-}
-} // namespace
 
 namespace {
 // an array of a's shape and type in a buffer of its own (not MLX's allocator's: freed with the
@@ -521,8 +498,8 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
       y = yf.data();
     }
     // packed Q4_K super-blocks (rows_k4_matmul): their 32s' scales and biases meet x's 32s
-    const bool k4 = packed && bits == 4 && group == 256;
-    const int x_group = k4 ? 32 : group;
+    const bool k4 = packed && bits == 4 && group == 256, k6 = packed && bits == 6;
+    const int x_group = k4 || k6 ? 32 : group;
     RowsJob job{xf.data(), R, K, N, WeightType::F32, in[1].data<void>(), nullptr, nullptr, ScaleType::F32, x_group, y};
     size_t weight_bytes = in[1].nbytes();
     auto& team = pool();
@@ -543,17 +520,18 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
       job.wtype = bits == 4 ? WeightType::Affine4 : WeightType::Affine8;
       job.scales = in[2].data<void>();
       job.biases = k4 ? nullptr : in[3].data<void>();
-      job.stype = k4 ? ScaleType::F32 : scale_type(in[2].dtype());
+      job.stype = k4 || k6 ? ScaleType::F32 : scale_type(in[2].dtype());
     }
     const Isa* isa = current().load();
-    if (k4 && !(isa->rows_k4p != nullptr && K % 64 == 0 && x_in_8_bits(*isa))) {
-      // packed Q4_K where the set cannot read it so: each weight row dequantized, times x in float32
+    if ((k4 || k6) && !reads_k(bits)) {
+      // packed K-quants where the set cannot read them so: each weight row dequantized, times x in float32
       const int parts = weight_bytes < kParallelBytes ? 1 : team.size();
       const int chunks = parts == 1 ? 1 : std::min(N / 8, 8 * parts);
       team.run([&](int c) {
         std::vector<float> row(K);
         for (int o = 8 * (N / 8 * c / chunks); o < 8 * (N / 8 * (c + 1) / chunks); ++o) {
-          k4_row(in[1].data<uint32_t>(), static_cast<const K4Fields*>(job.scales), K, o, row.data());
+          if (k4) k4_row(in[1].data<uint32_t>(), static_cast<const K4Fields*>(job.scales), K, o, row.data());
+          else k6_row(in[1].data<uint32_t>(), in[3].data<uint32_t>(), static_cast<const K6Fields*>(job.scales), K, o, row.data());
           for (int r = 0; r < R; ++r) {
             const float* xr = xf.data() + size_t(r) * K;
             float sum = 0.0f;
@@ -573,7 +551,7 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
       const bool x8_path = bits != 0 && K % 64 == 0 && x_in_8_bits(*isa);
       // Packed weights: read as they are where the set can (rows_q4p, rows_q8p), else unpacked into
       // MLX's layout for this product (TURBOSPARK_KERNELS_EXACT, a set without integer products).
-      const RowsFn packed_rows = k4 ? isa->rows_k4p : bits == 4 ? isa->rows_q4p : isa->rows_q8p;
+      const RowsFn packed_rows = k4 ? isa->rows_k4p : k6 ? isa->rows_k6p : bits == 4 ? isa->rows_q4p : isa->rows_q8p;
       const bool packed_path = packed && x8_path && packed_rows != nullptr;
       std::vector<uint8_t> unpacked;
       if (packed && !packed_path) {
@@ -589,9 +567,15 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
         x8.resize(size_t(R) * K);
         d8.resize(size_t(R) * K / 32);
         xsg.resize(size_t(R) * (K / x_group));
-        xs8.resize(bits == 8 ? size_t(R) * K / 32 : 0);
-        isa->quantize_packed(xf.data(), R, K, x_group, bits == 4, x8.data(), d8.data(), xsg.data(),
+        xs8.resize(bits == 8 ? size_t(R) * K / 32 : k6 ? size_t(R) * K / 16 : 0);
+        isa->quantize_packed(xf.data(), R, K, x_group, bits != 8, x8.data(), d8.data(), xsg.data(),
                              bits == 8 ? xs8.data() : nullptr);
+        if (k6)  // each 16's sum of x8 (its 16 values are the 32's first or second half, in any order)
+          for (size_t i = 0; i < size_t(R) * K / 16; ++i) {
+            int32_t sum = 0;
+            for (int v = 0; v < 16; ++v) sum += x8.data()[16 * i + v];
+            xs8.data()[i] = sum;
+          }
         job.x8 = x8.data();
         job.d8 = d8.data();
         job.xsg = xsg.data();

@@ -54,8 +54,14 @@ std::vector<mx::array> pack_quantized(const mx::array& w, const mx::array& scale
 mx::array rows_k4_matmul(const mx::array& x, const mx::array& w, const mx::array& fields,
                          const std::optional<mx::array>& bias, const std::optional<mx::array>& residual,
                          bool swiglu, const Prologue& prologue, mx::StreamOrDevice s = {});
-// Whether the instruction set in use reads packed Q4_K directly (elsewhere: dequantized per row).
-bool reads_k4();
+// The same for Q6_K super-blocks packed eight rows together: w the low nibbles (N, K / 8) uint32,
+// highs their high bits (N, K / 16) uint32, fields the chunks' K6Fields as uint8.
+mx::array rows_k6_matmul(const mx::array& x, const mx::array& w, const mx::array& highs, const mx::array& fields,
+                         const std::optional<mx::array>& bias, const std::optional<mx::array>& residual,
+                         bool swiglu, const Prologue& prologue, mx::StreamOrDevice s = {});
+// Whether the instruction set in use reads packed Q4_K (bits 4) or Q6_K (bits 6) directly
+// (elsewhere: dequantized per row).
+bool reads_k(int bits);
 // Whether the instruction set in use reads packed weights of `bits` directly (elsewhere they are
 // unpacked for every product: correct, and slower).
 bool reads_packed(int bits);

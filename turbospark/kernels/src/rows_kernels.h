@@ -84,7 +84,19 @@ struct Isa {
   // the chunks' K4Fields) times x as quantize_packed rounds it with groups of 32; nullptr where
   // the set cannot (then rows.cpp dequantizes them).
   RowsFn rows_k4p = nullptr;
+  // Q6_K super-blocks packed by pack_k6 (job.w the low nibbles, job.biases the high bits,
+  // job.scales the chunks' K6Fields, job.xs8 each 16's sum of x8); nullptr where the set cannot.
+  RowsFn rows_k6p = nullptr;
 };
+
+// A Q6_K super-block's fields for the eight rows of a packed chunk (pack_k6): each row's d
+// (float16) and its sixteen 16s' int8 scales ([16][row]).  Value = d * sc * (q - 32), q in
+// 0..63.  With the nibbles and the high bits, 6.5625 bits a weight: GGUF's own.
+struct K6Fields {
+  uint16_t d[8];
+  int8_t sc[16][8];
+};
+static_assert(sizeof(K6Fields) == 144, "a chunk's super-block fields are 144 bytes");
 
 // A Q4_K super-block's fields for the eight rows of a packed chunk (pack_k4): each row's d and
 // dmin (float16) and its eight 32s' 6-bit scales and minimums, unpacked to bytes ([32][row]).
@@ -110,8 +122,9 @@ const Isa& isa_portable();
 const Isa& active_isa();
 #if defined(__x86_64__) || defined(_M_X64)
 const Isa& isa_avx2();
-// AVX2's set with another set's 8-bit products (rows_q8, rows_q4p, rows_q8p, rows_k4p) under another name
-Isa avx2_with_rows_q8(const char* name, RowsFn rows_q8, RowsFn rows_q4p, RowsFn rows_q8p, RowsFn rows_k4p);
+// AVX2's set with another set's 8-bit products (rows_q8, rows_q4p, rows_q8p, rows_k4p, rows_k6p) under another name
+Isa avx2_with_rows_q8(const char* name, RowsFn rows_q8, RowsFn rows_q4p, RowsFn rows_q8p, RowsFn rows_k4p,
+                      RowsFn rows_k6p);
 // AVX2's set with AVX-VNNI's 8-bit products, and whether this CPU really runs AVX-VNNI
 const Isa& isa_vnni();
 bool vnni_runs();

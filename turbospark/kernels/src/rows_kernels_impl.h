@@ -1071,6 +1071,68 @@ inline void k4_block(const RowsJob& job, int o, int r) {
   for (int j = 0; j < RB; ++j) _mm256_storeu_ps(job.y + size_t(r + j) * job.N + o, acc[j]);
 }
 
+// Q6_K super-blocks packed (rows_kernels.h, K6Fields): each 32's low nibbles as the 4-bit
+// packed weights hold them (job.w), their high two bits two words a 32 (job.biases: for the
+// dwords 2p and 2p + 1, byte j holds the high bits of the dword 2p's values 2j and 2j + 1 in
+// bits 0-3 and the dword 2p + 1's in bits 4-7), and per super-block d and the 16s' int8
+// scales (job.scales).  q = low | high << 4 in 0..63 meets x's bytes in each 16's integer
+// sum, less 32 times x's sum there (job.xs8: each 16's sum of x8), times d * sc and x's scale.
+template <int RB>
+inline void k6_block(const RowsJob& job, int o, int r) {
+  const int K = job.K, blocks = K / 32, supers = K / 256;
+  const __m256i* pw = reinterpret_cast<const __m256i*>(static_cast<const uint8_t*>(job.w) + size_t(o) * K / 2);
+  const __m256i* ph = reinterpret_cast<const __m256i*>(static_cast<const uint8_t*>(job.biases) + size_t(o) * K / 4);
+  const auto* fields = static_cast<const K6Fields*>(job.scales) + size_t(o / 8) * supers;
+  const int8_t* x8 = job.x8 + size_t(r) * K;
+  const float* d32 = job.d8 + size_t(r) * blocks;
+  const int32_t* xs16 = job.xs8 + size_t(r) * (K / 16);
+  const __m256i m4 = _mm256_set1_epi8(15), m30 = _mm256_set1_epi8(0x30);
+  __m256 acc[RB];
+  for (int j = 0; j < RB; ++j) acc[j] = _mm256_setzero_ps();
+  for (int sb = 0; sb < supers; ++sb) {
+    const K6Fields& f = fields[sb];
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f.d)));
+    for (int b8 = 0; b8 < 8; ++b8) {
+      const int b = 8 * sb + b8;
+      __m256i sums[2][RB];
+      for (int p = 0; p < 2; ++p) {
+        for (int j = 0; j < RB; ++j) sums[p][j] = _mm256_setzero_si256();
+        const __m256i h = _mm256_loadu_si256(ph + 2 * b + p);
+        for (int uu = 0; uu < 2; ++uu) {
+          const int u = 2 * p + uu;
+          const __m256i packed = _mm256_loadu_si256(pw + 4 * b + u);
+          const __m256i he = uu == 0 ? _mm256_and_si256(_mm256_slli_epi16(h, 4), m30) : _mm256_and_si256(h, m30);
+          const __m256i ho = uu == 0 ? _mm256_and_si256(_mm256_slli_epi16(h, 2), m30)
+                                     : _mm256_and_si256(_mm256_srli_epi16(h, 2), m30);
+          const __m256i qe = _mm256_or_si256(_mm256_and_si256(packed, m4), he);
+          const __m256i qo = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), m4), ho);
+          for (int j = 0; j < RB; ++j) {
+            const int8_t* xj = x8 + size_t(j) * K + 32 * b + 8 * u;
+            sums[p][j] = dot_acc(sums[p][j], qe, broadcast4(xj), qo, broadcast4(xj + 4));
+          }
+        }
+      }
+      for (int p = 0; p < 2; ++p) {
+        const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(f.sc[2 * b8 + p]))));
+        const __m256 s = _mm256_mul_ps(d, sc);
+        for (int j = 0; j < RB; ++j) {
+          const __m256i centred = _mm256_sub_epi32(sums[p][j], _mm256_set1_epi32(32 * xs16[size_t(j) * (K / 16) + 2 * b + p]));
+          acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(centred), _mm256_mul_ps(s, _mm256_set1_ps(d32[size_t(j) * blocks + b])), acc[j]);
+        }
+      }
+    }
+  }
+  for (int j = 0; j < RB; ++j) _mm256_storeu_ps(job.y + size_t(r + j) * job.N + o, acc[j]);
+}
+
+void rows_k6p(const RowsJob& job, int o0, int o1) {
+  for (int o = o0; o < o1; o += 8) {
+    int r = 0;
+    for (; r + 4 <= job.R; r += 4) k6_block<4>(job, o, r);
+    for (; r < job.R; ++r) k6_block<1>(job, o, r);
+  }
+}
+
 void rows_k4p(const RowsJob& job, int o0, int o1) {
   for (int o = o0; o < o1; o += 8) {
     int r = 0;
