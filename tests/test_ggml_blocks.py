@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from turbospark.kernels import blocks
 from turbospark.kernels import ops as kernels
 from turbospark.model import mlx_ggml, mlx_kernels
+from turbospark.store.card import count_parameters
 from turbospark.store.gguf_import import convert_gguf
 from turbospark.store.gguf_tensors import BLOCK_TYPES, NATIVE_TYPES
 
@@ -207,6 +208,10 @@ def test_a_k_quant_gguf_keeps_its_blocks_and_the_kernels_read_them(kquants: Path
     assert config["ggml_types"]["model.layers.1.mlp.down_proj"] == Q.IQ4_XS
     stored = sum(p.stat().st_size for p in native.glob("*.safetensors"))
     assert stored <= 1.02 * kquants.stat().st_size  # the GGUF's bytes, not widened
+    params, by_type = count_parameters(sorted(native.glob("*.safetensors")), config.get("quantization"),
+                                       config["ggml_types"])  # what /api/show reports
+    assert params == count_parameters(sorted(floats.glob("*.safetensors")), None)[0]
+    assert by_type["Q6_K"] == 2 * 256 * 128 + 32000 * 256 and by_type["IQ4_XS"] == 2 * 512 * 256
     reference, _ = mlx_ggml.load_model(floats)
     want = np.array(reference(IDS))
     model, _ = mlx_ggml.load_model(native)

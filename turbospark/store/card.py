@@ -31,6 +31,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import gguf
+
 from ..actors.lifecycle import ModelCard
 from .directory import StoredModel
 
@@ -117,9 +119,18 @@ def _bits(quantization: dict[str, Any], module: str) -> int:
     return bits if isinstance(bits, int) and bits > 0 else 4
 
 
-def count_parameters(weights: list[Path], quantization: dict[str, Any] | None) -> tuple[int, Counter[str]]:
+def _group(quantization: dict[str, Any], module: str) -> int:
+    """The group size of ``module``'s quantization (its own entry, else the block's); 0 if unknown."""
+    own = quantization.get(module)
+    group = own.get("group_size") if isinstance(own, dict) else quantization.get("group_size")
+    return group if isinstance(group, int) and group > 0 else 0
+
+
+def count_parameters(weights: list[Path], quantization: dict[str, Any] | None,
+                     blocks: dict[str, int] | None = None) -> tuple[int, Counter[str]]:
     """The exact parameter count of ``weights`` (from their headers), and how many parameters
-    are stored in each dtype (``Q`` for quantized ones)."""
+    are stored in each dtype (``Q`` for MLX-quantized ones, a GGUF type's name for the GGUF
+    blocks ``config.json``'s ``ggml_types`` lists: ``blocks``)."""
     count = 0
     stored: Counter[str] = Counter()
     for path in weights:
@@ -131,8 +142,17 @@ def count_parameters(weights: list[Path], quantization: dict[str, Any] | None) -
             base, _, leaf = name.rpartition(".")
             if leaf in ("scales", "biases") and f"{base}.weight" in header and f"{base}.scales" in header:
                 continue  # a quantized weight's companions
-            if tensor["dtype"] == "U32" and f"{base}.scales" in header:
-                n = n * 32 // _bits(quantization or {}, base)
+            if leaf == "weight" and tensor["dtype"] == "U8" and base in (blocks or {}):  # GGUF blocks
+                kind = gguf.GGMLQuantizationType(blocks[base])
+                values, size = gguf.GGML_QUANT_SIZES[kind]
+                n = n // size * values
+                stored[kind.name] += n
+            elif tensor["dtype"] == "U32" and f"{base}.scales" in header:
+                group = _group(quantization or {}, base)
+                if group:  # from the scales' shape: a layer's bits may differ from the block's (Q8_0 beside Q4_0)
+                    n = n // tensor["shape"][-1] * header[f"{base}.scales"]["shape"][-1] * group
+                else:
+                    n = n * 32 // _bits(quantization or {}, base)
                 stored["Q"] += n
             else:
                 stored[tensor["dtype"]] += n
@@ -141,6 +161,8 @@ def count_parameters(weights: list[Path], quantization: dict[str, Any] | None) -
 
 
 def _quantization_level(config: dict[str, Any], stored: Counter[str], manifest: dict[str, Any]) -> str:
+    if isinstance(config.get("gguf_file_type"), str) and (config.get("ggml_types") or config.get("quantization")):
+        return config["gguf_file_type"]  # the GGUF's own (Q4_K_M...), its blocks kept
     block = config.get("quantization") or (config.get("text_config") or {}).get("quantization")
     if isinstance(block, dict) and stored.get("Q", 0) >= sum(stored.values()) / 2:
         mode = str(block.get("mode") or "affine")
@@ -190,7 +212,7 @@ def card_for(stored: StoredModel) -> ModelCard:
     # an image pipeline's parameters are every component's; a vision model's its tower's too
     weights = (weights_of(path) + sorted(path.glob("vision/*.safetensors"))) if stored.kind != "text-to-image" \
         else sorted(path.glob("*/*.safetensors"))
-    params, stored_as = count_parameters(weights, settings.get("quantization"))
+    params, stored_as = count_parameters(weights, settings.get("quantization"), settings.get("ggml_types"))
     arch = str(manifest.get("architecture") or config.get("model_type") or "")
     context = int(manifest.get("context_length") or settings.get("max_position_embeddings") or 0)
     info: dict[str, Any] = {"general.architecture": arch, "general.parameter_count": params}
@@ -199,6 +221,8 @@ def card_for(stored: StoredModel) -> ModelCard:
             info.setdefault(f"{arch}.{name}", settings[key])
     if context:
         info[f"{arch}.context_length"] = context  # what the server reads, not the position table
+    if kept := {k: n for k, n in stored_as.items() if k in gguf.GGMLQuantizationType.__members__}:
+        info["turbospark.gguf_blocks"] = dict(sorted(kept.items()))  # parameters kept as GGUF blocks, by type
     if stored.kind == "embedding":
         spec = read_json(path / "embedding.json")
         if isinstance(spec.get("dimensions"), int):

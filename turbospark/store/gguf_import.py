@@ -166,6 +166,9 @@ def convert_gguf(path: Path, out_dir: Path, *, dtype: str, progress: bool = True
         for name, array in zeros.items():
             writer.add(name, stored_float(array, dtype))
 
+    file_type = gguf_file.metadata.get("general.file_type")
+    if dtype == "native" and isinstance(file_type, int) and file_type in gguf.LlamaFileType._value2member_map_:
+        config["gguf_file_type"] = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")  # Q4_K_M...
     if blocks := {names[t.name].removesuffix(".weight"): int(t.tensor_type) for t in tensors if kept_as_blocks(t, dtype)}:
         config["ggml_types"] = blocks  # module -> GGUF type: read through ggml (``model.mlx_ggml``)
     if dtype == "native" and any(t.tensor_type in NATIVE_TYPES | {Q4_K} and len(t.shape) == 2 for t in tensors):
