@@ -8,7 +8,8 @@ decision 0041).
 - a row's result does not depend on the rows beside it; the norm, residual and SwiGLU around the
   product are the float products' own; an embedding's rows are the dequantized rows;
 - Q4_K packed for the kernels' own product (4.625 bits a weight) gives the bits of its float32
-  affine re-lay's packed product; Q6_K packed (GGUF's 6.5625 bits) is within x's rounding;
+  affine re-lay's packed product; Q6_K (GGUF's 6.5625 bits), Q5_0 and Q5_1 (6 bits) packed are
+  within x's rounding;
 - a model imported ``native`` keeps the GGUF's blocks (its stored size is the GGUF's), its layers
   read them (fused where the layer's other products are the kernels'), its logits are the float32
   import's within that rounding; without ggml they are widened at load (Q4_K to MLX's affine
@@ -174,6 +175,28 @@ def test_q6_k_packed_for_the_kernels_is_xs_times_the_dequantized_weights(isa, ro
         assert np.array_equal(np.array(blocks.k6_linear(mx.array(x[r:r + 1]), weight, highs, fields, b)), got[r:r + 1])
     ids = mx.array([[0, n - 1], [n // 2, 3 % n]])
     assert mx.array_equal(blocks.k6_take_rows(weight, highs, fields, ids, mx.float32), mx.array(w[np.array(ids)]))
+
+
+@needs_ggml
+@ours
+@given(qtype=st.sampled_from([Q.Q5_0, Q.Q5_1]), rows=st.integers(1, 20), chunks=st.integers(1, 5),
+       blocks64=st.integers(1, 6), bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_q5_packed_for_the_kernels_is_xs_times_the_dequantized_weights(isa, qtype, rows, chunks, blocks64, bias,
+                                                                         seed) -> None:
+    """Q5_0 and Q5_1 packed eight rows together (``pack_k5``: the low nibbles, the fifth bits, d
+    and m): within x's rounding of x @ W.T, W dequantized by gguf; a row alone as in the batch."""
+    n, k = 8 * chunks, 64 * blocks64
+    q, w = blocks_of(qtype, n, k, seed)
+    packed = mlx_ggml.pack_k5(np.array(q), qtype)
+    assert sum(a.nbytes for a in packed) == n * k * 6 // 8
+    x = np.random.default_rng(seed + 1).normal(size=(rows, k)).astype(np.float32)
+    b = mx.array(np.random.default_rng(seed + 2).normal(size=(n,)).astype(np.float32)) if bias else None
+    got = np.array(blocks.k5_linear(mx.array(x), *packed, b))
+    want = x @ w.T + (np.array(b) if bias else 0)
+    pad = np.pad(x, ((0, 0), (0, -k % 256)))  # ``bound`` reads blocks of 256
+    assert (np.abs(got - want) <= bound(pad, np.pad(w, ((0, 0), (0, -k % 256))))).all()
+    for r in range(rows):
+        assert np.array_equal(np.array(blocks.k5_linear(mx.array(x[r:r + 1]), *packed, b)), got[r:r + 1])
 
 
 # -- models --------------------------------------------------------------------------------------

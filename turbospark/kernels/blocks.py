@@ -21,7 +21,7 @@ import mlx.core as mx
 
 from . import ops
 
-__all__ = ["GGML_DIR", "available", "dequantize", "describe", "k4_linear", "k6_linear", "k6_take_rows", "linear", "quantize", "reads_k4", "reads_k6", "row_bytes",
+__all__ = ["GGML_DIR", "available", "dequantize", "describe", "k4_linear", "k5_linear", "k6_linear", "k6_take_rows", "linear", "quantize", "reads_k4", "reads_k5", "reads_k6", "row_bytes",
            "serves", "take_rows", "type_name", "variant"]
 
 #: Where ``scripts/build-ggml`` writes ggml's libraries.
@@ -88,6 +88,11 @@ def reads_k6() -> bool:
     return ops.native is not None and ops.native.reads_k(6)
 
 
+def reads_k5() -> bool:
+    """The same for Q5_0 and Q5_1 (``k5_linear``)."""
+    return ops.native is not None and ops.native.reads_k(5)
+
+
 def k4_linear(x: mx.array, weight: mx.array, fields: mx.array, bias: mx.array | None = None, *,
               residual: mx.array | None = None, swiglu: bool = False, norm: mx.array | None = None,
               eps: float = 0.0) -> mx.array:
@@ -104,6 +109,15 @@ def k6_linear(x: mx.array, weight: mx.array, highs: mx.array, fields: mx.array, 
     """``k4_linear`` for Q6_K packed by ``model.mlx_ggml.pack_k6``: the low nibbles (N, K / 8),
     the high bits (N, K / 16) uint32 and each chunk's fields; 6.5625 bits a weight, GGUF's own."""
     return ops.native.rows_k6_matmul(x, weight, highs, fields, bias, residual=residual, swiglu=swiglu, norm=norm,
+                                     eps=eps)
+
+
+def k5_linear(x: mx.array, weight: mx.array, highs: mx.array, fields: mx.array, bias: mx.array | None = None, *,
+              residual: mx.array | None = None, swiglu: bool = False, norm: mx.array | None = None,
+              eps: float = 0.0) -> mx.array:
+    """``k4_linear`` for Q5_0 or Q5_1 packed by ``model.mlx_ggml.pack_k5``: the low nibbles
+    (N, K / 8), the fifth bits (N, K / 32) uint32 and each chunk's fields; 6 bits a weight."""
+    return ops.native.rows_k5_matmul(x, weight, highs, fields, bias, residual=residual, swiglu=swiglu, norm=norm,
                                      eps=eps)
 
 

@@ -55,6 +55,7 @@ class _Weights:
         self.weight = self.scales = self.biases = self.highs = self.fields = self.bias = None
         self.k4 = getattr(first, "k4", False)  # Q4_K packed (``mlx_ggml.K4Linear``)
         self.k6 = getattr(first, "k6", False)  # Q6_K packed (``mlx_ggml.K6Linear``)
+        self.k5 = getattr(first, "k5", False)  # Q5_0 or Q5_1 packed (``mlx_ggml.K5Linear``)
         self.packed = getattr(first, "_turbospark_packed", False)  # each module's part is packed: so is the whole
         self.ggml_type = getattr(first, "ggml_type", None)  # GGUF blocks (``mlx_ggml.GgmlLinear``)
         self.in_features = getattr(first, "in_features", 0)
@@ -82,6 +83,9 @@ class _Weights:
         if self.k4:
             return blocks.k4_linear(x, self.weight, self.fields, self.bias, residual=residual, swiglu=swiglu_halves,
                                     norm=weight, eps=eps)
+        if self.k5:
+            return blocks.k5_linear(x, self.weight, self.highs, self.fields, self.bias, residual=residual,
+                                    swiglu=swiglu_halves, norm=weight, eps=eps)
         if self.k6:
             return blocks.k6_linear(x, self.weight, self.highs, self.fields, self.bias, residual=residual,
                                     swiglu=swiglu_halves, norm=weight, eps=eps)
@@ -233,8 +237,8 @@ def _same_kind(modules: list[Any], ours: tuple[type, ...]) -> bool:
         return False
     if any(("bias" in m) != ("bias" in first) for m in modules):
         return False
-    if hasattr(first, "ggml_type") or hasattr(first, "k4") or hasattr(first, "k6"):  # GGUF blocks (``mlx_ggml``)
-        return all(getattr(m, "ggml_type", None) == getattr(first, "ggml_type", None) for m in modules)
+    if any(hasattr(first, a) for a in ("ggml_type", "k4", "k5", "k6")):  # GGUF blocks (``mlx_ggml``)
+        return all(getattr(m, a, None) == getattr(first, a, None) for a in ("ggml_type", "block_type") for m in modules)
     if isinstance(first, nn.QuantizedLinear):
         packed = getattr(first, "_turbospark_packed", False)
         return all(m.bits == first.bits and m.group_size == first.group_size and m["scales"].dtype == first["scales"].dtype

@@ -6,8 +6,9 @@ The store keeps a GGUF tensor of a type MLX's affine layout cannot hold lossless
 (module path -> GGUF type number).  ``load_model`` is mlx-lm's with one step added to the
 model's ``sanitize`` (``_place``); on the CPU (not sharded):
 
-- Q4_K and Q6_K are packed eight rows together for the kernels' own products (``K4Linear``,
-  ``K6Linear``, a tied head's ``K6Embedding``) where their instruction set reads them so;
+- Q4_K, Q6_K, Q5_0 and Q5_1 are packed eight rows together for the kernels' own products
+  (``K4Linear``, ``K6Linear``, a tied head's ``K6Embedding``, ``K5Linear``) where their
+  instruction set reads them so;
 - any other type ggml multiplies becomes a ``GgmlLinear`` (or ``GgmlEmbedding``): ggml's row
   products in the kernels' op (``kernels.blocks``).
 
@@ -32,11 +33,12 @@ from mlx_lm.utils import load_model as mlx_lm_load_model
 from ..kernels import blocks
 from ..kernels import ops as kernels
 
-__all__ = ["GgmlEmbedding", "GgmlLinear", "K4Linear", "K6Embedding", "K6Linear", "block_layers", "load_model", "pack_k4", "pack_k6",
+__all__ = ["GgmlEmbedding", "GgmlLinear", "K4Linear", "K5Linear", "K6Embedding", "K6Linear", "pack_k5", "block_layers", "load_model", "pack_k4", "pack_k6",
            "q4_k_affine", "q4_k_parts", "q6_k_parts"]
 
 Q4_K = int(gguf.GGMLQuantizationType.Q4_K)
 Q6_K = int(gguf.GGMLQuantizationType.Q6_K)
+Q5_0, Q5_1 = int(gguf.GGMLQuantizationType.Q5_0), int(gguf.GGMLQuantizationType.Q5_1)
 
 
 class GgmlLinear(nn.Module):
@@ -119,6 +121,49 @@ class K6Embedding(nn.Module):
 
     def as_linear(self, x: mx.array) -> mx.array:
         return blocks.k6_linear(x, self["weight"], self["highs"], self["fields"])
+
+
+class K5Linear(nn.Module):
+    """``x @ W.T (+ bias)`` with W in Q5_0 or Q5_1 blocks packed eight rows together for the
+    kernels' own product (``pack_k5``): 6 bits a weight (GGUF: 5.5 and 6)."""
+
+    def __init__(self, weight: mx.array, highs: mx.array, fields: mx.array, in_features: int, ggml_type: int,
+                 bias: mx.array | None = None) -> None:
+        super().__init__()
+        self.weight, self.highs, self.fields = weight, highs, fields
+        if bias is not None:
+            self.bias = bias
+        self.in_features, self.block_type = in_features, ggml_type
+        self.k5 = True
+        self._turbospark_packed = True
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return blocks.k5_linear(x, self["weight"], self["highs"], self["fields"], self.get("bias"))
+
+
+def pack_k5(data: np.ndarray, ggml_type: int) -> tuple[mx.array, mx.array, mx.array]:
+    """Q5_0 or Q5_1 rows packed eight rows together for ``blocks.k5_linear``: the low nibbles as
+    ``kernels.pack_quantized`` packs 4-bit weights; each 32's fifth bits one word a row (bit i the
+    value i's), eight rows side by side; per chunk and 32 a ``K5Fields`` (the rows' d and m as
+    float16, m = -16 d for Q5_0: exact)."""
+    q5_1 = ggml_type == Q5_1
+    rows = data.shape[0]
+    b = np.ascontiguousarray(data).reshape(rows, -1, 24 if q5_1 else 22)
+    n32 = b.shape[1]
+    d = b[..., 0:2].copy().view(np.float16)[..., 0]
+    m = b[..., 2:4].copy().view(np.float16)[..., 0] if q5_1 else (d * np.float16(-16)).astype(np.float16)
+    at = 4 if q5_1 else 2
+    high = b[..., at:at + 4].copy().view(np.uint32)[..., 0]  # (rows, 32s)
+    qs = b[..., at + 4:at + 20]
+    low = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(rows, -1)  # values 0-15, then 16-31
+    words = np.ascontiguousarray(low[:, 0::2] | (low[:, 1::2] << 4)).view(np.uint32)
+    zeros = mx.zeros((rows, n32), mx.float16)
+    packed = kernels.pack_quantized(mx.array(words), zeros, zeros, 32, 4)[0]
+    highs = np.ascontiguousarray(high.reshape(rows // 8, 8, n32).transpose(0, 2, 1)).reshape(rows, n32)
+    halves = [np.ascontiguousarray(h.view(np.uint16).reshape(rows // 8, 8, n32).transpose(0, 2, 1)).view(np.uint8)
+              for h in (d, m)]
+    fields = np.concatenate([h.reshape(rows // 8, n32, 16) for h in halves], axis=-1)
+    return packed, mx.array(highs), mx.array(fields.reshape(-1))
 
 
 def q6_k_parts(data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -246,6 +291,10 @@ def _place(model: nn.Module, weights: dict[str, mx.array], types: dict[str, int]
             weights.update({name: packed, f"{path}.highs": highs, f"{path}.fields": fields})
             new = (K6Linear(packed, highs, fields, k, weights.get(f"{path}.bias")) if linear
                    else K6Embedding(packed, highs, fields, k))
+        elif cpu and ggml_type in (Q5_0, Q5_1) and linear and blocks.reads_k5() and n % 8 == 0 and k % 64 == 0:
+            packed, highs, fields = pack_k5(np.asarray(weights[name]), ggml_type)
+            weights.update({name: packed, f"{path}.highs": highs, f"{path}.fields": fields})
+            new = K5Linear(packed, highs, fields, k, ggml_type, weights.get(f"{path}.bias"))
         elif cpu and blocks.serves(ggml_type, k):
             new = (GgmlLinear(weights[name], ggml_type, k, weights.get(f"{path}.bias")) if linear
                    else GgmlEmbedding(weights[name], ggml_type, k))
@@ -293,8 +342,9 @@ def block_layers(model: nn.Module) -> dict[str, int]:
     packed for the kernels (``"Q4_K packed"``, ``"Q6_K packed"``): how many of each."""
     counts: dict[str, int] = {}
     for _, m in model.named_modules():
-        if isinstance(m, (GgmlLinear, GgmlEmbedding, K4Linear, K6Linear, K6Embedding)):
+        if isinstance(m, (GgmlLinear, GgmlEmbedding, K4Linear, K5Linear, K6Linear, K6Embedding)):
             name = ("Q4_K packed" if isinstance(m, K4Linear) else "Q6_K packed" if isinstance(m, (K6Linear, K6Embedding))
+                    else f"{gguf.GGMLQuantizationType(m.block_type).name} packed" if isinstance(m, K5Linear)
                     else gguf.GGMLQuantizationType(m.ggml_type).name)
             counts[name] = counts.get(name, 0) + 1
     return counts

@@ -39,7 +39,7 @@ from mlx.utils import tree_flatten
 from ..kernels import blocks
 from ..kernels import ops as kernels
 from . import mlx_blocks
-from .mlx_ggml import GgmlEmbedding, GgmlLinear, K4Linear, K6Embedding, K6Linear, block_layers
+from .mlx_ggml import GgmlEmbedding, GgmlLinear, K4Linear, K5Linear, K6Embedding, K6Linear, block_layers
 
 __all__ = ["CPU_CACHE_BYTES", "Linear", "QuantizedLinear", "install", "installed", "serves"]
 
@@ -133,7 +133,7 @@ def install(model: nn.Module) -> str:
     ours = linear = 0
     head = False  # a tied output head (the embedding's as_linear) went to the kernels
     for _, module in model.named_modules():
-        if isinstance(module, (GgmlLinear, GgmlEmbedding, K4Linear, K6Linear, K6Embedding)):  # GGUF blocks: ours already
+        if isinstance(module, (GgmlLinear, GgmlEmbedding, K4Linear, K5Linear, K6Linear, K6Embedding)):  # GGUF blocks: ours
             table = isinstance(module, (GgmlEmbedding, K6Embedding))
             linear += not table
             ours += not table
@@ -148,11 +148,13 @@ def install(model: nn.Module) -> str:
             module.__class__ = cls
             ours += is_linear
             head = head or not is_linear
-    tied = head and getattr(getattr(model, "args", None), "tie_word_embeddings", False)
+    # a tied head: the args say so (llama, qwen), or the model itself once it loaded without one (gemma 3)
+    tied = head and (getattr(getattr(model, "args", None), "tie_word_embeddings", False)
+                     or getattr(model, "tie_word_embeddings", False) is True)
     for _, module in model.named_modules():
         if type(module) is QuantizedLinear or (tied and type(module) is _QuantizedEmbedding):
             _pack(module)
-    fused, layers = mlx_blocks.fuse(model, (Linear, QuantizedLinear, GgmlLinear, K4Linear, K6Linear))
+    fused, layers = mlx_blocks.fuse(model, (Linear, QuantizedLinear, GgmlLinear, K4Linear, K5Linear, K6Linear))
     packed = sum(getattr(m, "_turbospark_packed", False) for _, m in model.named_modules())
     huge = kernels.huge_pages([a for _, a in tree_flatten(model.parameters())])
     return (f"{kernels.describe()}: {ours} of {linear} linear layers" + (" and the tied output head" if tied else "")
@@ -168,7 +170,8 @@ def _blocks_line(model: nn.Module) -> str:
     counts = block_layers(model)
     if not counts:
         return ""
-    packed = ", ".join(f"{counts.pop(f'{t} packed')} {t}" for t in ("Q4_K", "Q6_K") if f"{t} packed" in counts)
+    packed = ", ".join(f"{counts.pop(f'{t} packed')} {t}" for t in ("Q4_K", "Q5_0", "Q5_1", "Q6_K")
+                       if f"{t} packed" in counts)
     each = ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
     return ((f"; GGUF blocks packed for the kernels: {packed}" if packed else "")
             + (f"; GGUF blocks read by ggml ({blocks.variant()}): {each}" if each else ""))

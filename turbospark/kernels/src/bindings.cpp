@@ -71,6 +71,15 @@ NB_MODULE(_native, m) {
       "norm"_a = nb::none(), "eps"_a = 0.0f,
       "x @ W.T (+ bias) for Q6_K super-blocks packed eight rows together (nibbles, high bits, fields).");
   m.def(
+      "rows_k5_matmul",
+      [](const mlx::core::array& x, const mlx::core::array& w, const mlx::core::array& highs,
+         const mlx::core::array& fields, const std::optional<mlx::core::array>& bias,
+         const std::optional<mlx::core::array>& residual, bool swiglu, const std::optional<mlx::core::array>& norm,
+         float eps) { return tk::rows_k5_matmul(x, w, highs, fields, bias, residual, swiglu, tk::Prologue{norm, eps}); },
+      "x"_a, "w"_a, "highs"_a, "fields"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false,
+      "norm"_a = nb::none(), "eps"_a = 0.0f,
+      "x @ W.T (+ bias) for Q5_0 or Q5_1 blocks packed eight rows together (nibbles, fifth bits, fields).");
+  m.def(
       "k6_take_rows",
       [](const mlx::core::array& w, const mlx::core::array& highs, const mlx::core::array& fields,
          const mlx::core::array& ids, mlx::core::Dtype dtype) { return tk::k6_take_rows(w, highs, fields, ids, dtype); },

@@ -65,4 +65,23 @@ inline void k6_row(const uint32_t* w, const uint32_t* highs, const K6Fields* fie
   }
 }
 
+// Row o of packed Q5_0 or Q5_1 weights as float32: d * q + m.
+inline void k5_row(const uint32_t* w, const uint32_t* highs, const K5Fields* fields, int K, int o, float* out) {
+  const uint32_t* chunk = w + size_t(o / 8) * K;
+  const uint32_t* hchunk = highs + size_t(o / 8) * K / 4;
+  const int lane = o % 8;
+  for (int b = 0; b < K / 32; ++b) {
+    const K5Fields& f = fields[size_t(o / 8) * (K / 32) + b];
+    const float d = half_to_float(f.d[lane]), m = half_to_float(f.m[lane]);
+    const uint32_t h = hchunk[size_t(b) * 8 + lane];
+    for (int u = 0; u < 4; ++u) {
+      const uint32_t word = chunk[size_t(4 * b + u) * 8 + lane];
+      for (int n = 0; n < 8; ++n) {
+        const uint32_t q = ((word >> (4 * n)) & 15u) | (((h >> (8 * u + n)) & 1u) << 4);
+        out[32 * b + 8 * u + n] = d * float(q) + m;
+      }
+    }
+  }
+}
+
 } // namespace turbospark::kernels

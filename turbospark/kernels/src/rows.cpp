@@ -396,9 +396,23 @@ mx::array rows_k6_matmul(const mx::array& x, const mx::array& w, const mx::array
   return rows_op(x, {w, mx::flatten(fields), highs}, bias, N, K, 256, 6, residual, swiglu, prologue, true, s);
 }
 
+mx::array rows_k5_matmul(const mx::array& x, const mx::array& w, const mx::array& highs, const mx::array& fields,
+                         const std::optional<mx::array>& bias, const std::optional<mx::array>& residual,
+                         bool swiglu, const Prologue& prologue, mx::StreamOrDevice s) {
+  if (w.dtype() != mx::uint32 || w.ndim() != 2 || w.shape(0) % 8 != 0 || (w.shape(1) * 8) % 64 != 0)
+    throw std::invalid_argument("[rows_k5_matmul] w must be (N, K / 8) uint32, N a multiple of 8 and K of 64");
+  const int N = w.shape(0), K = w.shape(1) * 8;
+  if (highs.dtype() != mx::uint32 || highs.shape() != mx::Shape{N, K / 32})
+    throw std::invalid_argument("[rows_k5_matmul] highs must be (N, K / 32) uint32");
+  if (fields.dtype() != mx::uint8 || fields.size() != size_t(N / 8) * (K / 32) * sizeof(K5Fields))
+    throw std::invalid_argument("[rows_k5_matmul] fields must be the chunks' K5Fields as uint8");
+  return rows_op(x, {w, mx::flatten(fields), highs}, bias, N, K, 32, 5, residual, swiglu, prologue, true, s);
+}
+
 bool reads_k(int bits) {
   const Isa* isa = current().load();
-  return (bits == 4 ? isa->rows_k4p : isa->rows_k6p) != nullptr && x_in_8_bits(*isa);
+  const RowsFn fn = bits == 4 ? isa->rows_k4p : bits == 5 ? isa->rows_k5p : isa->rows_k6p;
+  return fn != nullptr && x_in_8_bits(*isa);
 }
 
 namespace {
@@ -498,8 +512,8 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
       y = yf.data();
     }
     // packed Q4_K super-blocks (rows_k4_matmul): their 32s' scales and biases meet x's 32s
-    const bool k4 = packed && bits == 4 && group == 256, k6 = packed && bits == 6;
-    const int x_group = k4 || k6 ? 32 : group;
+    const bool k4 = packed && bits == 4 && group == 256, k5 = packed && bits == 5, k6 = packed && bits == 6;
+    const int x_group = k4 || k5 || k6 ? 32 : group;
     RowsJob job{xf.data(), R, K, N, WeightType::F32, in[1].data<void>(), nullptr, nullptr, ScaleType::F32, x_group, y};
     size_t weight_bytes = in[1].nbytes();
     auto& team = pool();
@@ -520,10 +534,10 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
       job.wtype = bits == 4 ? WeightType::Affine4 : WeightType::Affine8;
       job.scales = in[2].data<void>();
       job.biases = k4 ? nullptr : in[3].data<void>();
-      job.stype = k4 || k6 ? ScaleType::F32 : scale_type(in[2].dtype());
+      job.stype = k4 || k5 || k6 ? ScaleType::F32 : scale_type(in[2].dtype());
     }
     const Isa* isa = current().load();
-    if ((k4 || k6) && !reads_k(bits)) {
+    if ((k4 || k5 || k6) && !reads_k(bits)) {
       // packed K-quants where the set cannot read them so: each weight row dequantized, times x in float32
       const int parts = weight_bytes < kParallelBytes ? 1 : team.size();
       const int chunks = parts == 1 ? 1 : std::min(N / 8, 8 * parts);
@@ -531,6 +545,7 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
         std::vector<float> row(K);
         for (int o = 8 * (N / 8 * c / chunks); o < 8 * (N / 8 * (c + 1) / chunks); ++o) {
           if (k4) k4_row(in[1].data<uint32_t>(), static_cast<const K4Fields*>(job.scales), K, o, row.data());
+          else if (k5) k5_row(in[1].data<uint32_t>(), in[3].data<uint32_t>(), static_cast<const K5Fields*>(job.scales), K, o, row.data());
           else k6_row(in[1].data<uint32_t>(), in[3].data<uint32_t>(), static_cast<const K6Fields*>(job.scales), K, o, row.data());
           for (int r = 0; r < R; ++r) {
             const float* xr = xf.data() + size_t(r) * K;
@@ -551,7 +566,8 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
       const bool x8_path = bits != 0 && K % 64 == 0 && x_in_8_bits(*isa);
       // Packed weights: read as they are where the set can (rows_q4p, rows_q8p), else unpacked into
       // MLX's layout for this product (TURBOSPARK_KERNELS_EXACT, a set without integer products).
-      const RowsFn packed_rows = k4 ? isa->rows_k4p : k6 ? isa->rows_k6p : bits == 4 ? isa->rows_q4p : isa->rows_q8p;
+      const RowsFn packed_rows = k4 ? isa->rows_k4p : k5 ? isa->rows_k5p : k6 ? isa->rows_k6p
+                                 : bits == 4 ? isa->rows_q4p : isa->rows_q8p;
       const bool packed_path = packed && x8_path && packed_rows != nullptr;
       std::vector<uint8_t> unpacked;
       if (packed && !packed_path) {

@@ -59,8 +59,13 @@ mx::array rows_k4_matmul(const mx::array& x, const mx::array& w, const mx::array
 mx::array rows_k6_matmul(const mx::array& x, const mx::array& w, const mx::array& highs, const mx::array& fields,
                          const std::optional<mx::array>& bias, const std::optional<mx::array>& residual,
                          bool swiglu, const Prologue& prologue, mx::StreamOrDevice s = {});
-// Whether the instruction set in use reads packed Q4_K (bits 4) or Q6_K (bits 6) directly
-// (elsewhere: dequantized per row).
+// The same for Q5_0 and Q5_1 blocks packed eight rows together: highs their fifth bits (N, K / 32)
+// uint32, fields the chunks' K5Fields as uint8.
+mx::array rows_k5_matmul(const mx::array& x, const mx::array& w, const mx::array& highs, const mx::array& fields,
+                         const std::optional<mx::array>& bias, const std::optional<mx::array>& residual,
+                         bool swiglu, const Prologue& prologue, mx::StreamOrDevice s = {});
+// Whether the instruction set in use reads packed Q4_K (bits 4), Q5_0/Q5_1 (5) or Q6_K (6)
+// directly (elsewhere: dequantized per row).
 bool reads_k(int bits);
 // Whether the instruction set in use reads packed weights of `bits` directly (elsewhere they are
 // unpacked for every product: correct, and slower).

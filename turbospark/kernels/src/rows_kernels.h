@@ -87,7 +87,19 @@ struct Isa {
   // Q6_K super-blocks packed by pack_k6 (job.w the low nibbles, job.biases the high bits,
   // job.scales the chunks' K6Fields, job.xs8 each 16's sum of x8); nullptr where the set cannot.
   RowsFn rows_k6p = nullptr;
+  // Q5_0 and Q5_1 blocks packed by pack_k5 (job.w the low nibbles, job.biases the fifth bits,
+  // job.scales the chunks' K5Fields); nullptr where the set cannot.
+  RowsFn rows_k5p = nullptr;
 };
+
+// A Q5_0 or Q5_1 block's fields for the eight rows of a packed chunk (pack_k5): each row's d
+// and m (float16; Q5_0's m is -16 d).  Value = d * q + m, q in 0..31.  With the nibbles and
+// the fifth bits, 6 bits a weight (GGUF: Q5_0 5.5, Q5_1 6).
+struct K5Fields {
+  uint16_t d[8];
+  uint16_t m[8];
+};
+static_assert(sizeof(K5Fields) == 32, "a chunk's block fields are 32 bytes");
 
 // A Q6_K super-block's fields for the eight rows of a packed chunk (pack_k6): each row's d
 // (float16) and its sixteen 16s' int8 scales ([16][row]).  Value = d * sc * (q - 32), q in
@@ -122,9 +134,10 @@ const Isa& isa_portable();
 const Isa& active_isa();
 #if defined(__x86_64__) || defined(_M_X64)
 const Isa& isa_avx2();
-// AVX2's set with another set's 8-bit products (rows_q8, rows_q4p, rows_q8p, rows_k4p, rows_k6p) under another name
+// AVX2's set with another set's 8-bit products (rows_q8, rows_q4p, rows_q8p, rows_k4p, rows_k6p,
+// rows_k5p) under another name
 Isa avx2_with_rows_q8(const char* name, RowsFn rows_q8, RowsFn rows_q4p, RowsFn rows_q8p, RowsFn rows_k4p,
-                      RowsFn rows_k6p);
+                      RowsFn rows_k6p, RowsFn rows_k5p);
 // AVX2's set with AVX-VNNI's 8-bit products, and whether this CPU really runs AVX-VNNI
 const Isa& isa_vnni();
 bool vnni_runs();

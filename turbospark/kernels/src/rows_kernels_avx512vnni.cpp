@@ -10,7 +10,7 @@
 namespace turbospark::kernels {
 const Isa& isa_avx512vnni() {
   static const Isa isa = avx2_with_rows_q8("avx2+avx512vnni", avx512vnni::rows_q8, avx512vnni::rows_q4p, avx512vnni::rows_q8p, avx512vnni::rows_k4p,
-                                                 avx512vnni::rows_k6p);
+                                                 avx512vnni::rows_k6p, avx512vnni::rows_k5p);
   return isa;
 }
 

@@ -8,7 +8,7 @@
 namespace turbospark::kernels {
 const Isa& isa_vnni() {
   static const Isa isa = avx2_with_rows_q8("avx2+vnni", vnni::rows_q8, vnni::rows_q4p, vnni::rows_q8p, vnni::rows_k4p,
-                                                 vnni::rows_k6p);
+                                                 vnni::rows_k6p, vnni::rows_k5p);
   return isa;
 }
 
