@@ -31,6 +31,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from ..kernels import blocks
 from ..kernels import ops as kernels
+from .mlx_ggml import trim
 
 __all__ = ["fuse", "half_kv", "kv_update"]
 
@@ -130,6 +131,8 @@ def _into_buffers(products: list[_Weights]) -> None:
             p.place(flats, at)
         mx.eval([m.parameters() for p in batch for m in p.modules], [getattr(p, n) for p in batch for n in p.names])
         batch, size = [], 0
+        del flats
+        trim()  # the old arrays' memory back to the system: a model is never held twice
 
 
 class _Side:

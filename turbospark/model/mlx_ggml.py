@@ -19,6 +19,7 @@ forms the import stored before.
 
 from __future__ import annotations
 
+import ctypes
 import json
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from ..kernels import blocks
 from ..kernels import ops as kernels
 
 __all__ = ["GgmlEmbedding", "GgmlLinear", "K4Linear", "K5Linear", "K6Embedding", "K6Linear", "pack_k5", "block_layers", "load_model", "pack_k4", "pack_k6",
-           "q4_k_affine", "q4_k_parts", "q6_k_parts"]
+           "q4_k_affine", "q4_k_parts", "q6_k_parts", "trim"]
 
 Q4_K = int(gguf.GGMLQuantizationType.Q4_K)
 Q6_K = int(gguf.GGMLQuantizationType.Q6_K)
@@ -269,7 +270,34 @@ def _module_at(model: nn.Module, path: str) -> tuple[Any, str]:
     return parent, last
 
 
-def _place(model: nn.Module, weights: dict[str, mx.array], types: dict[str, int], cpu: bool) -> dict[str, mx.array]:
+def _stored_blocks(path: Path) -> dict[str, np.ndarray]:
+    """The uint8 tensors of the directory's safetensors files as read-only memory maps, by name:
+    blocks are packed from the file itself, so the arrays mlx-lm loaded (held by its own dict
+    until the model is built) are never read into memory beside what is packed from them."""
+    out: dict[str, np.ndarray] = {}
+    for file in sorted(Path(path).glob("model*.safetensors")):
+        with file.open("rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(length))
+        for name, info in header.items():
+            if isinstance(info, dict) and info.get("dtype") == "U8":
+                start, end = info["data_offsets"]
+                out[name] = np.memmap(file, np.uint8, "r", 8 + length + start, tuple(info["shape"]))
+                assert out[name].nbytes == end - start
+    return out
+
+
+def trim() -> None:
+    """Give the memory freed while packing back to the system (glibc keeps freed heap pages)."""
+    mx.clear_cache()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _place(model: nn.Module, weights: dict[str, mx.array], types: dict[str, int], cpu: bool,
+           stored: dict[str, np.ndarray]) -> dict[str, mx.array]:
     """Each module of ``types`` as the layer that reads its blocks best here (``cpu``: the kernels
     may serve it): Q4_K and Q6_K packed for the kernels' own products where their instruction set
     reads them, else ggml's products where ggml is built; else Q4_K in MLX's affine layout and the
@@ -282,24 +310,25 @@ def _place(model: nn.Module, weights: dict[str, mx.array], types: dict[str, int]
         module = parent[int(last)] if isinstance(parent, list) else parent[last]
         linear = not isinstance(module, nn.Embedding)
         k, n = module.weight.shape[-1], module.weight.shape[0]
+        raw = stored.pop(name) if name in stored else np.asarray(weights[name])  # unmapped once packed
         if cpu and ggml_type == Q4_K and linear and blocks.reads_k4() and n % 8 == 0:
-            packed, fields = pack_k4(np.asarray(weights[name]))
+            packed, fields = pack_k4(raw)
             weights.update({name: packed, f"{path}.fields": fields})
             new: nn.Module = K4Linear(packed, fields, k, weights.get(f"{path}.bias"))
         elif cpu and ggml_type == Q6_K and blocks.reads_k6() and n % 8 == 0:
-            packed, highs, fields = pack_k6(np.asarray(weights[name]))
+            packed, highs, fields = pack_k6(raw)
             weights.update({name: packed, f"{path}.highs": highs, f"{path}.fields": fields})
             new = (K6Linear(packed, highs, fields, k, weights.get(f"{path}.bias")) if linear
                    else K6Embedding(packed, highs, fields, k))
         elif cpu and ggml_type in (Q5_0, Q5_1) and linear and blocks.reads_k5() and n % 8 == 0 and k % 64 == 0:
-            packed, highs, fields = pack_k5(np.asarray(weights[name]), ggml_type)
+            packed, highs, fields = pack_k5(raw, ggml_type)
             weights.update({name: packed, f"{path}.highs": highs, f"{path}.fields": fields})
             new = K5Linear(packed, highs, fields, k, ggml_type, weights.get(f"{path}.bias"))
         elif cpu and blocks.serves(ggml_type, k):
             new = (GgmlLinear(weights[name], ggml_type, k, weights.get(f"{path}.bias")) if linear
                    else GgmlEmbedding(weights[name], ggml_type, k))
         elif ggml_type == Q4_K and linear:  # MLX's affine layout: mlx-lm's quantize step takes it
-            words, scales, biases = q4_k_affine(np.asarray(weights[name]))
+            words, scales, biases = q4_k_affine(raw)
             weights.update({name: mx.array(words), f"{path}.scales": mx.array(scales), f"{path}.biases": mx.array(biases)})
             continue
         else:
@@ -328,13 +357,15 @@ def load_model(path: Path, *, lazy: bool = False, group: Any = None) -> tuple[nn
             def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
                 if hasattr(model_class, "sanitize"):
                     weights = model_class.sanitize(self, weights)
-                return _place(self, weights, types, cpu)
+                return _place(self, weights, types, cpu, _stored_blocks(Path(path)))
 
         Model.__name__ = Model.__qualname__ = model_class.__name__
         Model.__module__ = model_class.__module__
         return Model, args_class
 
-    return mlx_lm_load_model(Path(path), lazy=lazy, get_model_classes=classes)
+    loaded = mlx_lm_load_model(Path(path), lazy=lazy, get_model_classes=classes)
+    trim()
+    return loaded
 
 
 def block_layers(model: nn.Module) -> dict[str, int]:

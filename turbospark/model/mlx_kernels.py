@@ -39,7 +39,7 @@ from mlx.utils import tree_flatten
 from ..kernels import blocks
 from ..kernels import ops as kernels
 from . import mlx_blocks
-from .mlx_ggml import GgmlEmbedding, GgmlLinear, K4Linear, K5Linear, K6Embedding, K6Linear, block_layers
+from .mlx_ggml import GgmlEmbedding, GgmlLinear, K4Linear, K5Linear, K6Embedding, K6Linear, block_layers, trim
 
 __all__ = ["CPU_CACHE_BYTES", "Linear", "QuantizedLinear", "install", "installed", "serves"]
 
@@ -155,6 +155,7 @@ def install(model: nn.Module) -> str:
         if type(module) is QuantizedLinear or (tied and type(module) is _QuantizedEmbedding):
             _pack(module)
     fused, layers = mlx_blocks.fuse(model, (Linear, QuantizedLinear, GgmlLinear, K4Linear, K5Linear, K6Linear))
+    trim()  # the copies fusing freed, back to the system
     packed = sum(getattr(m, "_turbospark_packed", False) for _, m in model.named_modules())
     huge = kernels.huge_pages([a for _, a in tree_flatten(model.parameters())])
     return (f"{kernels.describe()}: {ours} of {linear} linear layers" + (" and the tied output head" if tied else "")
