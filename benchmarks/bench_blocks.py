@@ -1,6 +1,7 @@
 """The products of each GGUF block type, side by side in one process: ggml's rows through the
-kernels (``kernels.blocks``), the kernels' own packed affine layout (what the store re-lays Q4_0,
-Q4_1, Q8_0 and Q4_K into), and bfloat16 (what a block type was widened to before decision 0041).
+kernels (``kernels.blocks``), the kernels' own packed forms of Q4_K, Q5_0 and Q6_K
+(``model.mlx_ggml``), their packed affine layout (what the store re-lays Q4_0, Q4_1 and Q8_0
+into, and Q4_K before decision 0041), and bfloat16 (what the other types were widened to).
 
 For each shape (N x K: a 1.7B model's q/o, gate/up and down by default) and number of rows of
 x, the median time of one product over ``--repeat`` evaluations, forms alternating; reported as
@@ -18,9 +19,11 @@ import time
 
 import gguf
 import mlx.core as mx
+import numpy as np
 
 from turbospark.kernels import blocks
 from turbospark.kernels import ops as kernels
+from turbospark.model import mlx_ggml
 
 Q = gguf.GGMLQuantizationType
 GGML_FORMS = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS]
@@ -34,6 +37,14 @@ def forms(n: int, k: int) -> dict[str, tuple[callable, int]]:
         q = blocks.quantize(w, qtype)
         mx.eval(q)
         out[f"ggml {qtype.name}"] = ((lambda x, q=q, t=qtype: blocks.linear(x, q, t, k)), q.nbytes)
+    raw = {t: np.array(blocks.quantize(w, t)) for t in (Q.Q4_K, Q.Q5_0, Q.Q6_K)}
+    k4 = mlx_ggml.pack_k4(raw[Q.Q4_K])
+    k5 = mlx_ggml.pack_k5(raw[Q.Q5_0], Q.Q5_0)
+    k6 = mlx_ggml.pack_k6(raw[Q.Q6_K])
+    mx.eval(*k4, *k5, *k6)
+    out["ours Q4_K packed"] = ((lambda x: blocks.k4_linear(x, *k4)), sum(a.nbytes for a in k4))
+    out["ours Q5_0 packed"] = ((lambda x: blocks.k5_linear(x, *k5)), sum(a.nbytes for a in k5))
+    out["ours Q6_K packed"] = ((lambda x: blocks.k6_linear(x, *k6)), sum(a.nbytes for a in k6))
     for bits in (4, 8):
         wq, s, b = mx.quantize(w, group_size=32, bits=bits)
         packed = kernels.pack_quantized(wq, s.astype(mx.float32), b.astype(mx.float32), 32, bits)

@@ -282,6 +282,27 @@ def test_without_ggml_the_kernels_still_read_q4_k_and_q6_k(kquants: Path, tmp_pa
         assert isinstance(model.model.layers[0].self_attn.q_proj, mlx_ggml.K4Linear)
 
 
+def test_legacy_quants_and_half_matrices_keep_their_bytes(tmp_path: Path) -> None:
+    """Gemma 3 with Q8_0, Q4_1, Q5_0, Q5_1, F16, BF16 and Q4_0 matrices: stored near the GGUF's
+    size (F16 and BF16 matrices in two bytes, not widened to float32), read by the kernels with
+    float32 x, the float32 import's logits within x's rounding."""
+    from tests.model.gguf_fixtures import llama_cpp_sources
+    from tests.model.gguf_tiny_models import CASES, write_tiny
+
+    path = tmp_path / "m.gguf"
+    write_tiny(CASES["gemma3-legacy-quants"], path, llama_cpp_sources() / "models")
+    native, floats = _imported(path, tmp_path / "native", "native"), _imported(path, tmp_path / "f32", "float32")
+    assert sum(p.stat().st_size for p in native.glob("*.safetensors")) <= 1.05 * path.stat().st_size
+    model, _ = mlx_ggml.load_model(native)
+    layer = model.model.layers[0]
+    assert layer.self_attn.o_proj.weight.dtype == mx.float16 and layer.mlp.gate_proj.weight.dtype == mx.bfloat16
+    line = mlx_kernels.install(model)
+    assert "42 of 42 linear layers" in line
+    reference, _ = mlx_ggml.load_model(floats)
+    want, got = np.array(reference(IDS)), np.array(model(IDS))
+    assert got.dtype == np.float32 and np.abs(got - want).max() <= 0.05 * np.abs(want).max()
+
+
 def test_ggml_is_built_where_the_kernels_are() -> None:
     """``scripts/setup`` builds ggml beside the kernels (``scripts/build-ggml``): where the kernels
     serve and ggml does not, the suite fails rather than widening every K-quant it tests."""

@@ -23,9 +23,13 @@ MAX_FLOAT32_ROWS = 16
 
 
 def serves_float(x: mx.array, weight: mx.array) -> bool:
-    """Whether ``linear`` serves ``x @ weight.T`` better than MLX's own op: x in the weight's type,
-    and for float32 weights only the few rows of a decode step (past them MLX's BLAS GEMM)."""
-    return x.dtype == weight.dtype and (weight.dtype != mx.float32 or x.size <= MAX_FLOAT32_ROWS * x.shape[-1])
+    """Whether ``linear`` serves ``x @ weight.T`` better than MLX's own op: x in the weight's type
+    (or float32 x beside float16 or bfloat16 weights: a GGUF's F16 matrices, kept so, in a model
+    that computes in float32; the result float32, as MLX's promotion gives), and for float32
+    weights only the few rows of a decode step (past them MLX's BLAS GEMM)."""
+    if weight.dtype == mx.float32:
+        return x.dtype == mx.float32 and x.size <= MAX_FLOAT32_ROWS * x.shape[-1]
+    return x.dtype == weight.dtype or (x.dtype == mx.float32 and weight.dtype in (mx.float16, mx.bfloat16))
 
 
 def _load():

@@ -231,6 +231,8 @@ def convert_tensor(
         return {hf_name: np.ascontiguousarray(values, dtype=dtype)}
     if dtype == "bfloat16":
         return {hf_name: _to_mlx_float(values, mx.bfloat16)}
+    if dtype == "native" and values.ndim == 2 and qtype in (_GQT.F16, _GQT.BF16):  # matrices keep their bytes
+        return {hf_name: np.ascontiguousarray(values, np.float16) if qtype == _GQT.F16 else _to_mlx_float(values, mx.bfloat16)}
     if dtype == "native":  # a type MLX cannot keep quantized: float tensors stay float32, the rest bf16
         return {hf_name: np.ascontiguousarray(values) if qtype in _FLOAT_TYPES else _to_mlx_float(values, mx.bfloat16)}
     floats = _to_mlx_float(values, _QUANTIZED_MODES_FLOAT)
