@@ -54,10 +54,16 @@ class Running:
         assert self.url, "".join(self.lines)
 
     def said(self, *parts: str, count: int) -> bool:
-        """Whether ``count`` lines holding every one of ``parts`` came, within 30 s (a rank other
-        than 0 may say what it holds after rank 0 is listening)."""
+        """Whether ``count`` messages holding every one of ``parts`` came, within 30 s (a rank other
+        than 0 may say what it holds after rank 0 is listening).  A message begins with
+        ``turbospark:``: ranks write to one stream, and two may land on one line (one rank's
+        text before the other's newline)."""
         deadline = time.monotonic() + 30
-        while (seen := sum(all(p in line for p in parts) for line in list(self.lines))) < count:
+
+        def messages() -> list[str]:
+            return [m for line in list(self.lines) for m in re.split(r"(?=turbospark:)", line)]
+
+        while (seen := sum(all(p in m for p in parts) for m in messages())) < count:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.1)
