@@ -1,5 +1,6 @@
-"""GGUF's block types read as they are stored (K-quants, Q5_0/Q5_1, Q6_K, IQ4...), through ggml's
-own CPU code (decision 0041).
+"""GGUF's block types read as they are stored (decision 0041): the kernels' own packed products
+for Q4_K, Q6_K, Q5_0 and Q5_1 (``k4_linear``, ``k6_linear``, ``k5_linear``), and ggml's own CPU
+code for every type (``linear``, ``take_rows``).
 
 ``scripts/build-ggml`` (run by ``scripts/setup``) builds the pinned ggml's CPU library once per
 instruction set the kernels choose from, into ``ggml/`` beside this file; the kernels open the
@@ -21,8 +22,11 @@ import mlx.core as mx
 
 from . import ops
 
-__all__ = ["GGML_DIR", "available", "dequantize", "describe", "k4_linear", "k5_linear", "k6_linear", "k6_take_rows", "linear", "quantize", "reads_k4", "reads_k5", "reads_k6", "row_bytes",
-           "serves", "take_rows", "type_name", "variant"]
+__all__ = [
+    "GGML_DIR", "available", "dequantize", "describe", "k4_linear", "k5_linear", "k6_linear", "k6_take_rows",
+    "linear", "quantize", "reads_k4", "reads_k5", "reads_k6", "row_bytes", "serves", "take_rows", "type_name",
+    "variant",
+]
 
 #: Where ``scripts/build-ggml`` writes ggml's libraries.
 GGML_DIR = Path(__file__).with_name("ggml")

@@ -34,8 +34,10 @@ from mlx_lm.utils import load_model as mlx_lm_load_model
 from ..kernels import blocks
 from ..kernels import ops as kernels
 
-__all__ = ["GgmlEmbedding", "GgmlLinear", "K4Linear", "K5Linear", "K6Embedding", "K6Linear", "pack_k5", "block_layers", "load_model", "pack_k4", "pack_k6",
-           "q4_k_affine", "q4_k_parts", "q6_k_parts", "trim"]
+__all__ = [
+    "GgmlEmbedding", "GgmlLinear", "K4Linear", "K5Linear", "K6Embedding", "K6Linear", "block_layers", "load_model",
+    "pack_k4", "pack_k5", "pack_k6", "q4_k_affine", "q4_k_parts", "q6_k_parts", "trim",
+]
 
 Q4_K = int(gguf.GGMLQuantizationType.Q4_K)
 Q6_K = int(gguf.GGMLQuantizationType.Q6_K)
