@@ -157,7 +157,10 @@ class Server:
         stamps: list[float] = []
         usage = None
         sent = time.perf_counter()
-        with self.client.stream("POST", f"{self.url}/v1/completions", json=self.body(prompt, max_tokens)) as r:
+        # a connection of its own: a kept-alive one that a server closed while the other was measured
+        # could be reused just as its close arrives ("Server disconnected without sending a response")
+        with self.client.stream("POST", f"{self.url}/v1/completions", json=self.body(prompt, max_tokens),
+                                headers={"Connection": "close"}) as r:
             if r.status_code != 200:
                 r.read()
                 raise SystemExit(f"{self.name}: HTTP {r.status_code}: {r.text[:500]}")
