@@ -44,7 +44,7 @@ def child(path: Path, kernels: bool, context: int, steps: int, batch: int, isa: 
     import mlx.nn as nn
     from mlx_lm.models.cache import make_prompt_cache
 
-    from turbospark.model.mlx_ggml import GgmlLinear, K4Linear, K5Linear, K6Linear, load_model
+    from turbospark.model.mlx_ggml import GgmlLinear, PackedLinear, load_model
     from turbospark.model.mlx_kernels import install
 
     if isa:
@@ -72,7 +72,7 @@ def child(path: Path, kernels: bool, context: int, steps: int, batch: int, isa: 
     with tempfile.TemporaryDirectory() as tmp:
         mx.export_to_dot(f"{tmp}/step.dot", mx.argmax(graph[:, -1], -1))
         ops = collections.Counter(re.findall(r'label ="([A-Za-z_]+)', Path(f"{tmp}/step.dot").read_text()))
-    linear = [m for _, m in model.named_modules() if isinstance(m, (nn.Linear, nn.QuantizedLinear, GgmlLinear, K4Linear, K5Linear, K6Linear))]
+    linear = [m for _, m in model.named_modules() if isinstance(m, (nn.Linear, nn.QuantizedLinear, GgmlLinear, PackedLinear))]
     rows = {}
 
     def products() -> list:

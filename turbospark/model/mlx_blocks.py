@@ -31,7 +31,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from ..kernels import blocks
 from ..kernels import ops as kernels
-from .mlx_ggml import trim
+from .mlx_ggml import packed_product, trim
 
 __all__ = ["fuse", "half_kv", "kv_update"]
 
@@ -54,9 +54,7 @@ class _Weights:
         self.group_size, self.bits = getattr(first, "group_size", 0), getattr(first, "bits", 0)
         self.names = [n for n in ("weight", "scales", "biases", "highs", "fields", "bias") if n in first]
         self.weight = self.scales = self.biases = self.highs = self.fields = self.bias = None
-        self.k4 = getattr(first, "k4", False)  # Q4_K packed (``mlx_ggml.K4Linear``)
-        self.k6 = getattr(first, "k6", False)  # Q6_K packed (``mlx_ggml.K6Linear``)
-        self.k5 = getattr(first, "k5", False)  # Q5_0 or Q5_1 packed (``mlx_ggml.K5Linear``)
+        self.packed_kind = getattr(first, "packed_kind", None)  # GGUF blocks packed (``mlx_ggml.PackedLinear``)
         self.packed = getattr(first, "_turbospark_packed", False)  # each module's part is packed: so is the whole
         self.ggml_type = getattr(first, "ggml_type", None)  # GGUF blocks (``mlx_ggml.GgmlLinear``)
         self.in_features = getattr(first, "in_features", 0)
@@ -81,15 +79,9 @@ class _Weights:
         if norm is not None and norm.weight.dtype != x.dtype:  # not the prologue's case: the norm's own op
             x, norm = norm(x), None
         weight, eps = (norm.weight, norm.eps) if norm is not None else (None, 0.0)
-        if self.k4:
-            return blocks.k4_linear(x, self.weight, self.fields, self.bias, residual=residual, swiglu=swiglu_halves,
-                                    norm=weight, eps=eps)
-        if self.k5:
-            return blocks.k5_linear(x, self.weight, self.highs, self.fields, self.bias, residual=residual,
-                                    swiglu=swiglu_halves, norm=weight, eps=eps)
-        if self.k6:
-            return blocks.k6_linear(x, self.weight, self.highs, self.fields, self.bias, residual=residual,
-                                    swiglu=swiglu_halves, norm=weight, eps=eps)
+        if self.packed_kind is not None:
+            return packed_product(x, self.packed_kind, self.weight, self.highs, self.fields, self.bias,
+                                  residual=residual, swiglu=swiglu_halves, norm=weight, eps=eps)
         if self.ggml_type is not None:
             return blocks.linear(x, self.weight, self.ggml_type, self.in_features, self.bias, residual=residual,
                                  swiglu=swiglu_halves, norm=weight, eps=eps)
@@ -240,8 +232,8 @@ def _same_kind(modules: list[Any], ours: tuple[type, ...]) -> bool:
         return False
     if any(("bias" in m) != ("bias" in first) for m in modules):
         return False
-    if any(hasattr(first, a) for a in ("ggml_type", "k4", "k5", "k6")):  # GGUF blocks (``mlx_ggml``)
-        return all(getattr(m, a, None) == getattr(first, a, None) for a in ("ggml_type", "block_type") for m in modules)
+    if hasattr(first, "ggml_type") or hasattr(first, "packed_kind"):  # GGUF blocks (``mlx_ggml``)
+        return all(getattr(m, a, None) == getattr(first, a, None) for a in ("ggml_type", "packed_kind") for m in modules)
     if isinstance(first, nn.QuantizedLinear):
         packed = getattr(first, "_turbospark_packed", False)
         return all(m.bits == first.bits and m.group_size == first.group_size and m["scales"].dtype == first["scales"].dtype

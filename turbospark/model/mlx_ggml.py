@@ -7,8 +7,7 @@ The store keeps a GGUF tensor of a type MLX's affine layout cannot hold lossless
 model's ``sanitize`` (``_place``); on the CPU (not sharded):
 
 - Q4_K, Q6_K, Q5_0 and Q5_1 are packed eight rows together for the kernels' own products
-  (``K4Linear``, ``K6Linear``, a tied head's ``K6Embedding``, ``K5Linear``) where their
-  instruction set reads them so;
+  (``PackedLinear``, a tied Q6_K head's ``K6Embedding``) where their instruction set reads them so;
 - any other type ggml multiplies becomes a ``GgmlLinear`` (or ``GgmlEmbedding``): ggml's row
   products in the kernels' op (``kernels.blocks``).
 
@@ -35,13 +34,12 @@ from ..kernels import blocks
 from ..kernels import ops as kernels
 
 __all__ = [
-    "GgmlEmbedding", "GgmlLinear", "K4Linear", "K5Linear", "K6Embedding", "K6Linear", "block_layers", "load_model",
-    "pack_k4", "pack_k5", "pack_k6", "q4_k_affine", "q4_k_parts", "q6_k_parts", "trim",
+    "PACKED", "GgmlEmbedding", "GgmlLinear", "K6Embedding", "PackedLinear", "block_layers", "load_model", "pack_k4",
+    "pack_k5", "pack_k6", "packed_product", "q4_k_affine", "q4_k_parts", "q6_k_parts", "trim",
 ]
 
 Q4_K = int(gguf.GGMLQuantizationType.Q4_K)
-Q6_K = int(gguf.GGMLQuantizationType.Q6_K)
-Q5_0, Q5_1 = int(gguf.GGMLQuantizationType.Q5_0), int(gguf.GGMLQuantizationType.Q5_1)
+Q5_1 = int(gguf.GGMLQuantizationType.Q5_1)
 
 
 class GgmlLinear(nn.Module):
@@ -73,39 +71,38 @@ class GgmlEmbedding(nn.Module):
         return blocks.linear(x, self["weight"], self.ggml_type, self.dims)
 
 
-class K4Linear(nn.Module):
-    """``x @ W.T (+ bias)`` with W in Q4_K super-blocks packed eight rows together for the
-    kernels' own product (``pack_k4``): 4.625 bits a weight, where GGUF's are 4.5."""
-
-    def __init__(self, weight: mx.array, fields: mx.array, in_features: int, bias: mx.array | None = None) -> None:
-        super().__init__()
-        self.weight, self.fields = weight, fields
-        if bias is not None:
-            self.bias = bias
-        self.in_features = in_features
-        self.k4 = True
-        self._turbospark_packed = True
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return blocks.k4_linear(x, self["weight"], self["fields"], self.get("bias"))
+def packed_product(x: mx.array, kind: str, weight: mx.array, highs: mx.array | None, fields: mx.array,
+                   bias: mx.array | None = None, **around: Any) -> mx.array:
+    """``x @ W.T (+ bias)`` for W packed for the kernels as ``kind`` (``PACKED``); ``around``:
+    ``residual``, ``swiglu``, ``norm``, ``eps`` as ``kernels.ops.linear`` takes them."""
+    if kind == "Q4_K":
+        return blocks.k4_linear(x, weight, fields, bias, **around)
+    product = blocks.k6_linear if kind == "Q6_K" else blocks.k5_linear
+    return product(x, weight, highs, fields, bias, **around)
 
 
-class K6Linear(nn.Module):
-    """``x @ W.T (+ bias)`` with W in Q6_K super-blocks packed eight rows together for the
-    kernels' own product (``pack_k6``): 6.5625 bits a weight, GGUF's own."""
+#: The block types packed for the kernels' own products (``_pack``), in the order the startup line names them.
+PACKED = ("Q4_K", "Q5_0", "Q5_1", "Q6_K")
 
-    def __init__(self, weight: mx.array, highs: mx.array, fields: mx.array, in_features: int,
+
+class PackedLinear(nn.Module):
+    """``x @ W.T (+ bias)`` with W packed eight rows together for the kernels' own product:
+    Q4_K (``pack_k4``: 4.625 bits a weight, GGUF's 4.5), Q5_0 or Q5_1 (``pack_k5``: 6 bits) or
+    Q6_K (``pack_k6``: GGUF's 6.5625); ``highs`` the fifth or high bits (none for Q4_K)."""
+
+    def __init__(self, kind: str, weight: mx.array, highs: mx.array | None, fields: mx.array, in_features: int,
                  bias: mx.array | None = None) -> None:
         super().__init__()
-        self.weight, self.highs, self.fields = weight, highs, fields
+        self.weight, self.fields = weight, fields
+        if highs is not None:
+            self.highs = highs
         if bias is not None:
             self.bias = bias
-        self.in_features = in_features
-        self.k6 = True
+        self.packed_kind, self.in_features = kind, in_features
         self._turbospark_packed = True
 
     def __call__(self, x: mx.array) -> mx.array:
-        return blocks.k6_linear(x, self["weight"], self["highs"], self["fields"], self.get("bias"))
+        return packed_product(x, self.packed_kind, self["weight"], self.get("highs"), self["fields"], self.get("bias"))
 
 
 class K6Embedding(nn.Module):
@@ -124,24 +121,6 @@ class K6Embedding(nn.Module):
 
     def as_linear(self, x: mx.array) -> mx.array:
         return blocks.k6_linear(x, self["weight"], self["highs"], self["fields"])
-
-
-class K5Linear(nn.Module):
-    """``x @ W.T (+ bias)`` with W in Q5_0 or Q5_1 blocks packed eight rows together for the
-    kernels' own product (``pack_k5``): 6 bits a weight (GGUF: 5.5 and 6)."""
-
-    def __init__(self, weight: mx.array, highs: mx.array, fields: mx.array, in_features: int, ggml_type: int,
-                 bias: mx.array | None = None) -> None:
-        super().__init__()
-        self.weight, self.highs, self.fields = weight, highs, fields
-        if bias is not None:
-            self.bias = bias
-        self.in_features, self.block_type = in_features, ggml_type
-        self.k5 = True
-        self._turbospark_packed = True
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return blocks.k5_linear(x, self["weight"], self["highs"], self["fields"], self.get("bias"))
 
 
 def pack_k5(data: np.ndarray, ggml_type: int) -> tuple[mx.array, mx.array, mx.array]:
@@ -298,6 +277,24 @@ def trim() -> None:
         pass
 
 
+def _pack(kind: str, raw: np.ndarray) -> tuple[mx.array, mx.array | None, mx.array]:
+    """``raw`` blocks of ``kind`` packed for the kernels: (nibbles, high bits or None, fields)."""
+    if kind == "Q4_K":
+        packed, fields = pack_k4(raw)
+        return packed, None, fields
+    return pack_k6(raw) if kind == "Q6_K" else pack_k5(raw, int(gguf.GGMLQuantizationType[kind]))
+
+
+def _packs(kind: str, linear: bool, k: int) -> bool:
+    """Whether a tensor of block type ``kind`` is packed for the kernels here: their instruction
+    set reads it so (a Q6_K embedding too: a tied head; Q5's rows in whole 64s)."""
+    if kind == "Q4_K":
+        return linear and blocks.reads_k4()
+    if kind == "Q6_K":
+        return blocks.reads_k6()
+    return kind in ("Q5_0", "Q5_1") and linear and k % 64 == 0 and blocks.reads_k5()
+
+
 def _place(model: nn.Module, weights: dict[str, mx.array], types: dict[str, int], cpu: bool,
            stored: dict[str, np.ndarray]) -> dict[str, mx.array]:
     """Each module of ``types`` as the layer that reads its blocks best here (``cpu``: the kernels
@@ -313,19 +310,12 @@ def _place(model: nn.Module, weights: dict[str, mx.array], types: dict[str, int]
         linear = not isinstance(module, nn.Embedding)
         k, n = module.weight.shape[-1], module.weight.shape[0]
         raw = stored.pop(name) if name in stored else np.asarray(weights[name])  # unmapped once packed
-        if cpu and ggml_type == Q4_K and linear and blocks.reads_k4() and n % 8 == 0:
-            packed, fields = pack_k4(raw)
-            weights.update({name: packed, f"{path}.fields": fields})
-            new: nn.Module = K4Linear(packed, fields, k, weights.get(f"{path}.bias"))
-        elif cpu and ggml_type == Q6_K and blocks.reads_k6() and n % 8 == 0:
-            packed, highs, fields = pack_k6(raw)
-            weights.update({name: packed, f"{path}.highs": highs, f"{path}.fields": fields})
-            new = (K6Linear(packed, highs, fields, k, weights.get(f"{path}.bias")) if linear
-                   else K6Embedding(packed, highs, fields, k))
-        elif cpu and ggml_type in (Q5_0, Q5_1) and linear and blocks.reads_k5() and n % 8 == 0 and k % 64 == 0:
-            packed, highs, fields = pack_k5(raw, ggml_type)
-            weights.update({name: packed, f"{path}.highs": highs, f"{path}.fields": fields})
-            new = K5Linear(packed, highs, fields, k, ggml_type, weights.get(f"{path}.bias"))
+        kind = gguf.GGMLQuantizationType(ggml_type).name
+        if cpu and n % 8 == 0 and _packs(kind, linear, k):
+            packed, highs, fields = _pack(kind, raw)
+            weights.update({name: packed, f"{path}.fields": fields, **({f"{path}.highs": highs} if highs is not None else {})})
+            new: nn.Module = (PackedLinear(kind, packed, highs, fields, k, weights.get(f"{path}.bias")) if linear
+                              else K6Embedding(packed, highs, fields, k))
         elif cpu and blocks.serves(ggml_type, k):
             new = (GgmlLinear(weights[name], ggml_type, k, weights.get(f"{path}.bias")) if linear
                    else GgmlEmbedding(weights[name], ggml_type, k))
@@ -375,9 +365,8 @@ def block_layers(model: nn.Module) -> dict[str, int]:
     packed for the kernels (``"Q4_K packed"``, ``"Q6_K packed"``): how many of each."""
     counts: dict[str, int] = {}
     for _, m in model.named_modules():
-        if isinstance(m, (GgmlLinear, GgmlEmbedding, K4Linear, K5Linear, K6Linear, K6Embedding)):
-            name = ("Q4_K packed" if isinstance(m, K4Linear) else "Q6_K packed" if isinstance(m, (K6Linear, K6Embedding))
-                    else f"{gguf.GGMLQuantizationType(m.block_type).name} packed" if isinstance(m, K5Linear)
-                    else gguf.GGMLQuantizationType(m.ggml_type).name)
+        if isinstance(m, (GgmlLinear, GgmlEmbedding, PackedLinear, K6Embedding)):
+            name = (f"{m.packed_kind} packed" if isinstance(m, PackedLinear) else "Q6_K packed"
+                    if isinstance(m, K6Embedding) else gguf.GGMLQuantizationType(m.ggml_type).name)
             counts[name] = counts.get(name, 0) + 1
     return counts

@@ -39,7 +39,7 @@ from mlx.utils import tree_flatten
 from ..kernels import blocks
 from ..kernels import ops as kernels
 from . import mlx_blocks
-from .mlx_ggml import GgmlEmbedding, GgmlLinear, K4Linear, K5Linear, K6Embedding, K6Linear, block_layers, trim
+from .mlx_ggml import PACKED, GgmlEmbedding, GgmlLinear, K6Embedding, PackedLinear, block_layers, trim
 
 __all__ = ["CPU_CACHE_BYTES", "Linear", "QuantizedLinear", "install", "installed", "serves"]
 
@@ -133,7 +133,7 @@ def install(model: nn.Module) -> str:
     ours = linear = 0
     head = False  # a tied output head (the embedding's as_linear) went to the kernels
     for _, module in model.named_modules():
-        if isinstance(module, (GgmlLinear, GgmlEmbedding, K4Linear, K5Linear, K6Linear, K6Embedding)):  # GGUF blocks: ours
+        if isinstance(module, (GgmlLinear, GgmlEmbedding, PackedLinear, K6Embedding)):  # GGUF blocks: ours already
             table = isinstance(module, (GgmlEmbedding, K6Embedding))
             linear += not table
             ours += not table
@@ -154,7 +154,7 @@ def install(model: nn.Module) -> str:
     for _, module in model.named_modules():
         if type(module) is QuantizedLinear or (tied and type(module) is _QuantizedEmbedding):
             _pack(module)
-    fused, layers = mlx_blocks.fuse(model, (Linear, QuantizedLinear, GgmlLinear, K4Linear, K5Linear, K6Linear))
+    fused, layers = mlx_blocks.fuse(model, (Linear, QuantizedLinear, GgmlLinear, PackedLinear))
     trim()  # the copies fusing freed, back to the system
     packed = sum(getattr(m, "_turbospark_packed", False) for _, m in model.named_modules())
     huge = kernels.huge_pages([a for _, a in tree_flatten(model.parameters())])
@@ -167,15 +167,14 @@ def install(model: nn.Module) -> str:
 
 
 def _blocks_line(model: nn.Module) -> str:
-    """What reads the model's GGUF block tensors (``mlx_ggml``): ggml's variant, by type."""
+    """What reads the model's GGUF block tensors (``mlx_ggml``), by type, and where ggml is not
+    here, that its types were widened and why."""
     counts = block_layers(model)
-    if not counts:
-        return ""
-    packed = ", ".join(f"{counts.pop(f'{t} packed')} {t}" for t in ("Q4_K", "Q5_0", "Q5_1", "Q6_K")
-                       if f"{t} packed" in counts)
+    packed = ", ".join(f"{counts.pop(f'{t} packed')} {t}" for t in PACKED if f"{t} packed" in counts)
     each = ", ".join(f"{n} {name}" for name, n in sorted(counts.items()))
-    return ((f"; GGUF blocks packed for the kernels: {packed}" if packed else "")
-            + (f"; GGUF blocks read by ggml ({blocks.variant()}): {each}" if each else ""))
+    ggml = f"; {blocks.describe()}" if not blocks.available() else \
+        f"; GGUF blocks read by ggml ({blocks.variant()}): {each}" if each else ""
+    return (f"; GGUF blocks packed for the kernels: {packed}" if packed else "") + ggml
 
 
 @contextmanager

@@ -153,8 +153,6 @@ size_t ggml_row_bytes(int type, int K) {
   return row_size(type, K);
 }
 
-int ggml_block_values(int type) { return int(traits_of(type).blck_size); }
-
 std::string ggml_type_name(int type) { return traits_of(type).type_name; }
 
 std::vector<uint8_t> ggml_quantize_x(int type, const float* x, int R, int K) {

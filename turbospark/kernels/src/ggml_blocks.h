@@ -27,8 +27,6 @@ bool ggml_ready();
 std::string ggml_variant();
 // Bytes of one row of K values of GGUF type `type`, or 0 where ggml has no product for it.
 size_t ggml_row_bytes(int type, int K);
-// Values a block of `type` holds (K must be a multiple).
-int ggml_block_values(int type);
 std::string ggml_type_name(int type);
 
 // One row's products: y[r * ldy + o] for o in [o0, o1), every row r of x (R x K float32), the
