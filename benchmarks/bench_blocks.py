@@ -1,5 +1,5 @@
 """The products of each GGUF block type, side by side in one process: ggml's rows through the
-kernels (``kernels.blocks``), the kernels' own packed forms of Q4_K, Q5_0 and Q6_K
+kernels (``kernels.blocks``), the kernels' own packed forms of Q4_K, Q5_K, Q5_0 and Q6_K
 (``model.mlx_ggml``), their packed affine layout (what the store re-lays Q4_0, Q4_1 and Q8_0
 into, and Q4_K before decision 0041), and bfloat16 (what the other types were widened to).
 
@@ -37,12 +37,14 @@ def forms(n: int, k: int) -> dict[str, tuple[callable, int]]:
         q = blocks.quantize(w, qtype)
         mx.eval(q)
         out[f"ggml {qtype.name}"] = ((lambda x, q=q, t=qtype: blocks.linear(x, q, t, k)), q.nbytes)
-    raw = {t: np.array(blocks.quantize(w, t)) for t in (Q.Q4_K, Q.Q5_0, Q.Q6_K)}
+    raw = {t: np.array(blocks.quantize(w, t)) for t in (Q.Q4_K, Q.Q5_K, Q.Q5_0, Q.Q6_K)}
     k4 = mlx_ggml.pack_k4(raw[Q.Q4_K])
+    k5k = mlx_ggml.pack_k5k(raw[Q.Q5_K])
     k5 = mlx_ggml.pack_k5(raw[Q.Q5_0], Q.Q5_0)
     k6 = mlx_ggml.pack_k6(raw[Q.Q6_K])
-    mx.eval(*k4, *k5, *k6)
+    mx.eval(*k4, *k5k, *k5, *k6)
     out["ours Q4_K packed"] = ((lambda x: blocks.k4_linear(x, *k4)), sum(a.nbytes for a in k4))
+    out["ours Q5_K packed"] = ((lambda x: blocks.k5k_linear(x, *k5k)), sum(a.nbytes for a in k5k))
     out["ours Q5_0 packed"] = ((lambda x: blocks.k5_linear(x, *k5)), sum(a.nbytes for a in k5))
     out["ours Q6_K packed"] = ((lambda x: blocks.k6_linear(x, *k6)), sum(a.nbytes for a in k6))
     for bits in (4, 8):

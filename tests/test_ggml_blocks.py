@@ -199,6 +199,31 @@ def test_q5_packed_for_the_kernels_is_xs_times_the_dequantized_weights(isa, qtyp
         assert np.array_equal(np.array(blocks.k5_linear(mx.array(x[r:r + 1]), *packed, b)), got[r:r + 1])
 
 
+@needs_ggml
+@ours
+@given(rows=st.integers(1, 20), chunks=st.integers(1, 5), supers=st.integers(1, 3), bias=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_q5_k_packed_for_the_kernels_is_xs_times_the_dequantized_weights(isa, rows, chunks, supers, bias,
+                                                                          seed) -> None:
+    """Q5_K packed eight rows together (``pack_k5k``: Q4_K's nibbles and fields, Q5's fifth bits;
+    5.625 bits a weight, GGUF's 5.5): within x's rounding of x @ W.T, W dequantized by gguf; a
+    row alone as in the batch; its product in a fused layer's forms (norm, residual, SwiGLU) is
+    the plain product's."""
+    n, k = 8 * chunks, 256 * supers
+    q, w = blocks_of(Q.Q5_K, n, k, seed)
+    packed = mlx_ggml.pack_k5k(np.array(q))
+    assert sum(a.nbytes for a in packed) == n * k * 45 // 64  # 5.625 bits
+    x = np.random.default_rng(seed + 1).normal(size=(rows, k)).astype(np.float32)
+    b = mx.array(np.random.default_rng(seed + 2).normal(size=(n,)).astype(np.float32)) if bias else None
+    got = np.array(blocks.k5k_linear(mx.array(x), *packed, b))
+    want = x @ w.T + (np.array(b) if bias else 0)
+    assert (np.abs(got - want) <= bound(x, w)).all()
+    for r in range(rows):
+        assert np.array_equal(np.array(blocks.k5k_linear(mx.array(x[r:r + 1]), *packed, b)), got[r:r + 1])
+    residual = mx.array(x[:, :n] + 1)
+    assert mx.array_equal(blocks.k5k_linear(mx.array(x), *packed, b, residual=residual), residual + mx.array(got))
+
+
 # -- models --------------------------------------------------------------------------------------
 
 
@@ -240,12 +265,12 @@ def test_a_k_quant_gguf_keeps_its_blocks_and_the_kernels_read_them(kquants: Path
     model, _ = mlx_ggml.load_model(native)
     line = mlx_kernels.install(model)
     assert "2 of 2 decoder layers fused" in line and f"GGUF blocks read by ggml ({blocks.variant()})" in line
-    if blocks.reads_k4():  # Q4_K and Q6_K packed for the kernels' own products; elsewhere ggml's
-        assert "GGUF blocks packed for the kernels: 2 Q4_K, 3 Q6_K" in line
+    if blocks.reads_k4():  # Q4_K, Q5_K and Q6_K packed for the kernels' own products; elsewhere ggml's
+        assert "GGUF blocks packed for the kernels: 2 Q4_K, 2 Q5_K, 3 Q6_K" in line
         assert model.model.layers[0].self_attn.q_proj.packed_kind == "Q4_K"
         assert model.lm_head.packed_kind == "Q6_K"
     else:
-        assert "2 Q4_K" in line and "3 Q6_K" in line
+        assert "2 Q4_K" in line and "2 Q5_K" in line and "3 Q6_K" in line
         assert isinstance(model.model.layers[0].self_attn.q_proj, mlx_ggml.GgmlLinear)
     assert "2 IQ4_XS" in line
     got = np.array(model(IDS))
@@ -298,7 +323,7 @@ def test_legacy_quants_and_half_matrices_keep_their_bytes(tmp_path: Path) -> Non
     layer = model.model.layers[0]
     assert layer.self_attn.o_proj.weight.dtype == mx.float16 and layer.mlp.gate_proj.weight.dtype == mx.bfloat16
     line = mlx_kernels.install(model)
-    assert "42 of 42 linear layers" in line
+    assert "42 of 42 linear layers" in line and "6 of 6 decoder layers fused" in line  # q|k|v of mixed kinds side by side
     reference, _ = mlx_ggml.load_model(floats)
     want, got = np.array(reference(IDS)), np.array(model(IDS))
     assert got.dtype == np.float32 and np.abs(got - want).max() <= 0.05 * np.abs(want).max()

@@ -4,11 +4,17 @@
 - Its RMSNorm prologue gives exactly the product of the norm's own op's output.
 - Its SwiGLU epilogue, over a gate's and an up projection's rows one after the other, gives
   exactly mlx-lm's ``swiglu`` of the two halves (MLX's own exp and roundings).
+- Its GELU epilogue (Gemma's ``gelu_approx(gate) * up``) is within 16 units of float32's last
+  place of the exact value (float64 from the same rounded halves), one of float16's and
+  bfloat16's; MLX's own ops, rounding each of their steps, are thousands off in places.  It
+  depends on the product only through the halves' rounded values.
 - ``split_heads`` gives exactly the reshapes and transposes of mlx-lm's attention, as views.
 - Attention with its heads side by side gives exactly the transposed result.
-- Fused layers of llama, qwen2 (biased q/k/v) and qwen3 (q and k norms), float and 4-bit:
-  exactly the logits of the same model with its layers unfused, over a prompt and decode
-  steps with a plain and a batch KV cache, and a decode step of 12 primitives a layer (29 unfused).
+- Fused layers of llama, qwen2 (biased q/k/v), qwen3 (q and k norms), phi3 (q|k|v and gate|up
+  one matrix each), gemma2 (soft-capped attention, GELU, four norms) and gemma3 (sliding
+  windows: rotating caches, QK-norm), float and 4-bit: exactly the logits of the same model with
+  its layers unfused, over a prompt and decode steps with a plain and a batch KV cache, and a
+  decode step of 12 primitives a layer (29 unfused; Gemma 3's about 20, 50 unfused).
 - ``kv_write`` gives exactly mlx-lm's caches' slice updates and slices.
 """
 
@@ -25,7 +31,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx.utils import tree_flatten
 from mlx_lm.models.activations import swiglu
-from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache, make_prompt_cache
 
 from turbospark.kernels import ops as kernels
 from turbospark.model import mlx_blocks, mlx_kernels
@@ -98,6 +104,35 @@ def test_a_swiglu_epilogue_equals_mlx_lm_swiglu_of_the_two_halves(rows, dtype, b
     y = product(x, w, None, bits)
     np.testing.assert_array_equal(np.array(got.astype(mx.float32)),
                                   np.array(swiglu(y[..., :24], y[..., 24:]).astype(mx.float32)))
+
+
+@needs_kernels
+@ours
+@given(rows=st.integers(1, 40), dtype=floats, bits=st.sampled_from([0, 4, 8]), scale=st.sampled_from([0.1, 1.0, 4.0]),
+       seed=st.integers(0, 2**16))
+def test_a_gelu_epilogue_is_gemmas_gated_gelu_to_the_last_place(rows, dtype, bits, scale, seed) -> None:
+    mx.random.seed(seed)
+    x = (mx.random.normal((1, rows, 64)) * scale).astype(dtype)
+    w = weights(48, 64, dtype, bits)
+    got = product(x, w, None, bits, geglu=True)
+    assert got.dtype == dtype and got.shape == (1, rows, 24)
+    y = product(x, w, None, bits)
+    gate, up = (np.array(h.astype(mx.float32)).astype(np.float64) for h in (y[..., :24], y[..., 24:]))
+    exact = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate**3))) * up
+    last_place = {mx.float32: 16 * 2.0**-23, mx.float16: 2.0**-10, mx.bfloat16: 2.0**-7}[dtype]
+    bound = last_place * np.abs(exact) + 2.0**-24 * (np.abs(up) + 1)  # and float16's smallest steps, near 0
+    assert np.all(np.abs(np.array(got.astype(mx.float32)) - exact) <= bound)
+    # the same bits from the halves alone (an identity product: exact), as the unfused layers' GELU reads them
+    halves = mx.concatenate([y[..., :24], y[..., 24:]], axis=-1)
+    again = kernels.linear(halves, mx.eye(48, dtype=dtype), geglu=True)
+    np.testing.assert_array_equal(np.array(again.astype(mx.float32)), np.array(got.astype(mx.float32)))
+
+
+def kernels_gelu(gate: mx.array, up: mx.array) -> mx.array:
+    """``gelu_approx(gate) * up`` as the kernels' GELU epilogue computes it (an identity product
+    of the two halves side by side: exact)."""
+    halves = mx.concatenate([gate, up], axis=-1)
+    return kernels.linear(halves, mx.eye(halves.shape[-1], dtype=halves.dtype), geglu=True)
 
 
 @needs_kernels
@@ -215,17 +250,31 @@ def test_a_decode_step_product_gives_the_same_bits_on_one_thread_or_the_whole_te
     np.testing.assert_array_equal(one, team)
 
 
-def tiny(arch: str, seed: int):
-    if arch != "qwen3":
-        return tiny_llama(vocab=64, layers=2, seed=seed, arch=arch, hidden=64)
-    from mlx.utils import tree_map
-    from mlx_lm.models import qwen3
+#: Each architecture's own arguments past llama's (``tiny``): a sliding window of 4 for gemma3's
+#: layers 0 and 1 of 3 (the prompt's 7 tokens and the decode steps rotate their caches).
+_TINY_ARGS = {
+    "qwen3": dict(max_position_embeddings=512, rope_theta=1e6, head_dim=16, tie_word_embeddings=True),
+    "phi3": dict(rope_theta=1e4),
+    "gemma2": dict(head_dim=16, query_pre_attn_scalar=16, attn_logit_softcapping=5.0, final_logit_softcapping=30.0),
+    "gemma3_text": dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=4, sliding_window_pattern=3),
+}
 
+
+def tiny(arch: str, seed: int, layers: int = 0):
+    if arch not in _TINY_ARGS:
+        return tiny_llama(vocab=64, layers=layers or 2, seed=seed, arch=arch, hidden=64)
+    import importlib
+
+    from mlx.utils import tree_map
+
+    module = importlib.import_module(f"mlx_lm.models.{arch}")
     mx.random.seed(seed)
-    model = qwen3.Model(qwen3.ModelArgs(
-        model_type="qwen3", hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
-        num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=64, max_position_embeddings=512, rope_theta=1e6,
-        head_dim=16, tie_word_embeddings=True))
+    model = module.Model(module.ModelArgs(
+        model_type=arch, hidden_size=64, num_hidden_layers=layers or (3 if arch == "gemma3_text" else 2),
+        intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=64,
+        **_TINY_ARGS[arch]))
+    if arch == "gemma3_text":  # tied, as Gemma 3's files are
+        model.sanitize({})
     model.update(tree_map(lambda w: w * 3, model.parameters()))
     mx.eval(model.parameters())
     return model
@@ -257,6 +306,14 @@ class _RoundedKVCache(_RoundedToHalf, KVCache):
     pass
 
 
+class _RoundedRotatingKVCache(_RoundedToHalf, RotatingKVCache):
+    pass
+
+
+class _RoundedBatchRotatingKVCache(_RoundedToHalf, BatchRotatingKVCache):
+    pass
+
+
 class _RoundedBatchKVCache(_RoundedToHalf, BatchKVCache):
     pass
 
@@ -264,9 +321,12 @@ class _RoundedBatchKVCache(_RoundedToHalf, BatchKVCache):
 def caches(model, batch_cache: bool, rounded: bool = False, lefts: tuple[int, ...] = (1, 0)) -> list:
     """A KV cache a layer, plain or batch (left padding ``lefts``), rounding its rows to
     float16's values where ``rounded``."""
+    window = [getattr(layer.self_attn, "is_sliding", False) and model.args.sliding_window for layer in model.model.layers]
     if batch_cache:
-        return [(_RoundedBatchKVCache if rounded else BatchKVCache)(list(lefts)) for _ in model.model.layers]
-    return [(_RoundedKVCache if rounded else KVCache)() for _ in model.model.layers]
+        return [(_RoundedBatchRotatingKVCache if rounded else BatchRotatingKVCache)(w, list(lefts)) if w
+                else (_RoundedBatchKVCache if rounded else BatchKVCache)(list(lefts)) for w in window]
+    return [(_RoundedRotatingKVCache if rounded else RotatingKVCache)(w) if w
+            else (_RoundedKVCache if rounded else KVCache)() for w in window]
 
 
 @pytest.fixture(params=["float32", "float16"])
@@ -279,21 +339,33 @@ def kv(request: pytest.FixtureRequest):
 
 
 @needs_kernels
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-@pytest.mark.parametrize("bits", [0, 4])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"])
+@pytest.mark.parametrize("bits", [0, 4, "float16", "float16 embedding"])
 @pytest.mark.parametrize("batch_cache", [False, True])
 def test_fused_layers_give_the_unfused_layers_logits(arch, bits, batch_cache, kv, monkeypatch) -> None:
     """With a float16 cache, the unfused layers' rows are rounded to float16 where they are
-    written: the same bits again (attention reads float16 rows as their float32 values)."""
+    written: the same bits again (attention reads float16 rows as their float32 values).  A
+    model in float16 computes in float16; one whose embedding alone is (a GGUF's: its norms
+    float32) in float32 from the first norm on."""
     plain, fused = tiny(arch, seed=5), tiny(arch, seed=5)
-    if bits:
+    if bits == "float16":
+        plain.set_dtype(mx.float16)
+        fused.set_dtype(mx.float16)
+    elif bits == "float16 embedding":
+        plain.model.embed_tokens.set_dtype(mx.float16)
+        fused.model.embed_tokens.set_dtype(mx.float16)
+    elif bits:
         nn.quantize(plain, group_size=32, bits=bits)
         nn.quantize(fused, group_size=32, bits=bits)
     with monkeypatch.context() as patch:
         patch.setattr(mlx_blocks, "fuse", lambda model, ours: (0, len(model.model.layers)))
-        assert "0 of 2 decoder layers fused" in mlx_kernels.install(plain)
-    assert "2 of 2 decoder layers fused" in mlx_kernels.install(fused)
+        assert "0 of " in mlx_kernels.install(plain)
+    n = len(fused.model.layers)
+    assert f"{n} of {n} decoder layers fused" in mlx_kernels.install(fused)
     assert all(type(layer).__name__ == "FusedTransformerBlock" for layer in fused.model.layers)
+    if arch.startswith("gemma"):  # the unfused layers' GELU, as the fused layers' products compute it
+        mlp = type(plain.model.layers[0].mlp)
+        monkeypatch.setattr(mlp, "__call__", lambda self, x: self.down_proj(kernels_gelu(self.gate_proj(x), self.up_proj(x))))
     before = sum(a.nbytes for _, a in tree_flatten(plain.parameters()))
     assert sum(a.nbytes for _, a in tree_flatten(fused.parameters())) == before  # views, nothing twice
     tokens = mx.array([[3, 1, 4, 1, 5, 9, 2]] * (2 if batch_cache else 1))
@@ -302,7 +374,7 @@ def test_fused_layers_give_the_unfused_layers_logits(arch, bits, batch_cache, kv
     for got, want in zip(run(fused, tokens, fused_cache), run(plain, tokens, caches(plain, batch_cache, kv == "float16")),
                          strict=True):
         np.testing.assert_array_equal(got, want)
-    assert {c.keys.dtype for c in fused_cache} == {mx.float16 if kv == "float16" else mx.float32}
+    assert {c.keys.dtype for c in fused_cache} == {mx.float16 if kv == "float16" or bits == "float16" else mx.float32}
 
 
 @needs_kernels

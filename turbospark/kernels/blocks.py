@@ -73,11 +73,11 @@ def type_name(ggml_type: int) -> str:
 
 
 def linear(x: mx.array, weight: mx.array, ggml_type: int, k: int, bias: mx.array | None = None, *,
-           residual: mx.array | None = None, swiglu: bool = False, norm: mx.array | None = None,
+           residual: mx.array | None = None, swiglu: bool = False, geglu: bool = False, norm: mx.array | None = None,
            eps: float = 0.0) -> mx.array:
     """``x @ dequantize(weight).T (+ bias)`` for ``weight`` (N, row bytes) uint8 in ``ggml_type``;
-    ``residual``, ``swiglu`` and ``norm`` as in ``ops.linear``: one op."""
-    return ops.native.rows_ggml_matmul(x, weight, int(ggml_type), k, bias, residual=residual, swiglu=swiglu,
+    ``residual``, ``swiglu``, ``geglu`` and ``norm`` as in ``ops.linear``: one op."""
+    return ops.native.rows_ggml_matmul(x, weight, int(ggml_type), k, bias, residual=residual, swiglu=swiglu, geglu=geglu,
                                        norm=norm, eps=eps)
 
 
@@ -93,36 +93,46 @@ def reads_k6() -> bool:
 
 
 def reads_k5() -> bool:
-    """The same for Q5_0 and Q5_1 (``k5_linear``)."""
+    """The same for Q5_0, Q5_1 (``k5_linear``) and Q5_K (``k5k_linear``)."""
     return ops.native is not None and ops.native.reads_k(5)
 
 
 def k4_linear(x: mx.array, weight: mx.array, fields: mx.array, bias: mx.array | None = None, *,
-              residual: mx.array | None = None, swiglu: bool = False, norm: mx.array | None = None,
+              residual: mx.array | None = None, swiglu: bool = False, geglu: bool = False, norm: mx.array | None = None,
               eps: float = 0.0) -> mx.array:
     """``x @ W.T (+ bias)`` for W in Q4_K super-blocks packed eight rows together by the kernels
     (``model.mlx_ggml.pack_k4``): the nibbles (N, K / 8) uint32 and each chunk's fields;
-    ``residual``, ``swiglu`` and ``norm`` as in ``ops.linear``.  Not ggml's: the kernels' own
+    ``residual``, ``swiglu``, ``geglu`` and ``norm`` as in ``ops.linear``.  Not ggml's: the kernels' own
     packed product (decision 0041)."""
-    return ops.native.rows_k4_matmul(x, weight, fields, bias, residual=residual, swiglu=swiglu, norm=norm, eps=eps)
+    return ops.native.rows_k4_matmul(x, weight, fields, bias, residual=residual, swiglu=swiglu, geglu=geglu, norm=norm, eps=eps)
 
 
 def k6_linear(x: mx.array, weight: mx.array, highs: mx.array, fields: mx.array, bias: mx.array | None = None, *,
-              residual: mx.array | None = None, swiglu: bool = False, norm: mx.array | None = None,
+              residual: mx.array | None = None, swiglu: bool = False, geglu: bool = False, norm: mx.array | None = None,
               eps: float = 0.0) -> mx.array:
     """``k4_linear`` for Q6_K packed by ``model.mlx_ggml.pack_k6``: the low nibbles (N, K / 8),
     the high bits (N, K / 16) uint32 and each chunk's fields; 6.5625 bits a weight, GGUF's own."""
-    return ops.native.rows_k6_matmul(x, weight, highs, fields, bias, residual=residual, swiglu=swiglu, norm=norm,
+    return ops.native.rows_k6_matmul(x, weight, highs, fields, bias, residual=residual, swiglu=swiglu, geglu=geglu, norm=norm,
                                      eps=eps)
 
 
 def k5_linear(x: mx.array, weight: mx.array, highs: mx.array, fields: mx.array, bias: mx.array | None = None, *,
-              residual: mx.array | None = None, swiglu: bool = False, norm: mx.array | None = None,
+              residual: mx.array | None = None, swiglu: bool = False, geglu: bool = False, norm: mx.array | None = None,
               eps: float = 0.0) -> mx.array:
     """``k4_linear`` for Q5_0 or Q5_1 packed by ``model.mlx_ggml.pack_k5``: the low nibbles
     (N, K / 8), the fifth bits (N, K / 32) uint32 and each chunk's fields; 6 bits a weight."""
-    return ops.native.rows_k5_matmul(x, weight, highs, fields, bias, residual=residual, swiglu=swiglu, norm=norm,
+    return ops.native.rows_k5_matmul(x, weight, highs, fields, bias, residual=residual, swiglu=swiglu, geglu=geglu, norm=norm,
                                      eps=eps)
+
+
+def k5k_linear(x: mx.array, weight: mx.array, highs: mx.array, fields: mx.array, bias: mx.array | None = None, *,
+               residual: mx.array | None = None, swiglu: bool = False, geglu: bool = False, norm: mx.array | None = None,
+               eps: float = 0.0) -> mx.array:
+    """``k4_linear`` for Q5_K packed by ``model.mlx_ggml.pack_k5k``: Q4_K's nibbles and fields with
+    the fifth bits (N, K / 32) uint32; 5.625 bits a weight (GGUF: 5.5).  ``reads_k5`` says where
+    the set reads it so."""
+    return ops.native.rows_k5k_matmul(x, weight, highs, fields, bias, residual=residual, swiglu=swiglu, geglu=geglu,
+                                      norm=norm, eps=eps)
 
 
 def k6_take_rows(weight: mx.array, highs: mx.array, fields: mx.array, ids: mx.array, dtype: mx.Dtype) -> mx.array:

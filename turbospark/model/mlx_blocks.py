@@ -1,4 +1,5 @@
-"""A decoder layer of mlx-lm's llama, qwen2 and qwen3 stacks in 12 ops on the CPU kernels, not 29.
+"""A decoder layer of mlx-lm's llama, qwen2, qwen3 and phi3 stacks in 12 ops on the CPU kernels, not 29;
+gemma2's and gemma3's in about 20, not 50.
 
 mlx-lm's layer is ~29 ops on the CPU even with the kernels' products, RMSNorm, RoPE and
 attention (``mlx_kernels``): seven products, six reshapes and four transposes, the SwiGLU and
@@ -16,18 +17,28 @@ views of those matrices (no byte is held twice).  The two norms run inside the p
 read them, and the residual adds and the SwiGLU after them, each rounding where the separate
 ops round (``kernels.linear``), so the layer's arithmetic is the unfused one's (decision 0033).
 
+Phi-3's q|k|v and gate|up are one matrix each already (``qkv_proj``, ``gate_up_proj``): its
+layer is llama's.  Gemma 2 and 3 (``_gemma_call``) norm each product's output too, take their
+norms' weights as 1 + weight and gate with GELU: the input norms run inside the products, the
+output norms and residual adds after them, the GELU on the joined gate|up's halves; Gemma 2's
+soft-capped attention is its own ops on the split heads, Gemma 3's (QK-norm, sliding windows)
+the kernels' attention.  A sliding window's rotating cache is written by mlx-lm's own method, in
+float16 where the fused layers' caches are.
+
 Anything the kernels do not take goes the module's own way: a quantized KV cache, layers of
-other classes (an adapter's, a sharded model's) or of mixed kinds, another architecture.
+other classes (an adapter's, a sharded model's), another architecture.
 """
 
 from __future__ import annotations
+
+import sys
 
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.activations import swiglu
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
 
 from ..kernels import blocks
 from ..kernels import ops as kernels
@@ -35,7 +46,10 @@ from .mlx_ggml import packed_product, trim
 
 __all__ = ["fuse", "half_kv", "kv_update"]
 
-_LAYOUTS = {"mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3"}
+_GEMMA = {"mlx_lm.models.gemma2", "mlx_lm.models.gemma3_text"}
+_LAYOUTS = {"mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3", "mlx_lm.models.phi3", *_GEMMA}
+_NORMS = {False: ("input_layernorm", "post_attention_layernorm"),
+          True: ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")}
 
 
 #: Weights are copied into buffers of about this size (a few layers each): one span of memory that
@@ -73,31 +87,33 @@ class _Weights:
             at[pieces[0].dtype] = start
 
     def __call__(self, x: mx.array, *, residual: mx.array | None = None, swiglu_halves: bool = False,
-                 norm: nn.RMSNorm | None = None) -> mx.array:
+                 geglu_halves: bool = False, norm: nn.RMSNorm | None = None) -> mx.array:
         """The product, after ``norm`` (a layer's RMSNorm: in the same op where the kernels take
         x, with the same bits as the norm's own op)."""
-        if norm is not None and norm.weight.dtype != x.dtype:  # not the prologue's case: the norm's own op
-            x, norm = norm(x), None
-        weight, eps = (norm.weight, norm.eps) if norm is not None else (None, 0.0)
+        weight = None if norm is None else norm.weight_for(x.dtype) if isinstance(norm, _OnePlus) else norm.weight
+        if weight is not None and weight.dtype != x.dtype:  # not the prologue's case: the norm's own op
+            x, norm, weight = norm(x), None, None
+        eps = norm.eps if norm is not None else 0.0
         if self.packed_kind is not None:
             return packed_product(x, self.packed_kind, self.weight, self.highs, self.fields, self.bias,
-                                  residual=residual, swiglu=swiglu_halves, norm=weight, eps=eps)
+                                  residual=residual, swiglu=swiglu_halves, geglu=geglu_halves, norm=weight, eps=eps)
         if self.ggml_type is not None:
             return blocks.linear(x, self.weight, self.ggml_type, self.in_features, self.bias, residual=residual,
-                                 swiglu=swiglu_halves, norm=weight, eps=eps)
+                                 swiglu=swiglu_halves, geglu=geglu_halves, norm=weight, eps=eps)
         if self.quantized:
             return kernels.quantized_linear(x, self.weight, self.scales, self.biases, self.bias,
                                             group_size=self.group_size, bits=self.bits, packed=self.packed,
-                                            residual=residual, swiglu=swiglu_halves, norm=weight, eps=eps)
+                                            residual=residual, swiglu=swiglu_halves, geglu=geglu_halves,
+                                            norm=weight, eps=eps)
         if kernels.serves_float(x, self.weight):
             return kernels.linear(x, self.weight, self.bias, residual=residual, swiglu=swiglu_halves,
-                                  norm=weight, eps=eps)
+                                  geglu=geglu_halves, norm=weight, eps=eps)
         if norm is not None:
             x = norm(x)
         y = x @ self.weight.T if self.bias is None else mx.addmm(self.bias, x, self.weight.T)
-        if swiglu_halves:
+        if swiglu_halves or geglu_halves:
             gate, up = mx.split(y, 2, axis=-1)
-            return swiglu(gate, up)
+            return swiglu(gate, up) if swiglu_halves else nn.gelu_approx(gate) * up
         return y if residual is None else residual + y
 
 
@@ -140,22 +156,53 @@ class _Side:
         ys = [p(x) for p in self.products]
         return swiglu(*ys) if swiglu_halves else mx.concatenate(ys, axis=-1)
 
+    def halves(self, x: mx.array, norm: Any) -> list[mx.array]:
+        """Gate's and up's outputs apart (Gemma's GELU takes them so)."""
+        x = norm(x)
+        return [p(x) for p in self.products]
+
+
+class _OnePlus:
+    """A Gemma RMSNorm, its weight ``1.0 + weight`` taken once, in the type its own op computes
+    in for x's type (the kernels' norm casts both to their result type each call: the same
+    bits): one op, and one a products' prologue reads where that type is x's (``_Weights``)."""
+
+    def __init__(self, norm: Any) -> None:
+        self.norm, self.eps = norm, norm.eps
+        self._weights: dict[Any, mx.array] = {}
+
+    def weight_for(self, dtype: Any) -> mx.array:
+        weight = self._weights.get(dtype)
+        if weight is None:
+            one_plus = 1.0 + self.norm.weight
+            weight = self._weights[dtype] = one_plus.astype((mx.zeros((), dtype) + one_plus[:1]).dtype)
+            mx.eval(weight)
+        return weight
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.fast.rms_norm(x, self.weight_for(x.dtype), self.eps)
+
 
 class _Parts:
     """A fused layer's joined products and its two others (a plain object: no parameters)."""
 
     def __init__(self, block: Any, ours: tuple[type, ...]) -> None:
         attn, mlp = block.self_attn, block.mlp
-        qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+        qkv, gate_up = _qkv(attn), _gate_up(mlp)
         self.qkv = _Weights(qkv) if _same_kind(qkv, ours) else _Side([_Weights([m]) for m in qkv])
         self.o = _Weights([attn.o_proj])
-        gate_up = [mlp.gate_proj, mlp.up_proj]
         self.gate_up = _Weights(gate_up) if _same_kind(gate_up, ours) else _Side([_Weights([m]) for m in gate_up])
         self.down = _Weights([mlp.down_proj])
         self.qk_norm = hasattr(attn, "q_norm")
         # where the joined q, k and v product splits into q, k and v (``mlx_fused``)
-        q_out = attn.q_proj["weight"].shape[0]
-        self.qkv_splits = [q_out, q_out + attn.k_proj["weight"].shape[0]]
+        dim = sum(m["weight"].shape[0] for m in qkv) // (attn.n_heads + 2 * attn.n_kv_heads)
+        self.qkv_splits = [attn.n_heads * dim, (attn.n_heads + attn.n_kv_heads) * dim]
+        module = sys.modules[_unwrapped(type(block)).__module__]
+        if module.__name__ in _GEMMA:
+            self.norms = {n: _OnePlus(block[n]) for n in _NORMS[True]}
+            self.q_norm, self.k_norm = (_OnePlus(attn.q_norm), _OnePlus(attn.k_norm)) if self.qk_norm else (None, None)
+            self.residual = getattr(module, "clip_residual", mx.add)  # gemma3's clips float16's sums
+            self.softcap = getattr(attn, "attn_logit_softcapping", None)  # gemma2's attention
 
     def products(self) -> list[_Weights]:
         return [w for p in (self.qkv, self.o, self.gate_up, self.down)
@@ -179,6 +226,52 @@ def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.arr
     return parts.down(parts.gate_up(h, swiglu_halves=True, norm=self.post_attention_layernorm), residual=h)
 
 
+def _gemma_call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+    parts: _Parts = self._turbospark_parts
+    if hasattr(cache, "bits") or x.ndim != 3:  # a quantized KV cache: the layer's own ops
+        return self._turbospark_plain(x, mask, cache)
+    attn = self.self_attn
+    norms = parts.norms
+    q, k, v = kernels.split_heads(parts.qkv(x, norm=norms["input_layernorm"]), attn.n_heads, attn.n_kv_heads)
+    if parts.qk_norm:
+        q, k = parts.q_norm(q), parts.k_norm(k)
+    if cache is not None:
+        q, k = attn.rope(q, offset=cache.offset), attn.rope(k, offset=cache.offset)
+        k, v = kv_update(cache, k, v)
+    else:
+        q, k = attn.rope(q), attn.rope(k)
+    if parts.softcap is None:
+        attended = kernels.merged_attention(q, k, v, scale=attn.scale, mask=mask)
+    else:
+        attended = _softcapped(attn, q, k, v, mask)
+    h = parts.residual(x, norms["post_attention_layernorm"](parts.o(attended)))
+    if isinstance(parts.gate_up, _Side):  # MLX's own GELU, its ops' roundings
+        gate, up = parts.gate_up.halves(h, norms["pre_feedforward_layernorm"])
+        gated = nn.gelu_approx(gate) * up
+    else:  # the kernels' GELU in the product
+        gated = parts.gate_up(h, geglu_halves=True, norm=norms["pre_feedforward_layernorm"])
+    return parts.residual(h, norms["post_feedforward_layernorm"](parts.down(gated)))
+
+
+def _softcapped(attn: Any, q: mx.array, k: mx.array, v: mx.array, mask: Any) -> mx.array:
+    """mlx-lm gemma2's attention (its logits soft-capped) on split heads, as ``(B, L, H * D)``."""
+    B, _, L, D = q.shape
+    q = q * attn.scale
+    if attn.repeats > 1:
+        q = q.reshape(B, attn.n_kv_heads, attn.repeats, L, D)
+        k, v = mx.expand_dims(k, 2), mx.expand_dims(v, 2)
+    scores = q @ k.swapaxes(-1, -2)
+    scores = mx.tanh(scores / attn.attn_logit_softcapping)
+    scores *= attn.attn_logit_softcapping
+    if mask is not None:
+        if mask.dtype == mx.bool_:
+            scores = mx.where(mask, scores, mx.array(mx.finfo(scores.dtype).min, scores.dtype))
+        else:
+            scores = scores + mask
+    out = mx.softmax(scores, precise=True, axis=-1) @ v
+    return out.reshape(B, attn.n_heads, L, D).transpose(0, 2, 1, 3).reshape(B, L, -1)
+
+
 def kv_update(cache: Any, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
     """``cache.update_and_fetch(k, v)`` for a fused layer: in one call to the kernels (a write
     and a slice each for keys and values, without Python's indexing) where the cache is mlx-lm's
@@ -186,6 +279,10 @@ def kv_update(cache: Any, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]
     method leaves.  A new cache is made in float16 where ``kernels.kv_half()`` (decision 0035),
     and a cache keeps its type: rows are rounded to it as they are written."""
     kind, n = type(cache), k.shape[2]
+    if kind in (RotatingKVCache, BatchRotatingKVCache):  # a sliding window's: its own method, in its type
+        kv = cache.keys.dtype if cache.keys is not None else mx.float16 if k.dtype == mx.float32 and kernels.kv_half() \
+            else k.dtype
+        return cache.update_and_fetch(k.astype(kv), v.astype(kv))
     if kind not in (KVCache, BatchKVCache):
         return cache.update_and_fetch(k, v)
     if cache.keys is not None:
@@ -221,7 +318,8 @@ def _fused_class(cls: type) -> type:
     if "_turbospark_rewrap" in vars(cls):
         return vars(cls)["_turbospark_rewrap"](_fused_class(vars(cls)["_turbospark_base"]))
     if cls not in _CLASSES:
-        _CLASSES[cls] = type(f"Fused{cls.__name__}", (cls,), {"__call__": _call, "__module__": __name__,
+        call = _gemma_call if cls.__module__ in _GEMMA else _call
+        _CLASSES[cls] = type(f"Fused{cls.__name__}", (cls,), {"__call__": call, "__module__": __name__,
                                                                "_turbospark_plain": cls.__call__})
     return _CLASSES[cls]
 
@@ -241,16 +339,28 @@ def _same_kind(modules: list[Any], ours: tuple[type, ...]) -> bool:
     return all(m["weight"].dtype == first["weight"].dtype for m in modules)
 
 
+def _qkv(attn: Any) -> list[Any]:
+    return [attn.qkv_proj] if "qkv_proj" in attn else [attn.q_proj, attn.k_proj, attn.v_proj]
+
+
+def _gate_up(mlp: Any) -> list[Any]:
+    return [mlp.gate_up_proj] if "gate_up_proj" in mlp else [mlp.gate_proj, mlp.up_proj]
+
+
 def _fusable(block: Any, ours: tuple[type, ...]) -> bool:
     attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
     kind = _unwrapped(type(block))
     if kind.__module__ not in _LAYOUTS or kind.__name__ != "TransformerBlock" or attn is None or mlp is None:
         return False
-    if not all(isinstance(getattr(block, n, None), nn.RMSNorm) for n in ("input_layernorm", "post_attention_layernorm")):
+    gemma = kind.__module__ in _GEMMA
+    norms = [getattr(block, n, None) for n in _NORMS[gemma]]
+    if not all(isinstance(n, nn.RMSNorm) if not gemma else type(n).__name__ == "RMSNorm" and "weight" in n
+               for n in norms):
+        return False
+    if type(attn).__call__.__qualname__ != "Attention.__call__":  # its own attention, not a wrapper's
         return False
     try:
-        qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
-        products = [*qkv, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        products = [*_qkv(attn), attn.o_proj, *_gate_up(mlp), mlp.down_proj]
         return all(_same_kind([m], ours) for m in products) and type(mlp).__call__.__qualname__ == "MLP.__call__"
     except AttributeError:
         return False

@@ -6,7 +6,7 @@ The store keeps a GGUF tensor of a type MLX's affine layout cannot hold lossless
 (module path -> GGUF type number).  ``load_model`` is mlx-lm's with one step added to the
 model's ``sanitize`` (``_place``); on the CPU (not sharded):
 
-- Q4_K, Q6_K, Q5_0 and Q5_1 are packed eight rows together for the kernels' own products
+- Q4_K, Q5_K, Q6_K, Q5_0 and Q5_1 are packed eight rows together for the kernels' own products
   (``PackedLinear``, a tied Q6_K head's ``K6Embedding``) where their instruction set reads them so;
 - any other type ggml multiplies becomes a ``GgmlLinear`` (or ``GgmlEmbedding``): ggml's row
   products in the kernels' op (``kernels.blocks``).
@@ -35,7 +35,7 @@ from ..kernels import ops as kernels
 
 __all__ = [
     "PACKED", "GgmlEmbedding", "GgmlLinear", "K6Embedding", "PackedLinear", "block_layers", "load_model", "pack_k4",
-    "pack_k5", "pack_k6", "packed_product", "q4_k_affine", "q4_k_parts", "q6_k_parts", "trim",
+    "pack_k5", "pack_k5k", "pack_k6", "packed_product", "q4_k_affine", "q4_k_parts", "q6_k_parts", "trim",
 ]
 
 Q4_K = int(gguf.GGMLQuantizationType.Q4_K)
@@ -74,21 +74,22 @@ class GgmlEmbedding(nn.Module):
 def packed_product(x: mx.array, kind: str, weight: mx.array, highs: mx.array | None, fields: mx.array,
                    bias: mx.array | None = None, **around: Any) -> mx.array:
     """``x @ W.T (+ bias)`` for W packed for the kernels as ``kind`` (``PACKED``); ``around``:
-    ``residual``, ``swiglu``, ``norm``, ``eps`` as ``kernels.ops.linear`` takes them."""
+    ``residual``, ``swiglu``, ``geglu``, ``norm``, ``eps`` as ``kernels.ops.linear`` takes them."""
     if kind == "Q4_K":
         return blocks.k4_linear(x, weight, fields, bias, **around)
-    product = blocks.k6_linear if kind == "Q6_K" else blocks.k5_linear
+    product = blocks.k6_linear if kind == "Q6_K" else blocks.k5k_linear if kind == "Q5_K" else blocks.k5_linear
     return product(x, weight, highs, fields, bias, **around)
 
 
 #: The block types packed for the kernels' own products (``_pack``), in the order the startup line names them.
-PACKED = ("Q4_K", "Q5_0", "Q5_1", "Q6_K")
+PACKED = ("Q4_K", "Q5_K", "Q5_0", "Q5_1", "Q6_K")
 
 
 class PackedLinear(nn.Module):
     """``x @ W.T (+ bias)`` with W packed eight rows together for the kernels' own product:
-    Q4_K (``pack_k4``: 4.625 bits a weight, GGUF's 4.5), Q5_0 or Q5_1 (``pack_k5``: 6 bits) or
-    Q6_K (``pack_k6``: GGUF's 6.5625); ``highs`` the fifth or high bits (none for Q4_K)."""
+    Q4_K (``pack_k4``: 4.625 bits a weight, GGUF's 4.5), Q5_K (``pack_k5k``: 5.625, GGUF's 5.5),
+    Q5_0 or Q5_1 (``pack_k5``: 6 bits) or Q6_K (``pack_k6``: GGUF's 6.5625); ``highs`` the fifth or
+    high bits (none for Q4_K)."""
 
     def __init__(self, kind: str, weight: mx.array, highs: mx.array | None, fields: mx.array, in_features: int,
                  bias: mx.array | None = None) -> None:
@@ -188,22 +189,23 @@ def pack_k6(data: np.ndarray) -> tuple[mx.array, mx.array, mx.array]:
     return packed, mx.array(highs), mx.array(fields.reshape(-1))
 
 
-def q4_k_parts(data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def q4_k_parts(data: np.ndarray, size: int = 144) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Q4_K rows ((N, K / 256 * 144) bytes) taken apart: the nibbles as MLX packs 4-bit values
     ((N, K / 8) uint32, value i at nibble i % 8 of word i // 8), ``d`` and ``dmin`` ((N, K / 256)
     float16) and each 32's 6-bit scale ``sc`` and minimum ``m`` ((N, K / 32) uint8).
 
     A super-block holds 256 values: ``d`` and ``dmin``, twelve bytes packing the eight ``sc`` and
     ``m``, and 128 bytes of nibbles (each 32 bytes: a 32 in the low nibbles, the next in the high
-    ones).  Value = d * sc * q - dmin * m."""
+    ones).  Value = d * sc * q - dmin * m.  Q5_K's super-blocks (``size`` 176) are the same with
+    32 bytes of fifth bits before the nibbles (``pack_k5k``)."""
     rows = data.shape[0]
-    b = np.ascontiguousarray(data).reshape(rows, -1, 144)
+    b = np.ascontiguousarray(data).reshape(rows, -1, size)
     d = b[..., 0:2].copy().view(np.float16)[..., 0]
     dmin = b[..., 2:4].copy().view(np.float16)[..., 0]
     s = b[..., 4:16]
     sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 0x0F) | ((s[..., 0:4] >> 6) << 4)], axis=-1)
     m = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], axis=-1)
-    nibbles = b[..., 16:].reshape(rows, -1, 4, 1, 32)
+    nibbles = b[..., size - 128:].reshape(rows, -1, 4, 1, 32)
     values = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=3).reshape(rows, -1)
     words = np.ascontiguousarray(values[:, 0::2] | (values[:, 1::2] << 4)).view(np.uint32)
     return words, d, dmin, sc.reshape(rows, -1), m.reshape(rows, -1)
@@ -220,11 +222,11 @@ def q4_k_affine(data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return words, scales, biases
 
 
-def pack_k4(data: np.ndarray) -> tuple[mx.array, mx.array]:
+def pack_k4(data: np.ndarray, size: int = 144) -> tuple[mx.array, mx.array]:
     """Q4_K rows packed eight rows together for ``blocks.k4_linear``: the nibbles as
     ``kernels.pack_quantized`` packs 4-bit weights, and per chunk and super-block a
     ``K4Fields`` (the rows' d, dmin, and their 32s' sc and m as bytes, [32][row]: 160 bytes)."""
-    words, d, dmin, sc, m = q4_k_parts(data)
+    words, d, dmin, sc, m = q4_k_parts(data, size)
     n, supers = d.shape
     zeros = mx.zeros((n, sc.shape[1]), mx.float16)  # the nibbles alone are packed here
     packed = kernels.pack_quantized(mx.array(words), zeros, zeros, 32, 4)[0]
@@ -236,6 +238,21 @@ def pack_k4(data: np.ndarray) -> tuple[mx.array, mx.array]:
     bytes_ = [lanes(a.reshape(n, supers, 8)).reshape(n // 8, supers, 64) for a in (sc, m)]
     fields = np.concatenate([*halves, *bytes_], axis=-1)
     return packed, mx.array(fields.reshape(-1))
+
+
+def pack_k5k(data: np.ndarray) -> tuple[mx.array, mx.array, mx.array]:
+    """Q5_K rows ((N, K / 256 * 176) bytes) packed eight rows together for ``blocks.k5k_linear``:
+    the low nibbles and fields as ``pack_k4`` packs Q4_K's, and each 32's fifth bits one word a
+    row (bit i the value i's), eight rows side by side, as ``pack_k5`` packs Q5's.  In a
+    super-block, 32 bytes ``qh`` hold the fifth bits: bit j of byte l is value l's of its 32 j."""
+    n = data.shape[0]
+    packed, fields = pack_k4(data, size=176)
+    qh = np.ascontiguousarray(data).reshape(n, -1, 176)[..., 16:48]  # (n, supers, 32 values l)
+    bits = (qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # (n, supers, 32 j, value l)
+    words = (bits.astype(np.uint32) << np.arange(32, dtype=np.uint32)).sum(axis=-1, dtype=np.uint32)
+    words = words.reshape(n, -1)  # (n, K / 32)
+    highs = np.ascontiguousarray(words.reshape(n // 8, 8, -1).transpose(0, 2, 1)).reshape(n, -1)
+    return packed, mx.array(highs), fields
 
 
 def _widened(weight: mx.array, ggml_type: int) -> mx.array:
@@ -282,6 +299,8 @@ def _pack(kind: str, raw: np.ndarray) -> tuple[mx.array, mx.array | None, mx.arr
     if kind == "Q4_K":
         packed, fields = pack_k4(raw)
         return packed, None, fields
+    if kind == "Q5_K":
+        return pack_k5k(raw)
     return pack_k6(raw) if kind == "Q6_K" else pack_k5(raw, int(gguf.GGMLQuantizationType[kind]))
 
 
@@ -292,6 +311,8 @@ def _packs(kind: str, linear: bool, k: int) -> bool:
         return linear and blocks.reads_k4()
     if kind == "Q6_K":
         return blocks.reads_k6()
+    if kind == "Q5_K":
+        return linear and blocks.reads_k5()
     return kind in ("Q5_0", "Q5_1") and linear and k % 64 == 0 and blocks.reads_k5()
 
 

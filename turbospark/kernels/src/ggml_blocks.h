@@ -39,7 +39,7 @@ std::vector<uint8_t> ggml_quantize_x(int type, const float* x, int R, int K);
 // weights (N, row_bytes) uint8 in GGUF type `type`.
 mx::array rows_ggml_matmul(const mx::array& x, const mx::array& w, int type, int K,
                            const std::optional<mx::array>& bias, const std::optional<mx::array>& residual,
-                           bool swiglu, const Prologue& prologue, mx::StreamOrDevice s = {});
+                           int glu, const Prologue& prologue, mx::StreamOrDevice s = {});
 // Rows `ids` of a table (V, row_bytes) in GGUF type `type`, as `dtype` (an embedding's lookup).
 mx::array ggml_take_rows(const mx::array& table, const mx::array& ids, int type, int K, mx::Dtype dtype,
                          mx::StreamOrDevice s = {});

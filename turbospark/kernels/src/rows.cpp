@@ -150,15 +150,15 @@ void rms_norm_rows(float* xf, int R, int K, const mx::array& weight, float eps) 
 }
 
 mx::array rows_op(const mx::array& x, std::vector<mx::array> weights, const std::optional<mx::array>& bias,
-                  int N, int K, int group_size, int bits, const std::optional<mx::array>& residual, bool swiglu,
+                  int N, int K, int group_size, int bits, const std::optional<mx::array>& residual, int glu,
                   const Prologue& prologue, bool packed, mx::StreamOrDevice s, int ggml_type = -1) {
   auto stream = mx::to_stream(s);
   check_float(x, "x");
   if (x.ndim() < 1 || x.shape(-1) != K)
     throw std::invalid_argument("[rows_matmul] x's last dimension must match the weight's");
   if (K % 8 != 0) throw std::invalid_argument("[rows_matmul] the inner dimension must be a multiple of 8");
-  if (residual && swiglu) throw std::invalid_argument("[rows_matmul] a residual or swiglu, not both");
-  if (swiglu && N % 2 != 0) throw std::invalid_argument("[rows_matmul] swiglu needs the gate's and the up rows (2 * H)");
+  if (residual && glu) throw std::invalid_argument("[rows_matmul] a residual or a gated activation, not both");
+  if (glu && N % 2 != 0) throw std::invalid_argument("[rows_matmul] a gated activation needs the gate's and the up rows (2 * H)");
   std::vector<mx::array> inputs{x};
   for (auto& w : weights) inputs.push_back(row_major(w, stream));
   if (bias) {
@@ -167,7 +167,7 @@ mx::array rows_op(const mx::array& x, std::vector<mx::array> weights, const std:
     inputs.push_back(row_major(*bias, stream));
   }
   auto shape = x.shape();
-  shape.back() = swiglu ? N / 2 : N;
+  shape.back() = glu ? N / 2 : N;
   if (residual) {
     if (residual->shape() != shape) throw std::invalid_argument("[rows_matmul] the residual must have the output's shape");
     inputs.push_back(mx::astype(*residual, x.dtype(), stream));
@@ -177,7 +177,7 @@ mx::array rows_op(const mx::array& x, std::vector<mx::array> weights, const std:
     if (w.ndim() != 1 || w.shape(0) != K) throw std::invalid_argument("[rows_matmul] the norm's weight must be (K,)");
     inputs.push_back(row_major(mx::astype(w, x.dtype(), stream), stream));
   }
-  auto epilogue = residual ? Epilogue::Residual : swiglu ? Epilogue::Swiglu : Epilogue::None;
+  auto epilogue = residual ? Epilogue::Residual : glu == SwiGlu ? Epilogue::Swiglu : glu == GeGlu ? Epilogue::Geglu : Epilogue::None;
   return mx::array(std::move(shape), x.dtype(),
                    std::make_shared<RowsMatmul>(stream, group_size, bits, bool(bias), epilogue, bool(prologue.norm),
                                                 prologue.eps, packed, ggml_type),
@@ -222,6 +222,26 @@ void finish(const float* y, int R, int N, Epilogue epilogue, const mx::array* re
         const float s = 1.0f / (1.0f + round_to<T>(e[i]));
         const float sig = round_to<T>(g < 0 ? s : 1.0f - s);
         o[size_t(r) * H + i] = static_cast<T>(round_to<T>(g * sig) * u);
+      }
+    }
+  } else if (epilogue == Epilogue::Geglu) {
+    // gelu_approx(g) = 0.5 g (1 + tanh(z)) = g / (1 + exp(-2 z)), z = c (g + 0.044715 g^3), with
+    // MLX's exp; from g and up rounded to T, the gelu rounded to T, times up, rounded
+    const int H = N / 2;
+    const float c = -2.0f * 0.7978845608028654f, k = 0.044715f;
+    std::vector<float> e(H);
+    const Isa& isa = active_isa();
+    for (int r = 0; r < R; ++r) {
+      const float* yr = y + size_t(r) * N;
+      for (int i = 0; i < H; ++i) {
+        const float g = round_to<T>(yr[i]);
+        e[i] = c * (g + k * (g * g * g));
+      }
+      isa.exps(e.data(), H);
+      T* orow = o + size_t(r) * H;
+      for (int i = 0; i < H; ++i) {
+        const float g = round_to<T>(yr[i]), u = round_to<T>(yr[H + i]);
+        orow[i] = static_cast<T>(round_to<T>(g / (1.0f + e[i])) * u);
       }
     }
   } else {
@@ -337,16 +357,16 @@ size_t huge_pages(const std::vector<mx::array>& arrays) {
 }
 
 mx::array rows_matmul(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
-                      const std::optional<mx::array>& residual, bool swiglu, const Prologue& prologue,
+                      const std::optional<mx::array>& residual, int glu, const Prologue& prologue,
                       mx::StreamOrDevice s) {
   check_float(w, "w");
   if (w.ndim() != 2) throw std::invalid_argument("[rows_matmul] w must be (N, K)");
-  return rows_op(x, {w}, bias, w.shape(0), w.shape(1), 0, 0, residual, swiglu, prologue, false, s);
+  return rows_op(x, {w}, bias, w.shape(0), w.shape(1), 0, 0, residual, glu, prologue, false, s);
 }
 
 mx::array rows_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                                 const mx::array& biases, const std::optional<mx::array>& bias,
-                                int group_size, int bits, const std::optional<mx::array>& residual, bool swiglu,
+                                int group_size, int bits, const std::optional<mx::array>& residual, int glu,
                                 const Prologue& prologue, bool packed, mx::StreamOrDevice s) {
   if (bits != 4 && bits != 8) throw std::invalid_argument("[rows_quantized_matmul] bits must be 4 or 8");
   if (packed && (w.ndim() != 2 || w.shape(0) % 8 != 0))
@@ -360,32 +380,32 @@ mx::array rows_quantized_matmul(const mx::array& x, const mx::array& w, const mx
   int N = w.shape(0), K = w.shape(1) * 32 / bits;
   if (scales.shape() != mx::Shape{N, K / group_size} || biases.shape() != scales.shape())
     throw std::invalid_argument("[rows_quantized_matmul] scales and biases must be (N, K / group_size)");
-  return rows_op(x, {w, scales, biases}, bias, N, K, group_size, bits, residual, swiglu, prologue, packed, s);
+  return rows_op(x, {w, scales, biases}, bias, N, K, group_size, bits, residual, glu, prologue, packed, s);
 }
 
 mx::array rows_ggml_matmul(const mx::array& x, const mx::array& w, int type, int K,
                            const std::optional<mx::array>& bias, const std::optional<mx::array>& residual,
-                           bool swiglu, const Prologue& prologue, mx::StreamOrDevice s) {
+                           int glu, const Prologue& prologue, mx::StreamOrDevice s) {
   if (ggml_row_bytes(type, K) == 0) throw std::invalid_argument("[rows_ggml_matmul] a type ggml has no product for here");
   if (w.dtype() != mx::uint8 || w.ndim() != 2 || size_t(w.shape(1)) != ggml_row_bytes(type, K))
     throw std::invalid_argument("[rows_ggml_matmul] w must be (N, row bytes) uint8 of its type");
-  return rows_op(x, {w}, bias, w.shape(0), K, 0, 0, residual, swiglu, prologue, false, s, type);
+  return rows_op(x, {w}, bias, w.shape(0), K, 0, 0, residual, glu, prologue, false, s, type);
 }
 
 mx::array rows_k4_matmul(const mx::array& x, const mx::array& w, const mx::array& fields,
                          const std::optional<mx::array>& bias, const std::optional<mx::array>& residual,
-                         bool swiglu, const Prologue& prologue, mx::StreamOrDevice s) {
+                         int glu, const Prologue& prologue, mx::StreamOrDevice s) {
   if (w.dtype() != mx::uint32 || w.ndim() != 2 || w.shape(0) % 8 != 0 || (w.shape(1) * 8) % 256 != 0)
     throw std::invalid_argument("[rows_k4_matmul] w must be (N, K / 8) uint32, N a multiple of 8 and K of 256");
   const int N = w.shape(0), K = w.shape(1) * 8;
   if (fields.dtype() != mx::uint8 || fields.size() != size_t(N / 8) * (K / 256) * sizeof(K4Fields))
     throw std::invalid_argument("[rows_k4_matmul] fields must be the chunks' K4Fields as uint8");
-  return rows_op(x, {w, mx::flatten(fields)}, bias, N, K, 256, 4, residual, swiglu, prologue, true, s);
+  return rows_op(x, {w, mx::flatten(fields)}, bias, N, K, 256, 4, residual, glu, prologue, true, s);
 }
 
 mx::array rows_k6_matmul(const mx::array& x, const mx::array& w, const mx::array& highs, const mx::array& fields,
                          const std::optional<mx::array>& bias, const std::optional<mx::array>& residual,
-                         bool swiglu, const Prologue& prologue, mx::StreamOrDevice s) {
+                         int glu, const Prologue& prologue, mx::StreamOrDevice s) {
   if (w.dtype() != mx::uint32 || w.ndim() != 2 || w.shape(0) % 8 != 0 || (w.shape(1) * 8) % 256 != 0)
     throw std::invalid_argument("[rows_k6_matmul] w must be (N, K / 8) uint32, N a multiple of 8 and K of 256");
   const int N = w.shape(0), K = w.shape(1) * 8;
@@ -393,12 +413,12 @@ mx::array rows_k6_matmul(const mx::array& x, const mx::array& w, const mx::array
     throw std::invalid_argument("[rows_k6_matmul] highs must be (N, K / 16) uint32");
   if (fields.dtype() != mx::uint8 || fields.size() != size_t(N / 8) * (K / 256) * sizeof(K6Fields))
     throw std::invalid_argument("[rows_k6_matmul] fields must be the chunks' K6Fields as uint8");
-  return rows_op(x, {w, mx::flatten(fields), highs}, bias, N, K, 256, 6, residual, swiglu, prologue, true, s);
+  return rows_op(x, {w, mx::flatten(fields), highs}, bias, N, K, 256, 6, residual, glu, prologue, true, s);
 }
 
 mx::array rows_k5_matmul(const mx::array& x, const mx::array& w, const mx::array& highs, const mx::array& fields,
                          const std::optional<mx::array>& bias, const std::optional<mx::array>& residual,
-                         bool swiglu, const Prologue& prologue, mx::StreamOrDevice s) {
+                         int glu, const Prologue& prologue, mx::StreamOrDevice s) {
   if (w.dtype() != mx::uint32 || w.ndim() != 2 || w.shape(0) % 8 != 0 || (w.shape(1) * 8) % 64 != 0)
     throw std::invalid_argument("[rows_k5_matmul] w must be (N, K / 8) uint32, N a multiple of 8 and K of 64");
   const int N = w.shape(0), K = w.shape(1) * 8;
@@ -406,7 +426,20 @@ mx::array rows_k5_matmul(const mx::array& x, const mx::array& w, const mx::array
     throw std::invalid_argument("[rows_k5_matmul] highs must be (N, K / 32) uint32");
   if (fields.dtype() != mx::uint8 || fields.size() != size_t(N / 8) * (K / 32) * sizeof(K5Fields))
     throw std::invalid_argument("[rows_k5_matmul] fields must be the chunks' K5Fields as uint8");
-  return rows_op(x, {w, mx::flatten(fields), highs}, bias, N, K, 32, 5, residual, swiglu, prologue, true, s);
+  return rows_op(x, {w, mx::flatten(fields), highs}, bias, N, K, 32, 5, residual, glu, prologue, true, s);
+}
+
+mx::array rows_k5k_matmul(const mx::array& x, const mx::array& w, const mx::array& highs, const mx::array& fields,
+                          const std::optional<mx::array>& bias, const std::optional<mx::array>& residual,
+                          int glu, const Prologue& prologue, mx::StreamOrDevice s) {
+  if (w.dtype() != mx::uint32 || w.ndim() != 2 || w.shape(0) % 8 != 0 || (w.shape(1) * 8) % 256 != 0)
+    throw std::invalid_argument("[rows_k5k_matmul] w must be (N, K / 8) uint32, N a multiple of 8 and K of 256");
+  const int N = w.shape(0), K = w.shape(1) * 8;
+  if (highs.dtype() != mx::uint32 || highs.shape() != mx::Shape{N, K / 32})
+    throw std::invalid_argument("[rows_k5k_matmul] highs must be (N, K / 32) uint32");
+  if (fields.dtype() != mx::uint8 || fields.size() != size_t(N / 8) * (K / 256) * sizeof(K4Fields))
+    throw std::invalid_argument("[rows_k5k_matmul] fields must be the chunks' K4Fields as uint8");
+  return rows_op(x, {w, mx::flatten(fields), highs}, bias, N, K, 256, 5, residual, glu, prologue, true, s);
 }
 
 bool reads_k(int bits) {
@@ -463,7 +496,7 @@ bool RowsMatmul::is_equivalent(const mx::Primitive& other) const {
 
 std::vector<mx::Shape> RowsMatmul::output_shapes(const std::vector<mx::array>& inputs) {
   auto shape = inputs[0].shape();
-  shape.back() = epilogue_ == Epilogue::Swiglu ? inputs[1].shape(0) / 2 : inputs[1].shape(0);
+  shape.back() = epilogue_ == Epilogue::Swiglu || epilogue_ == Epilogue::Geglu ? inputs[1].shape(0) / 2 : inputs[1].shape(0);
   return {shape};
 }
 
@@ -511,10 +544,12 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
       yf.resize(size_t(R) * N);
       y = yf.data();
     }
-    // packed Q4_K super-blocks (rows_k4_matmul): their 32s' scales and biases meet x's 32s
+    // packed Q4_K super-blocks (rows_k4_matmul), Q5_0/Q5_1 (bits 5, group 32) and Q5_K (group 256),
+    // Q6_K: their 32s' scales and biases meet x's 32s
     const bool k4 = packed && bits == 4 && group == 256, k5 = packed && bits == 5, k6 = packed && bits == 6;
     const int x_group = k4 || k5 || k6 ? 32 : group;
     RowsJob job{xf.data(), R, K, N, WeightType::F32, in[1].data<void>(), nullptr, nullptr, ScaleType::F32, x_group, y};
+    job.super_block = k5 && group == 256 ? 256 : 0;  // Q5_K (rows_k5k_matmul)
     size_t weight_bytes = in[1].nbytes();
     auto& team = pool();
     if (ggml_type >= 0) {
@@ -545,6 +580,7 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
         std::vector<float> row(K);
         for (int o = 8 * (N / 8 * c / chunks); o < 8 * (N / 8 * (c + 1) / chunks); ++o) {
           if (k4) k4_row(in[1].data<uint32_t>(), static_cast<const K4Fields*>(job.scales), K, o, row.data());
+          else if (k5 && group == 256) k5k_row(in[1].data<uint32_t>(), in[3].data<uint32_t>(), static_cast<const K4Fields*>(job.scales), K, o, row.data());
           else if (k5) k5_row(in[1].data<uint32_t>(), in[3].data<uint32_t>(), static_cast<const K5Fields*>(job.scales), K, o, row.data());
           else k6_row(in[1].data<uint32_t>(), in[3].data<uint32_t>(), static_cast<const K6Fields*>(job.scales), K, o, row.data());
           for (int r = 0; r < R; ++r) {

@@ -18,8 +18,13 @@ namespace mx = mlx::core;
 // What a product does with its result y = x @ W.T (+ bias) before writing it (in x's type T):
 // nothing; adds a residual r of the output's shape, T(r + T(y)), as `r + linear(x)` would; or,
 // for W the gate's and the up projection's rows one after the other (N = 2 * H), writes the H
-// values swiglu(T(y[:H]), T(y[H:])) = silu(gate) * up, as mlx-lm's MLP computes them.
-enum class Epilogue : int { None = 0, Residual = 1, Swiglu = 2 };
+// values swiglu(T(y[:H]), T(y[H:])) = silu(gate) * up, as mlx-lm's MLP computes them; or, for
+// Gemma's MLP, T(T(gelu_approx(g)) * u) of g = T(y[:H]), u = T(y[H:]): gelu's tanh approximation
+// as g * sigmoid(2 c (g + 0.044715 g^3)), c = sqrt(2 / pi), in float32 (within a few units of the
+// last place of MLX's own ops, which round each of their steps to T).
+enum class Epilogue : int { None = 0, Residual = 1, Swiglu = 2, Geglu = 3 };
+// Which gated activation a product's epilogue applies to its two halves (Epilogue's Swiglu, Geglu).
+enum Glu : int { NoGlu = 0, SwiGlu = 1, GeGlu = 2 };
 
 // A product may first normalize x as mx.fast.rms_norm(x, norm, eps) does (kernels' RmsNorm, the
 // same bits: x normalized in float32, rounded to x's type, times the weight, rounded): a decoder
@@ -31,7 +36,7 @@ struct Prologue {
 
 // x @ w.T (+ bias), as nn.Linear computes it: x (..., K), w (N, K).
 mx::array rows_matmul(const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias,
-                      const std::optional<mx::array>& residual = std::nullopt, bool swiglu = false,
+                      const std::optional<mx::array>& residual = std::nullopt, int glu = NoGlu,
                       const Prologue& prologue = {}, mx::StreamOrDevice s = {});
 
 // x @ dequantize(w, scales, biases).T (+ bias), as nn.QuantizedLinear computes it (affine mode,
@@ -40,7 +45,7 @@ mx::array rows_matmul(const mx::array& x, const mx::array& w, const std::optiona
 mx::array rows_quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales,
                                 const mx::array& biases, const std::optional<mx::array>& bias,
                                 int group_size, int bits, const std::optional<mx::array>& residual = std::nullopt,
-                                bool swiglu = false, const Prologue& prologue = {}, bool packed = false,
+                                int glu = NoGlu, const Prologue& prologue = {}, bool packed = false,
                                 mx::StreamOrDevice s = {});
 
 // 4- or 8-bit weights packed eight output rows together (pack_q, rows_kernels.h), as new arrays of
@@ -53,18 +58,23 @@ std::vector<mx::array> pack_quantized(const mx::array& w, const mx::array& scale
 // fields the chunks' K4Fields (rows_kernels.h) as uint8.  N a multiple of 8, K of 256.
 mx::array rows_k4_matmul(const mx::array& x, const mx::array& w, const mx::array& fields,
                          const std::optional<mx::array>& bias, const std::optional<mx::array>& residual,
-                         bool swiglu, const Prologue& prologue, mx::StreamOrDevice s = {});
+                         int glu, const Prologue& prologue, mx::StreamOrDevice s = {});
 // The same for Q6_K super-blocks packed eight rows together: w the low nibbles (N, K / 8) uint32,
 // highs their high bits (N, K / 16) uint32, fields the chunks' K6Fields as uint8.
 mx::array rows_k6_matmul(const mx::array& x, const mx::array& w, const mx::array& highs, const mx::array& fields,
                          const std::optional<mx::array>& bias, const std::optional<mx::array>& residual,
-                         bool swiglu, const Prologue& prologue, mx::StreamOrDevice s = {});
+                         int glu, const Prologue& prologue, mx::StreamOrDevice s = {});
 // The same for Q5_0 and Q5_1 blocks packed eight rows together: highs their fifth bits (N, K / 32)
 // uint32, fields the chunks' K5Fields as uint8.
 mx::array rows_k5_matmul(const mx::array& x, const mx::array& w, const mx::array& highs, const mx::array& fields,
                          const std::optional<mx::array>& bias, const std::optional<mx::array>& residual,
-                         bool swiglu, const Prologue& prologue, mx::StreamOrDevice s = {});
-// Whether the instruction set in use reads packed Q4_K (bits 4), Q5_0/Q5_1 (5) or Q6_K (6)
+                         int glu, const Prologue& prologue, mx::StreamOrDevice s = {});
+// The same for Q5_K super-blocks packed eight rows together: Q4_K's nibbles and K4Fields with
+// Q5's fifth bits (N, K / 32) uint32.
+mx::array rows_k5k_matmul(const mx::array& x, const mx::array& w, const mx::array& highs, const mx::array& fields,
+                          const std::optional<mx::array>& bias, const std::optional<mx::array>& residual,
+                          int glu, const Prologue& prologue, mx::StreamOrDevice s = {});
+// Whether the instruction set in use reads packed Q4_K (bits 4), Q5_0/Q5_1/Q5_K (5) or Q6_K (6)
 // directly (elsewhere: dequantized per row).
 bool reads_k(int bits);
 // Whether the instruction set in use reads packed weights of `bits` directly (elsewhere they are

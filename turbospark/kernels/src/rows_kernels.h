@@ -35,6 +35,7 @@ struct RowsJob {
   const float* xsg = nullptr;  // R x K/group: each group's sum of x as rounded (each 32's scale x sum(x8))
   const float* usg = nullptr;  // R x K/group, 8-bit weights: each group's 128 * d * sum(x8)
   const int32_t* xs8 = nullptr;  // R x K/32, packed 8-bit weights: each 32's sum of x8 (quantize_packed)
+  int super_block = 0;  // 256 for Q5_K packed (rows_k5p: job.scales the chunks' K4Fields), else 0
 };
 
 using RowsFn = void (*)(const RowsJob& job, int o0, int o1);
@@ -88,7 +89,9 @@ struct Isa {
   // job.scales the chunks' K6Fields, job.xs8 each 16's sum of x8); nullptr where the set cannot.
   RowsFn rows_k6p = nullptr;
   // Q5_0 and Q5_1 blocks packed by pack_k5 (job.w the low nibbles, job.biases the fifth bits,
-  // job.scales the chunks' K5Fields); nullptr where the set cannot.
+  // job.scales the chunks' K5Fields), or with job.super_block 256 Q5_K super-blocks packed by
+  // pack_k5k (the same nibbles and fifth bits, job.scales the chunks' K4Fields); nullptr where
+  // the set cannot.
   RowsFn rows_k5p = nullptr;
 };
 

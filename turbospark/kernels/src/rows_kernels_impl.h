@@ -1172,9 +1172,65 @@ inline void k5_block(const RowsJob& job, int o, int r) {
   for (int j = 0; j < RB; ++j) _mm256_storeu_ps(job.y + size_t(r + j) * job.N + o, acc[j]);
 }
 
+// Q5_K super-blocks packed (rows_kernels.h: pack_k5k): Q4_K's nibbles and K4Fields with Q5's
+// fifth bits (job.biases, one word a row and 32, eight rows side by side), q = low | fifth << 4
+// in 0..31; each 32's scale d * sc and bias -dmin * m as k4_block computes them.
+template <int RB>
+inline void k5k_block(const RowsJob& job, int o, int r) {
+  const int K = job.K, blocks = K / 32, supers = K / 256;
+  const __m256i* pw = reinterpret_cast<const __m256i*>(static_cast<const uint8_t*>(job.w) + size_t(o) * K / 2);
+  const __m256i* ph = reinterpret_cast<const __m256i*>(static_cast<const uint8_t*>(job.biases) + size_t(o) * K / 8);
+  const auto* fields = static_cast<const K4Fields*>(job.scales) + size_t(o / 8) * supers;
+  const int8_t* x8 = job.x8 + size_t(r) * K;
+  const float* d32 = job.d8 + size_t(r) * blocks;
+  const float* xsg = job.xsg + size_t(r) * blocks;
+  const __m256i m4 = _mm256_set1_epi8(15), bit4 = _mm256_set1_epi8(0x10);
+  const __m256i even = _mm256_set1_epi32(0x40100401), odd = _mm256_set1_epi32(int(0x80200802u));
+  const __m256i lanes = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0c0c0c0c, 0, 0x04040404, 0x08080808, 0x0c0c0c0c);
+  __m256 acc[RB];
+  for (int j = 0; j < RB; ++j) acc[j] = _mm256_setzero_ps();
+  for (int sb = 0; sb < supers; ++sb) {
+    const K4Fields& f = fields[sb];
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f.d)));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f.dmin)));
+    for (int b8 = 0; b8 < 8; ++b8) {
+      const int b = 8 * sb + b8;
+      const __m256i h = _mm256_loadu_si256(ph + b);
+      __m256i sums[RB];
+      for (int j = 0; j < RB; ++j) sums[j] = _mm256_setzero_si256();
+      for (int u = 0; u < 4; ++u) {
+        const __m256i packed = _mm256_loadu_si256(pw + 4 * b + u);
+        const __m256i spread = _mm256_shuffle_epi8(h, _mm256_add_epi8(lanes, _mm256_set1_epi8(char(u))));
+        const __m256i he = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, even), even), bit4);
+        const __m256i ho = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, odd), odd), bit4);
+        const __m256i qe = _mm256_or_si256(_mm256_and_si256(packed, m4), he);
+        const __m256i qo = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(packed, 4), m4), ho);
+        for (int j = 0; j < RB; ++j) {
+          const int8_t* xj = x8 + size_t(j) * K + 32 * b + 8 * u;
+          sums[j] = dot_acc(sums[j], qe, broadcast4(xj), qo, broadcast4(xj + 4));
+        }
+      }
+      const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(f.sc[b8]))));
+      const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(f.m[b8]))));
+      const __m256 s = _mm256_mul_ps(d, sc), bias = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, m));
+      for (int j = 0; j < RB; ++j) {
+        acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[j]), _mm256_mul_ps(s, _mm256_set1_ps(d32[size_t(j) * blocks + b])), acc[j]);
+        acc[j] = _mm256_fmadd_ps(bias, _mm256_set1_ps(xsg[size_t(j) * blocks + b]), acc[j]);
+      }
+    }
+  }
+  for (int j = 0; j < RB; ++j) _mm256_storeu_ps(job.y + size_t(r + j) * job.N + o, acc[j]);
+}
+
 void rows_k5p(const RowsJob& job, int o0, int o1) {
   for (int o = o0; o < o1; o += 8) {
     int r = 0;
+    if (job.super_block == 256) {
+      for (; r + WIDE_RB <= job.R; r += WIDE_RB) k5k_block<WIDE_RB>(job, o, r);
+      for (; r + 4 <= job.R; r += 4) k5k_block<4>(job, o, r);
+      for (; r < job.R; ++r) k5k_block<1>(job, o, r);
+      continue;
+    }
     for (; r + WIDE_RB <= job.R; r += WIDE_RB) k5_block<WIDE_RB>(job, o, r);
     for (; r + 4 <= job.R; r += 4) k5_block<4>(job, o, r);
     for (; r < job.R; ++r) k5_block<1>(job, o, r);
