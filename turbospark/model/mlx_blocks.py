@@ -32,7 +32,6 @@ other classes (an adapter's, a sharded model's), another architecture.
 from __future__ import annotations
 
 import sys
-
 from typing import Any
 
 import mlx.core as mx
