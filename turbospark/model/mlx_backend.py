@@ -41,7 +41,7 @@ from mlx_lm.models.cache import trim_prompt_cache
 
 from .backend import PrefillProgress, SamplingParams, StepOutput
 from .mlx_load import context_window, generation_defaults, kv_sizes, model_fingerprint
-from .mlx_ggml import load_model
+from .mlx_ggml import load_model, trim
 from .lookup import Backoff, Lookup, Pace
 from .pacing import JoinPacer
 from .pipeline import pipeline
@@ -98,12 +98,11 @@ class MlxBackend:
         draft_path: Path | None = None,
     ) -> None:
         self.model_id = model_id
-        # The tokenizer and constrained decoding's tokenizer first, now rather than in a step
-        # (0.2-3 s holding the GIL: Gemma 3's 262k vocabulary takes the longest): what parsing
-        # tokenizer.json leaves on the heap (Gemma 3's: ~290 MB each time) is given back before
-        # the weights come, so that the two never add up in the process's peak.
+        # tokenizers first, what their parsing freed given back before the weights (Gemma 3's: ~290 MB each)
         self.tokenizer = Tokenizer.from_dir(path)
-        self.tokenizer.grammars
+        trim()
+        self.tokenizer.grammars  # constrained decoding's (0.2-3 s holding the GIL): now, not in a step
+        trim()
         self.stream = mx.new_thread_local_stream(mx.default_device())
         with mx.stream(self.stream):
             self.model, config = load_model(path, lazy=group is not None, group=group)

@@ -8,7 +8,6 @@ counts are the same whichever backend answers.  No Trio import: this runs on the
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import json
 import re
@@ -74,16 +73,6 @@ def _byte_level_table() -> dict[str, int]:
 
 
 _BYTE_OF = _byte_level_table()
-
-
-def _give_back_heap() -> None:
-    """Return the heap pages freed so far to the system: parsing a tokenizer.json (the
-    ``tokenizers`` and llguidance libraries, through malloc) frees most of what it allocated, and
-    glibc would keep it (Gemma 3's 262k vocabulary: ~290 MB of 350)."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 class Tokenizer:
@@ -161,7 +150,7 @@ class Tokenizer:
         if (path / "config.json").exists():
             eos = json.loads((path / "config.json").read_text()).get("eos_token_id")
             extra = [eos] if isinstance(eos, int) else list(eos or [])
-        tokenizer = cls(
+        return cls(
             _HFTokenizer.from_file(str(path / "tokenizer.json")),
             chat_template=config.get("chat_template"),
             bos_token=_token_text(config.get("bos_token")),
@@ -169,8 +158,6 @@ class Tokenizer:
             add_bos_token=bool(config.get("add_bos_token", False)),
             extra_stop_ids=extra,
         )
-        _give_back_heap()
-        return tokenizer
 
     @functools.cached_property
     def _plain(self) -> _HFTokenizer:
@@ -185,9 +172,7 @@ class Tokenizer:
     def grammars(self) -> Grammars:
         """Constrained decoding's compiled grammars for this tokenizer (built on first use)."""
         eos = self.eos_id if self.eos_id is not None else min(self.stop_ids, default=0)
-        grammars = Grammars(self._tok.to_str(), vocab=self.vocab_size, eos_id=eos)
-        _give_back_heap()
-        return grammars
+        return Grammars(self._tok.to_str(), vocab=self.vocab_size, eos_id=eos)
 
     @property
     def vocab_size(self) -> int:
