@@ -193,12 +193,16 @@ class _Parts:
         self.gate_up = _Weights(gate_up) if _same_kind(gate_up, ours) else _Side([_Weights([m]) for m in gate_up])
         self.down = _Weights([mlp.down_proj])
         self.qk_norm = hasattr(attn, "q_norm")
+        # the norms the attention half reads (``_heads``): a Gemma layer's are ``_OnePlus`` below
+        self.input_norm = block.input_layernorm
+        self.q_norm, self.k_norm = (attn.q_norm, attn.k_norm) if self.qk_norm else (None, None)
         # where the joined q, k and v product splits into q, k and v (``mlx_fused``)
         dim = sum(m["weight"].shape[0] for m in qkv) // (attn.n_heads + 2 * attn.n_kv_heads)
         self.qkv_splits = [attn.n_heads * dim, (attn.n_heads + attn.n_kv_heads) * dim]
         module = sys.modules[_unwrapped(type(block)).__module__]
         if module.__name__ in _GEMMA:
             self.norms = {n: _OnePlus(block[n]) for n in _NORMS[True]}
+            self.input_norm = self.norms["input_layernorm"]
             self.q_norm, self.k_norm = (_OnePlus(attn.q_norm), _OnePlus(attn.k_norm)) if self.qk_norm else (None, None)
             self.residual = getattr(module, "clip_residual", mx.add)  # gemma3's clips float16's sums
             self.softcap = getattr(attn, "attn_logit_softcapping", None)  # gemma2's attention
@@ -208,19 +212,25 @@ class _Parts:
                 for w in (p.products if isinstance(p, _Side) else [p])]
 
 
+def _heads(attn: Any, parts: _Parts, x: mx.array, cache: Any) -> tuple[mx.array, mx.array, mx.array]:
+    """A fused layer's q, k and v for attention: the input norm and the q|k|v product, the heads
+    split (views), QK-norm where the layer has it, RoPE, and the cache written and read."""
+    q, k, v = kernels.split_heads(parts.qkv(x, norm=parts.input_norm), attn.n_heads, attn.n_kv_heads)
+    if parts.qk_norm:
+        q, k = parts.q_norm(q), parts.k_norm(k)
+    if cache is None:
+        return attn.rope(q), attn.rope(k), v
+    q, k = attn.rope(q, offset=cache.offset), attn.rope(k, offset=cache.offset)
+    k, v = kv_update(cache, k, v)
+    return q, k, v
+
+
 def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
     parts: _Parts = self._turbospark_parts
     if hasattr(cache, "bits") or x.ndim != 3:  # a quantized KV cache: the layer's own ops
         return self._turbospark_plain(x, mask, cache)
     attn = self.self_attn
-    q, k, v = kernels.split_heads(parts.qkv(x, norm=self.input_layernorm), attn.n_heads, attn.n_kv_heads)
-    if parts.qk_norm:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    if cache is not None:
-        q, k = attn.rope(q, offset=cache.offset), attn.rope(k, offset=cache.offset)
-        k, v = kv_update(cache, k, v)
-    else:
-        q, k = attn.rope(q), attn.rope(k)
+    q, k, v = _heads(attn, parts, x, cache)
     h = parts.o(kernels.merged_attention(q, k, v, scale=attn.scale, mask=mask), residual=x)
     return parts.down(parts.gate_up(h, swiglu_halves=True, norm=self.post_attention_layernorm), residual=h)
 
@@ -229,16 +239,8 @@ def _gemma_call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> 
     parts: _Parts = self._turbospark_parts
     if hasattr(cache, "bits") or x.ndim != 3:  # a quantized KV cache: the layer's own ops
         return self._turbospark_plain(x, mask, cache)
-    attn = self.self_attn
-    norms = parts.norms
-    q, k, v = kernels.split_heads(parts.qkv(x, norm=norms["input_layernorm"]), attn.n_heads, attn.n_kv_heads)
-    if parts.qk_norm:
-        q, k = parts.q_norm(q), parts.k_norm(k)
-    if cache is not None:
-        q, k = attn.rope(q, offset=cache.offset), attn.rope(k, offset=cache.offset)
-        k, v = kv_update(cache, k, v)
-    else:
-        q, k = attn.rope(q), attn.rope(k)
+    attn, norms = self.self_attn, parts.norms
+    q, k, v = _heads(attn, parts, x, cache)
     if parts.softcap is None:
         attended = kernels.merged_attention(q, k, v, scale=attn.scale, mask=mask)
     else:

@@ -31,17 +31,24 @@ inline float half_to_float(uint16_t h) {
 }
 
 // Row o of packed Q4_K weights as float32 (where the set cannot read them packed): the value
-// d * sc * q - dmin * m, with the packed kernel's float32 products.
-inline void k4_row(const uint32_t* w, const K4Fields* fields, int K, int o, float* out) {
+// d * sc * q - dmin * m, with the packed kernel's float32 products.  With `highs`, Q5_K's (q with
+// its fifth bit, laid out as k5_row reads them).
+inline void k4_row(const uint32_t* w, const K4Fields* fields, int K, int o, float* out,
+                   const uint32_t* highs = nullptr) {
   const uint32_t* chunk = w + size_t(o / 8) * K;  // 8 rows x K / 8 words
+  const uint32_t* hchunk = highs == nullptr ? nullptr : highs + size_t(o / 8) * K / 4;
   const int lane = o % 8, supers = K / 256;
   for (int b = 0; b < K / 32; ++b) {
     const K4Fields& f = fields[size_t(o / 8) * supers + b / 8];
     const float d = half_to_float(f.d[lane]), dmin = half_to_float(f.dmin[lane]);
     const float scale = d * float(f.sc[b % 8][lane]), bias = -(dmin * float(f.m[b % 8][lane]));
+    const uint32_t h = hchunk == nullptr ? 0u : hchunk[size_t(b) * 8 + lane];
     for (int u = 0; u < 4; ++u) {
       const uint32_t word = chunk[size_t(4 * b + u) * 8 + lane];
-      for (int n = 0; n < 8; ++n) out[32 * b + 8 * u + n] = scale * float((word >> (4 * n)) & 15u) + bias;
+      for (int n = 0; n < 8; ++n) {
+        const uint32_t q = ((word >> (4 * n)) & 15u) | (((h >> (8 * u + n)) & 1u) << 4);
+        out[32 * b + 8 * u + n] = scale * float(q) + bias;
+      }
     }
   }
 }
@@ -79,26 +86,6 @@ inline void k5_row(const uint32_t* w, const uint32_t* highs, const K5Fields* fie
       for (int n = 0; n < 8; ++n) {
         const uint32_t q = ((word >> (4 * n)) & 15u) | (((h >> (8 * u + n)) & 1u) << 4);
         out[32 * b + 8 * u + n] = d * float(q) + m;
-      }
-    }
-  }
-}
-
-// Row o of packed Q5_K weights as float32: Q4_K's d * sc * q - dmin * m, q with its fifth bit.
-inline void k5k_row(const uint32_t* w, const uint32_t* highs, const K4Fields* fields, int K, int o, float* out) {
-  const uint32_t* chunk = w + size_t(o / 8) * K;
-  const uint32_t* hchunk = highs + size_t(o / 8) * K / 4;
-  const int lane = o % 8, supers = K / 256;
-  for (int b = 0; b < K / 32; ++b) {
-    const K4Fields& f = fields[size_t(o / 8) * supers + b / 8];
-    const float d = half_to_float(f.d[lane]), dmin = half_to_float(f.dmin[lane]);
-    const float scale = d * float(f.sc[b % 8][lane]), bias = -(dmin * float(f.m[b % 8][lane]));
-    const uint32_t h = hchunk[size_t(b) * 8 + lane];
-    for (int u = 0; u < 4; ++u) {
-      const uint32_t word = chunk[size_t(4 * b + u) * 8 + lane];
-      for (int n = 0; n < 8; ++n) {
-        const uint32_t q = ((word >> (4 * n)) & 15u) | (((h >> (8 * u + n)) & 1u) << 4);
-        out[32 * b + 8 * u + n] = scale * float(q) + bias;
       }
     }
   }

@@ -580,7 +580,7 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
         std::vector<float> row(K);
         for (int o = 8 * (N / 8 * c / chunks); o < 8 * (N / 8 * (c + 1) / chunks); ++o) {
           if (k4) k4_row(in[1].data<uint32_t>(), static_cast<const K4Fields*>(job.scales), K, o, row.data());
-          else if (k5 && group == 256) k5k_row(in[1].data<uint32_t>(), in[3].data<uint32_t>(), static_cast<const K4Fields*>(job.scales), K, o, row.data());
+          else if (k5 && group == 256) k4_row(in[1].data<uint32_t>(), static_cast<const K4Fields*>(job.scales), K, o, row.data(), in[3].data<uint32_t>());
           else if (k5) k5_row(in[1].data<uint32_t>(), in[3].data<uint32_t>(), static_cast<const K5Fields*>(job.scales), K, o, row.data());
           else k6_row(in[1].data<uint32_t>(), in[3].data<uint32_t>(), static_cast<const K6Fields*>(job.scales), K, o, row.data());
           for (int r = 0; r < R; ++r) {
