@@ -28,6 +28,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from mlx_lm.models.activations import swiglu
 
 from turbospark.kernels import blocks
 from turbospark.kernels import ops as kernels
@@ -222,6 +223,13 @@ def test_q5_k_packed_for_the_kernels_is_xs_times_the_dequantized_weights(isa, ro
         assert np.array_equal(np.array(blocks.k5k_linear(mx.array(x[r:r + 1]), *packed, b)), got[r:r + 1])
     residual = mx.array(x[:, :n] + 1)
     assert mx.array_equal(blocks.k5k_linear(mx.array(x), *packed, b, residual=residual), residual + mx.array(got))
+    norm = mx.array(1 + np.random.default_rng(seed + 3).normal(size=(k,)).astype(np.float32) * 0.1)
+    normed = kernels.native.rms_norm(mx.array(x), norm, 1e-5)
+    assert mx.array_equal(blocks.k5k_linear(mx.array(x), *packed, b, norm=norm, eps=1e-5),
+                          blocks.k5k_linear(normed, *packed, b))
+    plain = mx.array(got)
+    gate, up = plain[:, : n // 2], plain[:, n // 2:]
+    assert mx.array_equal(blocks.k5k_linear(mx.array(x), *packed, b, swiglu=True), swiglu(gate, up))
 
 
 # -- models --------------------------------------------------------------------------------------
