@@ -116,19 +116,25 @@ def run_llamacpp(gguf: Path, model_dir: Path, runs: int, max_tokens: int) -> dic
 
 def stream_chat(client: Any, url: str, body: dict[str, Any], stamps: list[float]) -> tuple[dict[str, Any], str]:
     """One streaming chat completion (``stream_options.include_usage`` set in ``body``): a time
-    stamp per chunk with text goes to ``stamps``; returns the usage and the text."""
-    parts, usage = [], None
+    stamp per chunk with text goes to ``stamps``; returns the usage and the text.  The body is
+    read as raw bytes while it streams (a stamp for each content piece a read holds) and parsed
+    once it has ended, so the client spends little of the cores the server shares with it."""
+    pieces: list[bytes] = []
     with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            usage = chunk.get("usage") or usage
-            for choice in chunk["choices"]:
-                if content := choice["delta"].get("content"):
-                    stamps.append(time.perf_counter())
-                    parts.append(content)
+        for data in r.iter_raw():
+            now = time.perf_counter()
+            stamps += [now] * (data.count(b'"content":"') - data.count(b'"content":""'))
+            pieces.append(data)
+    parts, usage = [], None
+    for line in b"".join(pieces).decode().splitlines():
+        if not line.startswith("data: {"):
+            continue
+        chunk = json.loads(line[6:])
+        usage = chunk.get("usage") or usage
+        for choice in chunk["choices"]:
+            if content := choice["delta"].get("content"):
+                parts.append(content)
     assert usage is not None, "no usage chunk"
     return usage, "".join(parts)
 

@@ -116,34 +116,48 @@ class Turn:
     async def events(self, keepalive: float = math.inf) -> AsyncIterator[TurnEvent | None]:
         """The turn's events, live, with ``None`` after every ``keepalive`` seconds in which
         nothing was sent.  A failure after the start is an ``Error`` event, which ends them."""
+        async with aclosing(self.batches(keepalive)) as batches:
+            async for batch in batches:
+                for event in batch:
+                    yield event
+
+    async def batches(self, keepalive: float = math.inf) -> AsyncIterator[list[TurnEvent | None]]:
+        """``events``, a list at a time: each wake-up reads every reply already there (one
+        step's news for this request: a token, several after a speculative step, the last one
+        with its ``Finished``), so a streamed body writes them at once."""
         prompt, replies = self.plan.prompt, self.replies
         quiet_since = trio.current_time()
         while True:
             with replies:
                 while not (self.stream.done or self.stream.again):
                     msg: Delta | Finished | Failed | Progress | None = None
-                    with trio.move_on_at(quiet_since + keepalive):
-                        try:
-                            msg = await replies.receive()
-                        except trio.EndOfChannel:
-                            msg = Failed(ShuttingDown())
+                    if keepalive == math.inf:  # no deadline: no cancel scope a message
+                        msg = await _receive(replies)
+                    else:
+                        with trio.move_on_at(quiet_since + keepalive):
+                            msg = await _receive(replies)
                     if msg is None:
                         quiet_since = trio.current_time()
-                        yield None
+                        yield [None]
                         continue
-                    if isinstance(msg, Failed):
-                        yield Error(msg.error)
-                        return
-                    assert not isinstance(msg, Started), msg
-                    if isinstance(msg, Progress):  # not counted as sent: a framer may send nothing
-                        yield Prefill(msg.total, msg.cache, msg.processed, msg.seconds)
-                        continue
-                    for event in self.stream.feed(msg):
-                        quiet_since = trio.current_time()
-                        yield event
+                    batch: list[TurnEvent | None] = []
+                    while msg is not None:
+                        if isinstance(msg, Failed):
+                            batch.append(Error(msg.error))
+                            yield batch
+                            return
+                        assert not isinstance(msg, Started), msg
+                        if isinstance(msg, Progress):  # not counted as sent: a framer may send nothing
+                            batch.append(Prefill(msg.total, msg.cache, msg.processed, msg.seconds))
+                        elif events := self.stream.feed(msg):
+                            quiet_since = trio.current_time()
+                            batch += events
+                        msg = None if self.stream.done or self.stream.again else _waiting(replies)
                     if trio.current_time() >= quiet_since + keepalive:
                         quiet_since = trio.current_time()
-                        yield None  # busy, but all of it held back
+                        batch.append(None)  # busy, but all of it held back
+                    if batch:
+                        yield batch
             if self.stream.done:
                 return
             again = self.stream.again
@@ -174,24 +188,45 @@ class Turn:
         return out
 
 
+async def _receive(replies: Replies) -> Delta | Finished | Failed | Progress:
+    try:
+        return await replies.receive()  # type: ignore[return-value]
+    except trio.EndOfChannel:
+        return Failed(ShuttingDown())
+
+
+def _waiting(replies: Replies) -> Delta | Finished | Failed | Progress | None:
+    """The next reply if it is there already."""
+    try:
+        return replies.receive_nowait()  # type: ignore[return-value]
+    except trio.WouldBlock:
+        return None
+    except trio.EndOfChannel:
+        return Failed(ShuttingDown())
+
+
 def framed(turn: Turn, framer: Framer, *, keepalive: float, error: Callable[[TurboSparkError], list[bytes]]) -> AsyncIterator[bytes]:
     """A streamed body: the framer's opening, then each event framed, a tick's frames for each
-    quiet ``keepalive`` seconds; a failure is ``error``'s frames and the end."""
+    quiet ``keepalive`` seconds; a failure is ``error``'s frames and the end.  What one wake-up
+    of the turn gives (``Turn.batches``) goes out as one piece: one write for a step's news."""
 
     async def frames() -> AsyncIterator[bytes]:
-        for frame in framer.opening():
-            yield frame
+        if opening := b"".join(framer.opening()):
+            yield opening
         try:
-            async with aclosing(turn.events(keepalive)) as events:
-                async for event in events:
-                    if isinstance(event, Error):
-                        for frame in error(event.error):
-                            yield frame
-                        return
-                    if isinstance(event, Retried):
-                        log.info("request %s: corrective retry %d", turn.request_id, event.attempt)
-                    for frame in _frames(framer, event):
-                        yield frame
+            async with aclosing(turn.batches(keepalive)) as batches:
+                async for batch in batches:
+                    out: list[bytes] = []
+                    for event in batch:
+                        if isinstance(event, Error):
+                            out += error(event.error)
+                            yield b"".join(out)
+                            return
+                        if isinstance(event, Retried):
+                            log.info("request %s: corrective retry %d", turn.request_id, event.attempt)
+                        out += _frames(framer, event)
+                    if out:
+                        yield b"".join(out)
         except TurboSparkError as exc:
             for frame in error(exc):
                 yield frame
