@@ -5,6 +5,15 @@ segmenting; this wraps it so that a job's ``check`` runs before the encoder and 
 decoder step (a client that leaves stops its transcription within one step).  ``mlx_whisper``
 keeps its model in a process-wide holder keyed by path, so transcriptions are serialised by one
 lock: the thread holding it puts its own model there first.
+
+The encoder reads the audio there is, not a whole 30-second window (whisper.cpp's audio
+context, decision 0044): a window's mel frames past the clip are the zeros ``pad_or_trim``
+appended, and the encoder runs on the clip's frames and ``MARGIN`` frames of that padding (its
+positional embedding cut to match); the decoder attends to those positions alone.  Only for a
+clip that ends quiet (``ends_quiet``: a turn server VAD committed, most recordings): one that
+ends while the speaker talks (a realtime partial hypothesis, a clip cut short) is now and then
+repeated on a short window (the decoder's timestamps send ``transcribe`` back over its end), so
+it reads the whole window as before.
 """
 
 from __future__ import annotations
@@ -23,6 +32,11 @@ __all__ = ["WhisperSpeechToText"]
 
 _LOCK = threading.Lock()
 
+#: mel frames (10 ms each) of the window's padding the encoder reads after the clip's own
+MARGIN = 1000
+#: seconds at the clip's end that must be quiet for the encoder to read only the audio there is
+QUIET_END = 0.3
+
 
 class _Checked:
     """A model part that runs the current job's ``check`` before every call."""
@@ -38,6 +52,47 @@ class _Checked:
         return getattr(self._part, name)
 
 
+def ends_quiet(audio: np.ndarray) -> bool:
+    """Whether the clip's last ``QUIET_END`` seconds are quiet: each 30 ms of them under a tenth
+    of the loudness of the clip's loud parts (its 95th percentile), as a turn that server VAD
+    committed after its silence is; a partial hypothesis cut while the speaker talks is not."""
+    step = 480
+    frames = len(audio) // step
+    if frames * step < len(audio) // 2 or frames < 2:
+        return True
+    rms = np.sqrt(np.mean(np.square(audio[: frames * step].reshape(frames, step), dtype=np.float64), axis=1))
+    tail = rms[-max(1, int(QUIET_END * 16000) // step):]
+    return bool(np.all(tail <= 0.1 * np.percentile(rms, 95)))
+
+
+class _Fitted:
+    """The encoder on a window's clip and ``MARGIN`` frames of its padding, the job's ``check``
+    first (``AudioEncoder.__call__`` with its positional embedding cut to the frames read)."""
+
+    def __init__(self, encoder: Any, owner: WhisperSpeechToText) -> None:
+        self._encoder, self._owner = encoder, owner
+
+    def __call__(self, mel: Any) -> Any:
+        import mlx.core as mx
+        import mlx.nn as nn
+
+        self._owner._check()
+        enc = self._encoder
+        if not self._owner._fit:
+            return enc(mel)
+        filled = np.flatnonzero(np.asarray(mx.max(mx.abs(mel), axis=(0, 2))))  # pad_or_trim's are exact zeros
+        frames = min(mel.shape[1], (int(filled[-1]) + 1 if len(filled) else 0) + MARGIN)
+        x = nn.gelu(enc.conv1(mel[:, : frames + frames % 2]))
+        x = nn.gelu(enc.conv2(x))
+        x = x + enc._positional_embedding[: x.shape[1]]
+        for block in enc.blocks:
+            x, _, _ = block(x)
+        return enc.ln_post(x)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._encoder, name)
+
+
 class WhisperSpeechToText:
     task: Task = "speech_to_text"
 
@@ -50,9 +105,10 @@ class WhisperSpeechToText:
         self.model = load_model(str(self.path), dtype=mx.float32)
         self.multilingual = self.model.is_multilingual
         # Checks inside the model: before the encoder and before each decoder step.
-        self.model.encoder = _Checked(self.model.encoder, self)
+        self.model.encoder = _Fitted(self.model.encoder, self)
         self.model.decoder = _Checked(self.model.decoder, self)
         self._check: Check = lambda: None
+        self._fit = True  # this clip ends in silence: the encoder reads the audio there is
         self._warm()
 
     def _warm(self) -> None:
@@ -68,6 +124,7 @@ class WhisperSpeechToText:
         with _LOCK:
             mt.ModelHolder.model, mt.ModelHolder.model_path = self.model, str(self.path)
             self._check = check
+            self._fit = ends_quiet(audio)
             try:
                 result = mt.transcribe(
                     audio.astype(np.float32, copy=False),

@@ -1,0 +1,100 @@
+"""Whisper's encoder reads the audio there is (decision 0044): a window's clip and ten seconds
+of its padding instead of the whole 30 seconds, with the full window's transcript."""
+
+from __future__ import annotations
+
+import difflib
+import re
+
+import numpy as np
+import pytest
+
+from .realmodels import piper_store, whisper_store
+
+pytestmark = pytest.mark.mlx
+
+SENTENCES = (
+    "What is the capital of France?",
+    "Please turn off the lights in the kitchen.",
+    "Explain the difference between a virus and a bacterium in simple words.",
+)
+
+
+@pytest.fixture(scope="module")
+def engines():  # type: ignore[no-untyped-def]
+    pytest.importorskip("mlx_whisper")
+    pytest.importorskip("piper")
+    from turbospark.audio.speech import PiperTextToSpeech
+    from turbospark.audio.whisper import WhisperSpeechToText
+
+    stt, tts = whisper_store(), piper_store()
+    return WhisperSpeechToText(stt.path, model_id=stt.name), PiperTextToSpeech(tts.path, model_id=tts.name)
+
+
+def spoken(tts, text: str) -> np.ndarray:  # type: ignore[no-untyped-def]
+    pcm = np.frombuffer(b"".join(tts.synthesize(text, tts.voices[0], 1.0, lambda: None)), np.int16)
+    pcm = pcm.astype(np.float32) / 32768
+    n = len(pcm) * 16000 // tts.sample_rate
+    return np.interp(np.arange(n) * tts.sample_rate / 16000, np.arange(len(pcm)), pcm).astype(np.float32)
+
+
+def words(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9 ]", " ", text.lower()).split()
+
+
+def window(audio: np.ndarray):  # type: ignore[no-untyped-def]
+    """The first window's mel as ``mlx_whisper.transcribe`` gives the encoder (batch of one)."""
+    from mlx_whisper.audio import N_FRAMES, N_SAMPLES, log_mel_spectrogram, pad_or_trim
+
+    mel = log_mel_spectrogram(audio, padding=N_SAMPLES)
+    return pad_or_trim(mel[: min(N_FRAMES, len(audio) // 160)], N_FRAMES, axis=-2)[None]
+
+
+def test_the_encoder_reads_the_clip_and_ten_seconds_of_padding(engines) -> None:  # type: ignore[no-untyped-def]
+    from turbospark.audio.whisper import MARGIN
+
+    stt, tts = engines
+    audio = spoken(tts, SENTENCES[0])
+    frames = len(audio) // 160
+    assert 100 < frames < 400  # about two seconds
+    stt._fit = True  # as ``transcribe`` sets it for a clip that ends quiet
+    features = stt.model.encoder(window(audio))
+    assert features.shape == (1, (frames + MARGIN + 1) // 2, stt.model.dims.n_audio_state)
+    stt._fit = False  # one that ends while the speaker talks: the whole window, as before
+    assert stt.model.encoder(window(audio)).shape[1] == stt.model.dims.n_audio_ctx
+    stt._fit = True
+    # a whole window of speech (30 s, no padding): every position, as before
+    long = np.tile(audio, 3000 // frames + 1)[: 30 * 16000]
+    assert stt.model.encoder(window(long)).shape[1] == stt.model.dims.n_audio_ctx
+
+
+def test_its_transcripts_are_the_full_windows(engines) -> None:  # type: ignore[no-untyped-def]
+    from turbospark.audio import whisper
+
+    stt, tts = engines
+    # Piper's noise differs call to call: one clip each, with the half second of silence that ends
+    # a realtime turn (server VAD)
+    clips = [np.concatenate([spoken(tts, s), np.zeros(8000, np.float32)]) for s in SENTENCES]
+    fitted = [stt.transcribe(c, "en", lambda: None).text for c in clips]
+    encoder = stt.model.encoder
+    stt.model.encoder = whisper._Checked(encoder._encoder, stt)
+    try:
+        full = [stt.transcribe(c, "en", lambda: None).text for c in clips]
+    finally:
+        stt.model.encoder = encoder
+    assert [words(t) for t in fitted] == [words(t) for t in full], (fitted, full)
+    for text, meant in zip(fitted, SENTENCES, strict=True):  # Whisper tiny's slips aside ("Police set")
+        said = difflib.SequenceMatcher(None, re.sub(r"[^a-z]", "", text.lower()), re.sub(r"[^a-z]", "", meant.lower()))
+        assert said.ratio() >= 0.8, (text, meant)
+
+
+def test_a_clip_ends_quiet_after_half_a_second_of_silence_not_mid_word() -> None:
+    from turbospark.audio.whisper import ends_quiet
+
+    t = np.arange(48000) / 16000
+    voice = (0.3 * np.sin(2 * np.pi * 220 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+    hiss = np.random.default_rng(0).normal(0, 0.003, 8000).astype(np.float32)
+    assert not ends_quiet(voice)  # a partial hypothesis, cut while the speaker talks
+    assert ends_quiet(np.concatenate([voice, np.zeros(8000, np.float32)]))  # server VAD's commit
+    assert ends_quiet(np.concatenate([voice, hiss]))  # a room's noise is quiet too
+    assert ends_quiet(np.zeros(1600, np.float32))
