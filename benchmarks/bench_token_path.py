@@ -80,8 +80,9 @@ def split(pid: int, before: dict[int, tuple[str, float]], after: dict[int, tuple
     return out
 
 
-def light_streams(url: str, n: int, max_tokens: int, tag: str) -> tuple[float, int]:
-    """N streaming chat completions at once over raw sockets; (wall seconds, content pieces)."""
+def light_streams(url: str, n: int, max_tokens: int, tag: str) -> tuple[float, float, int]:
+    """N streaming chat completions at once over raw sockets; (wall seconds, seconds until every
+    stream had a token, content pieces)."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     sel = selectors.DefaultSelector()
     got: dict[int, list[bytes]] = {}
@@ -95,12 +96,15 @@ def light_streams(url: str, n: int, max_tokens: int, tag: str) -> tuple[float, i
         sock.setblocking(False)
         sel.register(sock, selectors.EVENT_READ, i)
         got[i] = []
-    left = n
+    left, waiting, first = n, set(range(n)), 0.0
     while left:
         for key, _ in sel.select():
             data = key.fileobj.recv(1 << 16)  # type: ignore[union-attr]
             if data:
                 got[key.data].append(data)
+                if key.data in waiting and data.count(b'"content":"') > data.count(b'"content":""'):
+                    waiting.discard(key.data)
+                    first = time.perf_counter() - t0
                 continue
             sel.unregister(key.fileobj)
             key.fileobj.close()  # type: ignore[union-attr]
@@ -114,7 +118,7 @@ def light_streams(url: str, n: int, max_tokens: int, tag: str) -> tuple[float, i
             if line.startswith(b"data: {"):
                 for choice in json.loads(line[6:])["choices"]:
                     pieces += bool(choice["delta"].get("content"))
-    return wall, pieces
+    return wall, first, pieces
 
 
 def engine_child(sizes: list[int], max_tokens: int) -> None:
@@ -141,7 +145,10 @@ def engine_child(sizes: list[int], max_tokens: int) -> None:
         for i, prompt in enumerate(prompts):
             backend.insert(i, prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
         got = dict.fromkeys(range(n), 0)
-        while len(got) > 0 and any(v < max_tokens for v in got.values()):
+        first = 0.0
+        while any(v < max_tokens for v in got.values()):
+            if not first and all(got.values()):
+                first = time.perf_counter() - t0
             out = backend.step()
             for seq in out.tokens:
                 got[seq] += len(out.emitted(seq))
@@ -149,7 +156,7 @@ def engine_child(sizes: list[int], max_tokens: int) -> None:
                     backend.remove(seq)
         wall = time.perf_counter() - t0
         cpu = split(pid, before, threads(pid), me)
-        print(json.dumps({"wall_s": wall, "tokens": sum(got.values()), "cpu": cpu}), flush=True)
+        print(json.dumps({"wall_s": wall, "first_s": first, "tokens": sum(got.values()), "cpu": cpu}), flush=True)
 
 
 def model_thread(pid: int) -> int:
@@ -187,12 +194,14 @@ def main() -> None:
                 engine.stdin.flush()
                 eng = json.loads(engine.stdout.readline())
                 before, mine = threads(pid), os.times()
-                wall, pieces = light_streams(server.url, n, args.max_tokens, f"Run {run}, {n} streams, server")
+                wall, first, pieces = light_streams(server.url, n, args.max_tokens, f"Run {run}, {n} streams, server")
                 after, mine2 = threads(pid), os.times()
                 cpu = split(pid, before, after, mid)
                 cpu["client"] = mine2.user + mine2.system - mine.user - mine.system
                 if run:
-                    results[n]["server"].append({"wall_s": wall, "tokens": n * args.max_tokens, "cpu": cpu})
+                    assert pieces >= n * args.max_tokens // 2, f"{pieces} content pieces for {n} x {args.max_tokens}"
+                    results[n]["server"].append({"wall_s": wall, "first_s": first, "tokens": n * args.max_tokens,
+                                                 "cpu": cpu})
                     results[n]["engine"].append(eng)
     finally:
         server.close()
@@ -214,6 +223,16 @@ def main() -> None:
         print(f"{n:>7}  {e[0]:>12.1f}  {s[0]:>12.1f}  {s[0] / e[0]:>13.3f}  "
               f"{'- / %.0f / %.0f / -' % (e[1]['model'], e[1]['kernels']):>24}  "
               f"{'%.0f / %.0f / %.0f / %.0f' % tuple(s[1][k] for k in ('trio', 'model', 'kernels', 'client')):>30}")
+    print("The two phases: until every stream has its first token, and after (its tok/s), engine / server")
+    print(f"{'streams':>7}  {'every first token s':>20}  {'tok/s after':>16}  {'server/engine after':>19}")
+    for n in sizes:
+        phases = {}
+        for path in ("engine", "server"):
+            samples = results[n][path]
+            phases[path] = (statistics.median(x["first_s"] for x in samples),
+                            statistics.median((x["tokens"] - n) / (x["wall_s"] - x["first_s"]) for x in samples))
+        (ef, ea), (sf, sa) = phases["engine"], phases["server"]
+        print(f"{n:>7}  {'%.3f / %.3f' % (ef, sf):>20}  {'%.1f / %.1f' % (ea, sa):>16}  {sa / ea:>19.3f}")
 
 
 if __name__ == "__main__":
