@@ -37,19 +37,16 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from _server import Child
+from bench_batch import conversation  # the same prompts as bench_batch's (distinct topics)
 
 MODEL = "smollm2-135m-instruct"
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def conversation(tag: str, i: int) -> list[dict[str, str]]:
-    return [{"role": "system", "content": f"{tag}, stream {i}. You are a helpful assistant."},
-            {"role": "user", "content": f"Write a long, detailed story about topic number {i}."}]
 
 
 def threads(pid: int) -> dict[int, tuple[str, float]]:
@@ -121,7 +118,7 @@ def light_streams(url: str, n: int, max_tokens: int, tag: str) -> tuple[float, f
     return wall, first, pieces
 
 
-def engine_child(sizes: list[int], max_tokens: int) -> None:
+def engine_child(max_tokens: int) -> None:
     """Child: the engine alone; answers each JSON line ``{size, tag}`` on stdin."""
     from turbospark.cli.blas import describe
     from turbospark.model.backend import SamplingParams
@@ -133,8 +130,6 @@ def engine_child(sizes: list[int], max_tokens: int) -> None:
     backend = MlxBackend(stored.path, model_id=MODEL)
     print(json.dumps({"blas": describe()}), flush=True)
     pid = os.getpid()
-    import threading
-
     me = threading.get_native_id()
     for line in sys.stdin:
         job = json.loads(line)
@@ -176,9 +171,9 @@ def main() -> None:
         from turbospark.cli.blas import reexec_with_openblas
 
         reexec_with_openblas([sys.executable, *sys.argv])  # as serve does (a no-op once done)
-        engine_child(sizes, args.max_tokens)
+        engine_child(args.max_tokens)
         return
-    engine = subprocess.Popen([sys.executable, __file__, "--child", "--sizes", args.sizes, "--max-tokens",
+    engine = subprocess.Popen([sys.executable, __file__, "--child", "--max-tokens",
                                str(args.max_tokens)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert engine.stdin is not None and engine.stdout is not None
     blas = json.loads(engine.stdout.readline())["blas"]

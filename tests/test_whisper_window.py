@@ -77,7 +77,7 @@ def test_its_transcripts_are_the_full_windows(engines) -> None:  # type: ignore[
     clips = [np.concatenate([spoken(tts, s), np.zeros(8000, np.float32)]) for s in SENTENCES]
     fitted = [stt.transcribe(c, "en", lambda: None).text for c in clips]
     encoder = stt.model.encoder
-    stt.model.encoder = whisper._Checked(encoder._encoder, stt)
+    stt.model.encoder = whisper._Checked(encoder._part, stt)
     try:
         full = [stt.transcribe(c, "en", lambda: None).text for c in clips]
     finally:

@@ -58,28 +58,26 @@ def ends_quiet(audio: np.ndarray) -> bool:
     committed after its silence is; a partial hypothesis cut while the speaker talks is not."""
     step = 480
     frames = len(audio) // step
-    if frames * step < len(audio) // 2 or frames < 2:
+    if frames < 2:
         return True
     rms = np.sqrt(np.mean(np.square(audio[: frames * step].reshape(frames, step), dtype=np.float64), axis=1))
     tail = rms[-max(1, int(QUIET_END * 16000) // step):]
     return bool(np.all(tail <= 0.1 * np.percentile(rms, 95)))
 
 
-class _Fitted:
+class _Fitted(_Checked):
     """The encoder on a window's clip and ``MARGIN`` frames of its padding, the job's ``check``
-    first (``AudioEncoder.__call__`` with its positional embedding cut to the frames read)."""
-
-    def __init__(self, encoder: Any, owner: WhisperSpeechToText) -> None:
-        self._encoder, self._owner = encoder, owner
+    first (``AudioEncoder.__call__`` with its positional embedding cut to the frames read); the
+    whole window where the clip does not end quiet."""
 
     def __call__(self, mel: Any) -> Any:
         import mlx.core as mx
         import mlx.nn as nn
 
-        self._owner._check()
-        enc = self._encoder
         if not self._owner._fit:
-            return enc(mel)
+            return super().__call__(mel)
+        self._owner._check()
+        enc = self._part
         filled = np.flatnonzero(np.asarray(mx.max(mx.abs(mel), axis=(0, 2))))  # pad_or_trim's are exact zeros
         frames = min(mel.shape[1], (int(filled[-1]) + 1 if len(filled) else 0) + MARGIN)
         x = nn.gelu(enc.conv1(mel[:, : frames + frames % 2]))
@@ -88,9 +86,6 @@ class _Fitted:
         for block in enc.blocks:
             x, _, _ = block(x)
         return enc.ln_post(x)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._encoder, name)
 
 
 class WhisperSpeechToText:
