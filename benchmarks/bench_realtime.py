@@ -12,7 +12,11 @@ to the last audio frame of the answer that arrived after it (0 when none did) an
 ``response.done`` (``cancelled``), and how many audio frames still came after
 ``speech_started``.  Medians of ``--runs``.
 
-    python -m turbospark.cli.blas python benchmarks/bench_realtime.py [--runs 5]
+    python -m turbospark.cli.blas python benchmarks/bench_realtime.py [--runs 5] [--question q.wav]
+
+The voice samples as it speaks, so each synthesis of the question ends a little differently and
+VAD hears its end a frame sooner or later (``stopped`` moves by 0.1 s between invocations);
+``--question FILE`` keeps one clip for runs that are compared.
 """
 
 from __future__ import annotations
@@ -115,10 +119,19 @@ def one(url: str, question: np.ndarray) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--question", type=Path, help="a WAV of the question: read if it exists, else the "
+                        "voice's written there (the voice samples, so each synthesis ends differently)")
     args = parser.parse_args()
     child = Child([])
     try:
-        question = np.concatenate([np.zeros(4800, "<i2"), spoken(child.url, QUESTION)])
+        if args.question is not None and args.question.exists():
+            samples, rate = wav.read(args.question.read_bytes())
+            assert rate == 24000, f"{args.question}: {rate} Hz, not the 24 kHz this writes"
+            question = np.clip(np.round(samples * 32768), -32768, 32767).astype("<i2")
+        else:
+            question = np.concatenate([np.zeros(4800, "<i2"), spoken(child.url, QUESTION)])
+            if args.question is not None:
+                args.question.write_bytes(wav.encode(question.tobytes(), 24000))
         one(child.url, question)  # warm-up
         runs = [one(child.url, question) for _ in range(args.runs)]
     finally:

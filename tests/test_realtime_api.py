@@ -25,6 +25,8 @@ from turbospark.audio.engines import ScriptedSpeechToText, ScriptedTextToSpeech
 from turbospark.audio.realtime_api import (
     InputBuffer,
     Sentences,
+    SpeechPaused,
+    SpeechResumed,
     SpeechStarted,
     SpeechStopped,
     Spoken,
@@ -171,7 +173,25 @@ def test_turn_detection_finds_speech_and_its_end() -> None:
     assert detector.feed(silence) == []
     assert detector.feed(speech[:8000]) == [SpeechStarted(890)]  # the first voiced frame (990 ms) less 100 ms
     assert detector.feed(speech[:8000]) == []
-    assert detector.feed(silence) == [SpeechStopped(2010)]  # after 300 ms of silence
+    assert detector.feed(silence) == [SpeechPaused(2010), SpeechStopped(2010)]  # after 200 ms, then 300 ms
+
+
+def test_turn_detection_says_where_the_speaker_pauses_and_goes_on() -> None:
+    loud = lambda frame: np.abs(np.frombuffer(frame, "<i2")).mean() > 100  # noqa: E731
+    detector = TurnDetector(loud, silence_duration_ms=300, prefix_padding_ms=100, early_ms=150)
+    silence, speech = np.zeros(16000, np.float32), np.full(16000, 0.1, np.float32)
+    assert detector.feed(silence[:8000]) == []
+    assert detector.feed(speech[:4800]) == [SpeechStarted(380)]
+    assert detector.feed(silence[:1920]) == []  # 120 ms: not yet a pause
+    assert detector.feed(silence[:1920]) == [SpeechPaused(810)]  # its last voiced frame ended at 810 ms
+    assert detector.feed(speech[:960]) == [SpeechResumed()]  # the same turn goes on
+    assert detector.feed(silence) == [SpeechPaused(1110), SpeechStopped(1110)]
+    assert detector.feed(speech[:4800]) == [SpeechStarted(2000)]
+    assert detector.feed(silence[:3200]) == [SpeechPaused(2400)]
+    detector.reset()  # cleared: no pause is left over
+    assert not detector.paused and detector.feed(speech[:960]) == []
+    assert TurnDetector(loud, silence_duration_ms=150, early_ms=200).feed(np.concatenate(
+        [speech[:4800], silence])) == [SpeechStarted(0), SpeechStopped(300)]  # no pause before so short a turn
 
 
 # --- sessions against a server ------------------------------------------------------------------
@@ -354,6 +374,44 @@ async def test_speech_starts_a_turn_and_speech_over_the_answer_cancels_it(start_
     heard = response["output"][0]["content"][0]["transcript"]
     assert heard and said.startswith(heard) and len(heard) < len(said)  # only what was spoken
     assert response["output"][0]["status"] == "incomplete"
+
+
+async def test_a_turn_is_transcribed_from_the_pause_and_a_pause_the_speaker_breaks_is_let_go(
+        start_server, client) -> None:
+    stt = ScriptedSpeechToText(step_delay=0.05)  # 0.5 s a second of audio
+    server = await start_server(backends=[ScriptedBackend(script=SCRIPT)], audio=[stt, ScriptedTextToSpeech()])
+    async with open_websocket_url(_url(server)) as ws:
+        c = await _session(ws, output_modalities=["text"],
+                           audio={"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}})
+        async def pause(seconds: float) -> None:  # in 100 ms frames, as a microphone sends them
+            for _ in range(round(seconds * 10)):
+                await c.send("input_audio_buffer.append", audio=_silence(0.1))
+
+        await c.send("input_audio_buffer.append", audio=_speech(0.6))
+        await pause(0.3)  # a pause: its transcription begins
+        with trio.fail_after(5):
+            while not stt.calls:
+                await trio.sleep(0.01)
+        await c.send("input_audio_buffer.append", audio=_speech(0.6))  # the speaker goes on
+        await trio.sleep(0.15)
+        steps = stt.steps
+        await trio.sleep(0.3)
+        assert stt.steps == steps < stt.calls[0] // 1600  # that transcription stopped, unfinished
+        await pause(1.0)
+        events = await c.until("response.done")
+    kinds = [e["type"] for e in events]
+    assert kinds.index("input_audio_buffer.speech_stopped") < kinds.index(
+        "conversation.item.input_audio_transcription.completed") < kinds.index("response.created")
+    assert len(stt.calls) == 2  # the turn's transcription began at its last pause, and the commit took it
+    [completed] = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    # the words up to the pause (the scripted model says how much audio it read); the item's audio
+    # is the whole turn, its silence included
+    assert completed["transcript"] == f"Scripted transcript of {stt.calls[1] / 16000:.2f} s of audio."
+    assert 0.6 + 0.3 + 0.6 + 0.2 <= stt.calls[1] / 16000 <= 0.6 + 0.3 + 0.6 + 0.5  # to the pause's 200-500 ms
+    assert completed["usage"]["seconds"] >= stt.calls[1] / 16000 + 0.2  # VAD waited on after it
+    metrics = (await client.get(server.url + "/metrics")).text
+    assert re.search(r'turbospark_audio_work_total\{endpoint="realtime",outcome="cancelled"\} 1', metrics)
+    assert re.search(r'turbospark_audio_work_total\{endpoint="realtime",outcome="done"\} 1', metrics)
 
 
 async def test_response_cancel_stops_the_decode_within_a_step(start_server, client: httpx.AsyncClient) -> None:

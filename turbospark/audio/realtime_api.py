@@ -8,7 +8,8 @@
 - ``InputBuffer``: the audio appended and not yet committed, at the rate it came in; a commit is
   resampled whole to the 16 kHz float32 the speech-to-text model reads (as the transcription
   route resamples a file), and silence before speech is let go as it ages.
-- ``TurnDetector``: server VAD over 30 ms frames: speech started, speech stopped.
+- ``TurnDetector``: server VAD over 30 ms frames: speech started, paused (long enough to begin
+  transcribing early), resumed, stopped.
 - ``Sentences``: text as it arrives, cut where speech can start (a sentence's end).
 - ``Spoken``: the text whose audio went out, so a cancelled or truncated answer keeps only what
   was heard.
@@ -34,6 +35,10 @@ __all__ = [
     "InputBuffer",
     "Invalid",
     "Sentences",
+    "SpeechPaused",
+    "SpeechResumed",
+    "SpeechStarted",
+    "SpeechStopped",
     "Spoken",
     "TurnDetector",
     "decode_audio",
@@ -144,7 +149,8 @@ def for_detection(samples: np.ndarray, rate: int) -> np.ndarray:
 class InputBuffer:
     """Audio appended and not committed: chunks at the rate each came in.  ``seconds`` and
     ``trim`` count time; ``take`` empties it and gives the whole at 16 kHz (polyphase, as
-    ``wav.decode`` resamples a file, so a commit reads as the same audio sent as a file)."""
+    ``wav.decode`` resamples a file, so a commit reads as the same audio sent as a file);
+    ``peek`` gives the same and keeps it."""
 
     def __init__(self) -> None:
         self._chunks: list[tuple[np.ndarray, int]] = []
@@ -172,13 +178,18 @@ class InputBuffer:
         self.seconds = total
 
     def take(self) -> np.ndarray:
+        whole = self.peek()
+        self._chunks, self.seconds = [], 0.0
+        return whole
+
+    def peek(self) -> np.ndarray:
+        """The whole at 16 kHz, as ``take`` gives it, left in the buffer."""
         runs: list[tuple[list[np.ndarray], int]] = []
         for samples, rate in self._chunks:
             if runs and runs[-1][1] == rate:
                 runs[-1][0].append(samples)
             else:
                 runs.append(([samples], rate))
-        self._chunks, self.seconds = [], 0.0
         parts = [resample(np.concatenate(chunks), rate) for chunks, rate in runs]
         return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
@@ -200,6 +211,8 @@ def bytes_per_second(fmt: str) -> int:
 # --- turn detection -------------------------------------------------------------------------
 
 _FRAME = SAMPLE_RATE * 30 // 1000  # 480 samples: 30 ms
+#: ms of silence after speech at which a turn's transcription may begin
+EARLY_MS = 200
 
 
 @attrs.frozen
@@ -212,25 +225,44 @@ class SpeechStopped:
     audio_end_ms: int
 
 
+@attrs.frozen
+class SpeechPaused:
+    """``early_ms`` of silence after speech: the turn may end here (its transcription can begin
+    while VAD waits out the rest of its silence)."""
+
+    audio_end_ms: int
+
+
+@attrs.frozen
+class SpeechResumed:
+    """Speech again after a ``SpeechPaused``, within the same turn."""
+
+
 class TurnDetector:
     """Server VAD: ``feed`` 16 kHz audio, get ``SpeechStarted`` once ``min_speech_ms`` of it is
     voiced and ``SpeechStopped`` after ``silence_duration_ms`` of silence (times from the start
-    of the session's audio).  ``is_speech`` classifies one 30 ms frame of 16-bit PCM."""
+    of the session's audio).  ``is_speech`` classifies one 30 ms frame of 16-bit PCM.
+
+    Between them, ``SpeechPaused`` after ``early_ms`` of silence (where that is shorter than
+    ``silence_duration_ms``) and ``SpeechResumed`` if speech comes back before the turn ends."""
 
     def __init__(self, is_speech: Callable[[bytes], bool], *, silence_duration_ms: int = 500,
-                 prefix_padding_ms: int = 300, min_speech_ms: int = 90, start_ms: int = 0) -> None:
+                 prefix_padding_ms: int = 300, min_speech_ms: int = 90, start_ms: int = 0,
+                 early_ms: int = EARLY_MS) -> None:
         self.is_speech = is_speech
         self.silence_ms = silence_duration_ms
         self.prefix_ms = prefix_padding_ms
         self.min_speech_ms = min_speech_ms
+        self.early_ms = early_ms
         self.speaking = False
+        self.paused = False
         self._pending = np.zeros(0, np.float32)
         self._at = start_ms  # ms of the session's audio classified
         self._voiced = 0
         self._silent = 0
 
-    def feed(self, audio: np.ndarray) -> list[SpeechStarted | SpeechStopped]:
-        out: list[SpeechStarted | SpeechStopped] = []
+    def feed(self, audio: np.ndarray) -> list[SpeechStarted | SpeechPaused | SpeechResumed | SpeechStopped]:
+        out: list[SpeechStarted | SpeechPaused | SpeechResumed | SpeechStopped] = []
         samples = np.concatenate([self._pending, audio]) if self._pending.size else audio
         whole = samples.size - samples.size % _FRAME
         self._pending = samples[whole:].copy()
@@ -240,6 +272,9 @@ class TurnDetector:
             if self.is_speech(frame):
                 self._voiced += 30
                 self._silent = 0
+                if self.paused:
+                    self.paused = False
+                    out.append(SpeechResumed())
                 if not self.speaking and self._voiced >= self.min_speech_ms:
                     self.speaking = True
                     out.append(SpeechStarted(max(0, self._at - self._voiced - self.prefix_ms)))
@@ -248,12 +283,15 @@ class TurnDetector:
                 if not self.speaking:
                     self._voiced = 0
                 elif self._silent >= self.silence_ms:
-                    self.speaking, self._voiced = False, 0
+                    self.speaking, self.paused, self._voiced = False, False, 0
                     out.append(SpeechStopped(self._at - self._silent))
+                elif not self.paused and self._silent >= self.early_ms:
+                    self.paused = True
+                    out.append(SpeechPaused(self._at - self._silent))
         return out
 
     def reset(self) -> None:
-        self.speaking, self._voiced, self._silent = False, 0, 0
+        self.speaking, self.paused, self._voiced, self._silent = False, False, 0, 0
 
     def lookback_ms(self) -> int:
         """The recent audio, in ms, that a turn starting now would hold (its padding, the voiced

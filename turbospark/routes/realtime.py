@@ -13,6 +13,7 @@ arrives (``audio/pcm`` at 24 kHz, or G.711), or text only where ``output_modalit
     │                  --write-timeout seconds is closed, never buffered for
     ├── reader         client events in (the handler's own loop): the session, the buffer, items
     ├── transcriber    committed audio, in order: transcribe, then answer if VAD committed it
+    ├── early × ≤1     the turn's transcription, begun at VAD's pause (``realtime_transcription.py``)
     └── response × ≤1  the chat turn, and the voice speaking its sentences (a task beside it)
 
 Barge-in (speech while a response runs, with ``interrupt_response``) and ``response.cancel``
@@ -32,19 +33,19 @@ import trio
 from quart import Blueprint, websocket
 
 from ..audio.engines import check_voice
-from ..audio.messages import Transcribe, WorkDone, WorkFailed
 from ..audio.realtime_api import (
-    InputBuffer, Invalid, SpeechStarted, Spoken, TurnDetector, decode_audio, error_event, event,
-    for_detection, new_id,
+    InputBuffer, Invalid, SpeechPaused, SpeechResumed, SpeechStarted, Spoken, TurnDetector, decode_audio,
+    error_event, event, for_detection, new_id,
 )
 from ..audio.realtime_state import Conversation, SessionConfig, check_items, check_response
 from ..audio.wav import SAMPLE_RATE
 from ..errors import GenerationFailed, RequestInvalid, TurboSparkError
 from ..web.app import system
 from ..wire.codec import parse_json
-from ._audio import receive, resolve_audio, submit
+from ._audio import resolve_audio
 from .audio_realtime import _limits, _vad_detector, observed, session_slot
 from .realtime_response import Response, chat_tools, respond
+from .realtime_transcription import Transcription, transcribe
 
 blueprint = Blueprint("realtime", __name__)
 log = logging.getLogger("turbospark")
@@ -103,10 +104,12 @@ class _Session:
         self.conversation = Conversation()
         self.settings = system().settings
         self.out_send, self.out_recv = trio.open_memory_channel[dict[str, Any]](EVENTS_WAITING)
-        self.commits_send, self.commits_recv = trio.open_memory_channel[tuple[str, np.ndarray, bool]](COMMITS_WAITING)
+        self.commits_send, self.commits_recv = trio.open_memory_channel[
+            tuple[str, np.ndarray, bool, Transcription | None]](COMMITS_WAITING)
         self.buffer = InputBuffer()
         self.audio_ms = 0  # audio received since the session began
         self.detector = self._detector()
+        self.early: Transcription | None = None  # the turn's, begun at VAD's pause
         self.next_item = new_id("item")  # the user item the audio being spoken will become
         self.response: Response | None = None
         self.spoken: dict[str, Spoken] = {}  # assistant audio items, for truncate
@@ -207,6 +210,7 @@ class _Session:
         self.config.update(session)
         if self.config.turn_detection != detection:  # a turn in progress survives other updates
             self.detector = self._detector()
+            self.drop_early()
         await self.emit(event("session.updated", session=self.config.data))
 
     # --- input audio --------------------------------------------------------------------------
@@ -228,6 +232,10 @@ class _Session:
                     self.response.scope.cancel()  # barge-in, before an event can wait for room
                 await self.emit(event("input_audio_buffer.speech_started", audio_start_ms=change.audio_start_ms,
                                       item_id=self.next_item))
+            elif isinstance(change, SpeechPaused):
+                self.begin_early()
+            elif isinstance(change, SpeechResumed):
+                self.drop_early()
             else:
                 await self.emit(event("input_audio_buffer.speech_stopped", audio_end_ms=change.audio_end_ms,
                                       item_id=self.next_item))
@@ -255,24 +263,40 @@ class _Session:
         if self.config.kind == "realtime":
             item, previous = self.conversation.add_input_audio(item_id)
             item_id = item["id"]
+        early, self.early = self.early if auto else None, None
+        self.drop_early()
         audio = self.buffer.take()
         self.queued += audio.size
         self.pending[item_id] = trio.Event()
         await self.emit(event("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id))
         if self.config.kind == "realtime":
             await self.emit(event("conversation.item.added", previous_item_id=previous, item=item))
-        await self.commits_send.send((item_id, audio, auto))
+        await self.commits_send.send((item_id, audio, auto, early))
+
+    def begin_early(self) -> None:
+        """At VAD's pause: transcribe the turn so far while VAD waits out the silence."""
+        self.drop_early()
+        if self.stt is not None and self.nursery is not None:
+            audio = self.buffer.peek()
+            self.early = Transcription()
+            self.nursery.start_soon(self.early.run, self.stt.id, audio, self.config.language)
+
+    def drop_early(self) -> None:
+        if self.early is not None:
+            self.early.cancel()
+            self.early = None
 
     async def input_audio_buffer_clear(self, message: dict[str, Any]) -> None:
+        self.drop_early()
         self.buffer.take()
         if self.detector is not None:
             self.detector.reset()
         await self.emit(event("input_audio_buffer.cleared"))
 
     async def transcriber(self) -> None:
-        async for item_id, audio, auto in self.commits_recv:
+        async for item_id, audio, auto, early in self.commits_recv:
             try:
-                await self.transcribe(item_id, audio, auto)
+                await transcribe(self, item_id, audio, auto, early)
             except TurboSparkError as exc:
                 await self.emit(error_event(exc))
             except Exception:  # a bug: this item's transcription fails, logged; the session goes on
@@ -283,45 +307,6 @@ class _Session:
                 self.queued -= audio.size
                 if (done := self.pending.pop(item_id, None)) is not None:
                     done.set()
-
-    async def transcribe(self, item_id: str, audio: np.ndarray, auto: bool) -> None:
-        """One committed item: its transcript, its events, and the answer VAD asks for."""
-        with ExitStack() as scope:
-            try:
-                recv = await submit(scope, request_id=-1, model=self.stt.id, endpoint="realtime",
-                                    args=Transcribe(audio, self.config.language))
-                reply = await receive(recv)
-            except TurboSparkError as exc:
-                reply = WorkFailed(exc)
-        if isinstance(reply, WorkFailed) or not isinstance(reply, WorkDone) or reply.transcript is None:
-            error = reply.error if isinstance(reply, WorkFailed) else GenerationFailed.new("transcription failed")
-            await self.emit(event("conversation.item.input_audio_transcription.failed", item_id=item_id,
-                                  content_index=0, error={"type": "transcription_error", "code": None,
-                                                          "message": error.message, "param": None}))
-            return
-        text = reply.transcript.text.strip()
-        if self.config.transcribes:  # the model reads the transcript either way
-            await self.emit(event("conversation.item.input_audio_transcription.delta", item_id=item_id,
-                                  content_index=0, delta=text))
-            await self.emit(event("conversation.item.input_audio_transcription.completed", item_id=item_id,
-                                  content_index=0, transcript=text,
-                                  usage={"type": "duration", "seconds": round(audio.size / SAMPLE_RATE, 3)}))
-        if self.config.kind != "realtime":
-            return
-        try:
-            item = self.conversation.get(item_id)
-        except RequestInvalid:
-            return  # deleted meanwhile
-        if item.get("role") != "user" or [p.get("type") for p in item.get("content", ())] != ["input_audio"]:
-            return  # deleted and replaced by another item of the same id
-        item["content"][0]["transcript"] = text
-        await self.emit(event("conversation.item.done", previous_item_id=None, item=item))
-        detection = self.config.turn_detection or {}
-        if auto and detection.get("create_response", True):
-            if self.response is None:
-                await self.start_response({})
-            else:
-                self.answer_next = True  # once the response running now (not interrupted) ends
 
     # --- items --------------------------------------------------------------------------------
 

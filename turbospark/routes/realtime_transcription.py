@@ -1,0 +1,98 @@
+"""One transcription of a ``/v1/realtime`` session's audio (``routes/realtime.py``), as a value
+the session can start before it needs it.
+
+Server VAD commits a turn after ``silence_duration_ms`` of silence (500 ms by default), but the
+words are all there once the speaker pauses: at ``SpeechPaused`` (``EARLY_MS`` of silence) the
+session starts a ``Transcription`` of the audio so far, and the commit that follows uses its
+transcript instead of starting one; speech before the commit (``SpeechResumed``) cancels it
+(decision 0045).  Cancelling ``scope`` closes the work's reply channel: the speech-to-text
+thread drops it at its next step.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Any
+
+import attrs
+import numpy as np
+import trio
+
+from ..audio.messages import Transcribe, WorkDone, WorkFailed
+from ..audio.realtime_api import event
+from ..audio.wav import SAMPLE_RATE
+from ..errors import GenerationFailed, RequestInvalid, TurboSparkError
+from ._audio import receive, submit
+
+__all__ = ["Transcription", "transcribe"]
+
+
+@attrs.define(eq=False)
+class Transcription:
+    """A transcription of a session's audio: ``run`` it (in a task, or awaited); ``reply``
+    waits for it and gives the work's answer."""
+
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    done: trio.Event = attrs.field(factory=trio.Event)
+    answer: WorkDone | WorkFailed | None = None
+
+    async def run(self, model: str, audio: np.ndarray, language: str | None) -> None:
+        try:
+            with self.scope, ExitStack() as scope:  # leaving it closes the work's reply channel
+                recv = await submit(scope, request_id=-1, model=model, endpoint="realtime",
+                                    args=Transcribe(audio, language))
+                reply = await receive(recv)
+                self.answer = reply if isinstance(reply, WorkDone | WorkFailed) else None
+        except TurboSparkError as exc:
+            self.answer = WorkFailed(exc)
+        finally:
+            self.done.set()
+
+    def cancel(self) -> None:
+        self.scope.cancel()
+
+    async def reply(self) -> WorkDone | WorkFailed:
+        await self.done.wait()
+        if isinstance(self.answer, WorkDone) and self.answer.transcript is not None:
+            return self.answer
+        if isinstance(self.answer, WorkFailed):
+            return self.answer
+        return WorkFailed(GenerationFailed.new("transcription failed"))
+
+
+async def transcribe(s: Any, item_id: str, audio: np.ndarray, auto: bool, early: Transcription | None) -> None:
+    """A session's (``s``) committed item: its transcript (the one begun at VAD's pause, where
+    that one succeeded), its events, and the answer VAD asks for."""
+    reply = await early.reply() if early is not None else None
+    if not isinstance(reply, WorkDone):
+        whole = Transcription()
+        await whole.run(s.stt.id, audio, s.config.language)
+        reply = await whole.reply()
+    if isinstance(reply, WorkFailed):
+        await s.emit(event("conversation.item.input_audio_transcription.failed", item_id=item_id,
+                              content_index=0, error={"type": "transcription_error", "code": None,
+                                                      "message": reply.error.message, "param": None}))
+        return
+    text = reply.transcript.text.strip()
+    if s.config.transcribes:  # the model reads the transcript either way
+        await s.emit(event("conversation.item.input_audio_transcription.delta", item_id=item_id,
+                              content_index=0, delta=text))
+        await s.emit(event("conversation.item.input_audio_transcription.completed", item_id=item_id,
+                              content_index=0, transcript=text,
+                              usage={"type": "duration", "seconds": round(audio.size / SAMPLE_RATE, 3)}))
+    if s.config.kind != "realtime":
+        return
+    try:
+        item = s.conversation.get(item_id)
+    except RequestInvalid:
+        return  # deleted meanwhile
+    if item.get("role") != "user" or [p.get("type") for p in item.get("content", ())] != ["input_audio"]:
+        return  # deleted and replaced by another item of the same id
+    item["content"][0]["transcript"] = text
+    await s.emit(event("conversation.item.done", previous_item_id=None, item=item))
+    detection = s.config.turn_detection or {}
+    if auto and detection.get("create_response", True):
+        if s.response is None:
+            await s.start_response({})
+        else:
+            s.answer_next = True  # once the response running now (not interrupted) ends
