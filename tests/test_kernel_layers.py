@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import collections
+import math
 import re
 
 import mlx.core as mx
@@ -126,6 +127,28 @@ def test_a_gelu_epilogue_is_gemmas_gated_gelu_to_the_last_place(rows, dtype, bit
     halves = mx.concatenate([y[..., :24], y[..., 24:]], axis=-1)
     again = kernels.linear(halves, mx.eye(48, dtype=dtype), geglu=True)
     np.testing.assert_array_equal(np.array(again.astype(mx.float32)), np.array(got.astype(mx.float32)))
+
+
+@needs_kernels
+@ours
+@given(rows=st.integers(1, 40), dtype=floats, bits=st.sampled_from([0, 4, 8]), scale=st.sampled_from([0.1, 1.0, 8.0]),
+       seed=st.integers(0, 2**16))
+def test_an_exact_gelu_epilogue_is_nn_gelu_to_the_last_place(rows, dtype, bits, scale, seed) -> None:
+    mx.random.seed(seed)
+    x = (mx.random.normal((1, rows, 64)) * scale).astype(dtype)
+    w = weights(48, 64, dtype, bits)
+    b = mx.random.normal((48,)).astype(dtype)
+    got = product(x, w, b, bits, gelu=True)
+    assert got.dtype == dtype and got.shape == (1, rows, 48)
+    y = product(x, w, b, bits)
+    g = np.array(y.astype(mx.float32)).astype(np.float64)
+    exact = 0.5 * g * (1 + np.vectorize(math.erf)(g / np.sqrt(2)))
+    last_place = {mx.float32: 4 * 2.0**-23, mx.float16: 2.0**-10, mx.bfloat16: 2.0**-7}[dtype]
+    bound = last_place * np.abs(exact) + 1.5e-7 * np.abs(g) + 2.0**-24  # erf's 1.5e-7; float16's steps near 0
+    assert np.all(np.abs(np.array(got.astype(mx.float32)) - exact) <= bound)
+    if dtype == mx.float32:  # and Whisper's own nn.gelu of the same values (MLX's erf), twice the bound
+        theirs = np.array(nn.gelu(y))  # (in half types MLX rounds each of its steps: further off than ours)
+        assert np.all(np.abs(np.array(got) - theirs) <= 2 * bound)
 
 
 def kernels_gelu(gate: mx.array, up: mx.array) -> mx.array:

@@ -109,25 +109,28 @@ def huge_pages(arrays: list[mx.array]) -> int:
 
 
 def linear(x: mx.array, weight: mx.array, bias: mx.array | None = None, *, residual: mx.array | None = None,
-           swiglu: bool = False, geglu: bool = False, norm: mx.array | None = None, eps: float = 0.0) -> mx.array:
+           swiglu: bool = False, geglu: bool = False, gelu: bool = False, norm: mx.array | None = None,
+           eps: float = 0.0) -> mx.array:
     """``x @ weight.T (+ bias)``; weight (N, K) in float32, bfloat16 or float16, K a multiple of 8.
     Then ``residual + y`` (rounded as the two ops would), or, for a gate's and an up
     projection's rows one after the other, ``swiglu(y[..., :N/2], y[..., N/2:])``, or with
     ``geglu`` Gemma's ``gelu_approx(gate) * up`` (in float32, within a few units of the last place
-    of MLX's ops, which round each step to x's type); with ``norm``, x is first
-    ``rms_norm(x, norm, eps)`` (the same bits): one op."""
-    return native.rows_matmul(x, weight, bias, residual=residual, swiglu=swiglu, geglu=geglu, norm=norm, eps=eps)
+    of MLX's ops, which round each step to x's type), or with ``gelu`` ``nn.gelu(y)`` (exact GELU,
+    erf within 1.5e-7); with ``norm``, x is first ``rms_norm(x, norm, eps)`` (the same bits): one op."""
+    return native.rows_matmul(x, weight, bias, residual=residual, swiglu=swiglu, geglu=geglu, gelu=gelu, norm=norm,
+                              eps=eps)
 
 
 def quantized_linear(
     x: mx.array, weight: mx.array, scales: mx.array, biases: mx.array, bias: mx.array | None = None,
     *, group_size: int, bits: int, residual: mx.array | None = None, swiglu: bool = False, geglu: bool = False,
-    norm: mx.array | None = None, eps: float = 0.0, packed: bool = False,
+    gelu: bool = False, norm: mx.array | None = None, eps: float = 0.0, packed: bool = False,
 ) -> mx.array:
     """``x @ dequantize(weight).T (+ bias)`` for MLX's affine layout (transposed); ``residual``,
-    ``swiglu``, ``geglu`` and ``norm`` as in ``linear``; ``packed``: weights ``pack_quantized`` packed."""
+    ``swiglu``, ``geglu``, ``gelu`` and ``norm`` as in ``linear``; ``packed``: weights
+    ``pack_quantized`` packed."""
     return native.rows_quantized_matmul(x, weight, scales, biases, bias, group_size=group_size, bits=bits,
-                                        residual=residual, swiglu=swiglu, geglu=geglu, norm=norm, eps=eps,
+                                        residual=residual, swiglu=swiglu, geglu=geglu, gelu=gelu, norm=norm, eps=eps,
                                         packed=packed)
 
 

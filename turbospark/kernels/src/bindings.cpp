@@ -21,71 +21,71 @@ NB_MODULE(_native, m) {
   m.def(
       "rows_matmul",
       [](const mlx::core::array& x, const mlx::core::array& w, const std::optional<mlx::core::array>& bias,
-         const std::optional<mlx::core::array>& residual, bool swiglu, bool geglu, const std::optional<mlx::core::array>& norm,
+         const std::optional<mlx::core::array>& residual, bool swiglu, bool geglu, bool gelu, const std::optional<mlx::core::array>& norm,
          float eps) {
-        return tk::rows_matmul(x, w, bias, residual, swiglu ? tk::SwiGlu : geglu ? tk::GeGlu : tk::NoGlu, tk::Prologue{norm, eps});
+        return tk::rows_matmul(x, w, bias, residual, swiglu ? tk::SwiGlu : geglu ? tk::GeGlu : gelu ? tk::Gelu : tk::NoGlu, tk::Prologue{norm, eps});
       },
-      "x"_a, "w"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false, "geglu"_a = false, "norm"_a = nb::none(),
+      "x"_a, "w"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false, "geglu"_a = false, "gelu"_a = false, "norm"_a = nb::none(),
       "eps"_a = 0.0f,
       "x @ w.T (+ bias) for float weights, on the CPU; then + residual, or swiglu of its two halves.");
   m.def(
       "rows_quantized_matmul",
       [](const mlx::core::array& x, const mlx::core::array& w, const mlx::core::array& scales,
          const mlx::core::array& biases, const std::optional<mlx::core::array>& bias, int group_size, int bits,
-         const std::optional<mlx::core::array>& residual, bool swiglu, bool geglu, const std::optional<mlx::core::array>& norm,
+         const std::optional<mlx::core::array>& residual, bool swiglu, bool geglu, bool gelu, const std::optional<mlx::core::array>& norm,
          float eps, bool packed) {
-        return tk::rows_quantized_matmul(x, w, scales, biases, bias, group_size, bits, residual, swiglu ? tk::SwiGlu : geglu ? tk::GeGlu : tk::NoGlu,
+        return tk::rows_quantized_matmul(x, w, scales, biases, bias, group_size, bits, residual, swiglu ? tk::SwiGlu : geglu ? tk::GeGlu : gelu ? tk::Gelu : tk::NoGlu,
                                          tk::Prologue{norm, eps}, packed);
       },
       "x"_a, "w"_a, "scales"_a, "biases"_a, "bias"_a = nb::none(), "group_size"_a = 64, "bits"_a = 4,
-      "residual"_a = nb::none(), "swiglu"_a = false, "geglu"_a = false, "norm"_a = nb::none(), "eps"_a = 0.0f, "packed"_a = false,
+      "residual"_a = nb::none(), "swiglu"_a = false, "geglu"_a = false, "gelu"_a = false, "norm"_a = nb::none(), "eps"_a = 0.0f, "packed"_a = false,
       "x @ dequantize(w).T (+ bias) for MLX's affine 4- and 8-bit weights, on the CPU; then + residual, or swiglu.\n"
       "packed: weights pack_quantized packed.");
   m.def(
       "rows_ggml_matmul",
       [](const mlx::core::array& x, const mlx::core::array& w, int type, int k,
-         const std::optional<mlx::core::array>& bias, const std::optional<mlx::core::array>& residual, bool swiglu, bool geglu,
+         const std::optional<mlx::core::array>& bias, const std::optional<mlx::core::array>& residual, bool swiglu, bool geglu, bool gelu,
          const std::optional<mlx::core::array>& norm, float eps) {
-        return tk::rows_ggml_matmul(x, w, type, k, bias, residual, swiglu ? tk::SwiGlu : geglu ? tk::GeGlu : tk::NoGlu, tk::Prologue{norm, eps});
+        return tk::rows_ggml_matmul(x, w, type, k, bias, residual, swiglu ? tk::SwiGlu : geglu ? tk::GeGlu : gelu ? tk::Gelu : tk::NoGlu, tk::Prologue{norm, eps});
       },
-      "x"_a, "w"_a, "type"_a, "k"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false, "geglu"_a = false,
+      "x"_a, "w"_a, "type"_a, "k"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false, "geglu"_a = false, "gelu"_a = false,
       "norm"_a = nb::none(), "eps"_a = 0.0f,
       "x @ dequantize(w).T (+ bias) for weights (N, row bytes) in a GGUF block type, through ggml; then + residual, or swiglu.");
   m.def(
       "rows_k4_matmul",
       [](const mlx::core::array& x, const mlx::core::array& w, const mlx::core::array& fields,
-         const std::optional<mlx::core::array>& bias, const std::optional<mlx::core::array>& residual, bool swiglu, bool geglu,
+         const std::optional<mlx::core::array>& bias, const std::optional<mlx::core::array>& residual, bool swiglu, bool geglu, bool gelu,
          const std::optional<mlx::core::array>& norm, float eps) {
-        return tk::rows_k4_matmul(x, w, fields, bias, residual, swiglu ? tk::SwiGlu : geglu ? tk::GeGlu : tk::NoGlu, tk::Prologue{norm, eps});
+        return tk::rows_k4_matmul(x, w, fields, bias, residual, swiglu ? tk::SwiGlu : geglu ? tk::GeGlu : gelu ? tk::Gelu : tk::NoGlu, tk::Prologue{norm, eps});
       },
-      "x"_a, "w"_a, "fields"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false, "geglu"_a = false,
+      "x"_a, "w"_a, "fields"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false, "geglu"_a = false, "gelu"_a = false,
       "norm"_a = nb::none(), "eps"_a = 0.0f,
       "x @ W.T (+ bias) for Q4_K super-blocks packed eight rows together (nibbles, fields); then + residual, or swiglu.");
   m.def(
       "rows_k6_matmul",
       [](const mlx::core::array& x, const mlx::core::array& w, const mlx::core::array& highs,
          const mlx::core::array& fields, const std::optional<mlx::core::array>& bias,
-         const std::optional<mlx::core::array>& residual, bool swiglu, bool geglu, const std::optional<mlx::core::array>& norm,
-         float eps) { return tk::rows_k6_matmul(x, w, highs, fields, bias, residual, swiglu ? tk::SwiGlu : geglu ? tk::GeGlu : tk::NoGlu, tk::Prologue{norm, eps}); },
-      "x"_a, "w"_a, "highs"_a, "fields"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false, "geglu"_a = false,
+         const std::optional<mlx::core::array>& residual, bool swiglu, bool geglu, bool gelu, const std::optional<mlx::core::array>& norm,
+         float eps) { return tk::rows_k6_matmul(x, w, highs, fields, bias, residual, swiglu ? tk::SwiGlu : geglu ? tk::GeGlu : gelu ? tk::Gelu : tk::NoGlu, tk::Prologue{norm, eps}); },
+      "x"_a, "w"_a, "highs"_a, "fields"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false, "geglu"_a = false, "gelu"_a = false,
       "norm"_a = nb::none(), "eps"_a = 0.0f,
       "x @ W.T (+ bias) for Q6_K super-blocks packed eight rows together (nibbles, high bits, fields).");
   m.def(
       "rows_k5_matmul",
       [](const mlx::core::array& x, const mlx::core::array& w, const mlx::core::array& highs,
          const mlx::core::array& fields, const std::optional<mlx::core::array>& bias,
-         const std::optional<mlx::core::array>& residual, bool swiglu, bool geglu, const std::optional<mlx::core::array>& norm,
-         float eps) { return tk::rows_k5_matmul(x, w, highs, fields, bias, residual, swiglu ? tk::SwiGlu : geglu ? tk::GeGlu : tk::NoGlu, tk::Prologue{norm, eps}); },
-      "x"_a, "w"_a, "highs"_a, "fields"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false, "geglu"_a = false,
+         const std::optional<mlx::core::array>& residual, bool swiglu, bool geglu, bool gelu, const std::optional<mlx::core::array>& norm,
+         float eps) { return tk::rows_k5_matmul(x, w, highs, fields, bias, residual, swiglu ? tk::SwiGlu : geglu ? tk::GeGlu : gelu ? tk::Gelu : tk::NoGlu, tk::Prologue{norm, eps}); },
+      "x"_a, "w"_a, "highs"_a, "fields"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false, "geglu"_a = false, "gelu"_a = false,
       "norm"_a = nb::none(), "eps"_a = 0.0f,
       "x @ W.T (+ bias) for Q5_0 or Q5_1 blocks packed eight rows together (nibbles, fifth bits, fields).");
   m.def(
       "rows_k5k_matmul",
       [](const mlx::core::array& x, const mlx::core::array& w, const mlx::core::array& highs,
          const mlx::core::array& fields, const std::optional<mlx::core::array>& bias,
-         const std::optional<mlx::core::array>& residual, bool swiglu, bool geglu, const std::optional<mlx::core::array>& norm,
-         float eps) { return tk::rows_k5k_matmul(x, w, highs, fields, bias, residual, swiglu ? tk::SwiGlu : geglu ? tk::GeGlu : tk::NoGlu, tk::Prologue{norm, eps}); },
-      "x"_a, "w"_a, "highs"_a, "fields"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false, "geglu"_a = false,
+         const std::optional<mlx::core::array>& residual, bool swiglu, bool geglu, bool gelu, const std::optional<mlx::core::array>& norm,
+         float eps) { return tk::rows_k5k_matmul(x, w, highs, fields, bias, residual, swiglu ? tk::SwiGlu : geglu ? tk::GeGlu : gelu ? tk::Gelu : tk::NoGlu, tk::Prologue{norm, eps}); },
+      "x"_a, "w"_a, "highs"_a, "fields"_a, "bias"_a = nb::none(), "residual"_a = nb::none(), "swiglu"_a = false, "geglu"_a = false, "gelu"_a = false,
       "norm"_a = nb::none(), "eps"_a = 0.0f,
       "x @ W.T (+ bias) for Q5_K super-blocks packed eight rows together (nibbles, fifth bits, Q4_K's fields).");
   m.def(

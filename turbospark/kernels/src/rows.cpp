@@ -157,8 +157,9 @@ mx::array rows_op(const mx::array& x, std::vector<mx::array> weights, const std:
   if (x.ndim() < 1 || x.shape(-1) != K)
     throw std::invalid_argument("[rows_matmul] x's last dimension must match the weight's");
   if (K % 8 != 0) throw std::invalid_argument("[rows_matmul] the inner dimension must be a multiple of 8");
-  if (residual && glu) throw std::invalid_argument("[rows_matmul] a residual or a gated activation, not both");
-  if (glu && N % 2 != 0) throw std::invalid_argument("[rows_matmul] a gated activation needs the gate's and the up rows (2 * H)");
+  const bool gated = glu == SwiGlu || glu == GeGlu;
+  if (residual && glu) throw std::invalid_argument("[rows_matmul] a residual or an activation, not both");
+  if (gated && N % 2 != 0) throw std::invalid_argument("[rows_matmul] a gated activation needs the gate's and the up rows (2 * H)");
   std::vector<mx::array> inputs{x};
   for (auto& w : weights) inputs.push_back(row_major(w, stream));
   if (bias) {
@@ -167,7 +168,7 @@ mx::array rows_op(const mx::array& x, std::vector<mx::array> weights, const std:
     inputs.push_back(row_major(*bias, stream));
   }
   auto shape = x.shape();
-  shape.back() = glu ? N / 2 : N;
+  shape.back() = gated ? N / 2 : N;
   if (residual) {
     if (residual->shape() != shape) throw std::invalid_argument("[rows_matmul] the residual must have the output's shape");
     inputs.push_back(mx::astype(*residual, x.dtype(), stream));
@@ -177,7 +178,8 @@ mx::array rows_op(const mx::array& x, std::vector<mx::array> weights, const std:
     if (w.ndim() != 1 || w.shape(0) != K) throw std::invalid_argument("[rows_matmul] the norm's weight must be (K,)");
     inputs.push_back(row_major(mx::astype(w, x.dtype(), stream), stream));
   }
-  auto epilogue = residual ? Epilogue::Residual : glu == SwiGlu ? Epilogue::Swiglu : glu == GeGlu ? Epilogue::Geglu : Epilogue::None;
+  auto epilogue = residual ? Epilogue::Residual : glu == SwiGlu ? Epilogue::Swiglu : glu == GeGlu ? Epilogue::Geglu
+                  : glu == Gelu ? Epilogue::Gelu : Epilogue::None;
   return mx::array(std::move(shape), x.dtype(),
                    std::make_shared<RowsMatmul>(stream, group_size, bits, bool(bias), epilogue, bool(prologue.norm),
                                                 prologue.eps, packed, ggml_type),
@@ -242,6 +244,28 @@ void finish(const float* y, int R, int N, Epilogue epilogue, const mx::array* re
       for (int i = 0; i < H; ++i) {
         const float g = round_to<T>(yr[i]), u = round_to<T>(yr[H + i]);
         orow[i] = static_cast<T>(round_to<T>(g / (1.0f + e[i])) * u);
+      }
+    }
+  } else if (epilogue == Epilogue::Gelu) {
+    // erf by Abramowitz and Stegun 7.1.26 (|error| < 1.5e-7) over the kernels' exp: with
+    // z = |g| / sqrt 2, t = 1 / (1 + p z) and q = poly(t) exp(-z^2), 1 + erf(g / sqrt 2) is q for
+    // g < 0 (no cancellation in the tail) and 2 - q for g >= 0
+    std::vector<float> e(N), t(N);
+    const Isa& isa = active_isa();
+    for (int r = 0; r < R; ++r) {
+      const float* yr = y + size_t(r) * N;
+      for (int i = 0; i < N; ++i) {
+        const float z = std::fabs(round_to<T>(yr[i])) * 0.70710678118654752f;
+        e[i] = -z * z;
+        t[i] = 1.0f / (1.0f + 0.3275911f * z);
+      }
+      isa.exps(e.data(), N);
+      T* orow = o + size_t(r) * N;
+      for (int i = 0; i < N; ++i) {
+        const float g = round_to<T>(yr[i]), u = t[i];
+        const float q =
+            u * (0.254829592f + u * (-0.284496736f + u * (1.421413741f + u * (-1.453152027f + u * 1.061405429f)))) * e[i];
+        orow[i] = static_cast<T>(0.5f * g * (g >= 0 ? 2.0f - q : q));
       }
     }
   } else {

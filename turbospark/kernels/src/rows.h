@@ -21,10 +21,12 @@ namespace mx = mlx::core;
 // values swiglu(T(y[:H]), T(y[H:])) = silu(gate) * up, as mlx-lm's MLP computes them; or, for
 // Gemma's MLP, T(T(gelu_approx(g)) * u) of g = T(y[:H]), u = T(y[H:]): gelu's tanh approximation
 // as g * sigmoid(2 c (g + 0.044715 g^3)), c = sqrt(2 / pi), in float32 (within a few units of the
-// last place of MLX's own ops, which round each of their steps to T).
-enum class Epilogue : int { None = 0, Residual = 1, Swiglu = 2, Geglu = 3 };
-// Which gated activation a product's epilogue applies to its two halves (Epilogue's Swiglu, Geglu).
-enum Glu : int { NoGlu = 0, SwiGlu = 1, GeGlu = 2 };
+// last place of MLX's own ops, which round each of their steps to T); or T(gelu(T(y))), nn.gelu's
+// exact GELU, y (1 + erf(y / sqrt 2)) / 2 in float32 (erf within 1.5e-7: Whisper's MLP and convs).
+enum class Epilogue : int { None = 0, Residual = 1, Swiglu = 2, Geglu = 3, Gelu = 4 };
+// Which activation a product's epilogue applies: a gated one to its two halves (Epilogue's Swiglu,
+// Geglu), or GELU to every value.
+enum Glu : int { NoGlu = 0, SwiGlu = 1, GeGlu = 2, Gelu = 3 };
 
 // A product may first normalize x as mx.fast.rms_norm(x, norm, eps) does (kernels' RmsNorm, the
 // same bits: x normalized in float32, rounded to x's type, times the weight, rounded): a decoder
