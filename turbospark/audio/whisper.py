@@ -14,6 +14,10 @@ clip that ends quiet (``ends_quiet``: a turn server VAD committed, most recordin
 ends while the speaker talks (a realtime partial hypothesis, a clip cut short) is now and then
 repeated on a short window (the decoder's timestamps send ``transcribe`` back over its end), so
 it reads the whole window as before.
+
+Where turbospark's CPU kernels are built, the encoder and decoder run through them
+(``whisper_kernels.py``, decision 0045: 8-bit products, the kernels' attention and GELU);
+elsewhere on mlx-whisper's own layers.
 """
 
 from __future__ import annotations
@@ -68,24 +72,41 @@ def ends_quiet(audio: np.ndarray) -> bool:
 class _Fitted(_Checked):
     """The encoder on a window's clip and ``MARGIN`` frames of its padding, the job's ``check``
     first (``AudioEncoder.__call__`` with its positional embedding cut to the frames read); the
-    whole window where the clip does not end quiet."""
+    whole window where the clip does not end quiet.  Through the kernels where they serve."""
 
     def __call__(self, mel: Any) -> Any:
         import mlx.core as mx
         import mlx.nn as nn
 
+        fast = self._owner.fast
         if not self._owner._fit:
-            return super().__call__(mel)
+            self._owner._check()
+            return fast.encode(mel) if fast is not None else self._part(mel)
         self._owner._check()
         enc = self._part
         filled = np.flatnonzero(np.asarray(mx.max(mx.abs(mel), axis=(0, 2))))  # pad_or_trim's are exact zeros
         frames = min(mel.shape[1], (int(filled[-1]) + 1 if len(filled) else 0) + MARGIN)
+        if fast is not None:
+            return fast.encode(mel[:, : frames + frames % 2])
         x = nn.gelu(enc.conv1(mel[:, : frames + frames % 2]))
         x = nn.gelu(enc.conv2(x))
         x = x + enc._positional_embedding[: x.shape[1]]
         for block in enc.blocks:
             x, _, _ = block(x)
         return enc.ln_post(x)
+
+
+def _on_kernels(model: Any) -> Any:
+    """The model's layers through the kernels, where they are built and serve the CPU."""
+    import mlx.core as mx
+
+    from ..kernels import ops
+
+    if not ops.available() or mx.default_device() != mx.cpu:
+        return None
+    from .whisper_kernels import KernelWhisper
+
+    return KernelWhisper(model)
 
 
 class WhisperSpeechToText:
@@ -99,9 +120,10 @@ class WhisperSpeechToText:
         self.path = Path(path)
         self.model = load_model(str(self.path), dtype=mx.float32)
         self.multilingual = self.model.is_multilingual
+        self.fast = _on_kernels(self.model)
         # Checks inside the model: before the encoder and before each decoder step.
         self.model.encoder = _Fitted(self.model.encoder, self)
-        self.model.decoder = _Checked(self.model.decoder, self)
+        self.model.decoder = _Checked(self.fast.decoder if self.fast is not None else self.model.decoder, self)
         self._check: Check = lambda: None
         self._fit = True  # this clip ends in silence: the encoder reads the audio there is
         self._warm()
