@@ -1,5 +1,5 @@
-"""Whisper's encoder reads the audio there is (decision 0044): a window's clip and ten seconds
-of its padding instead of the whole 30 seconds, with the full window's transcript."""
+"""Whisper's encoder reads the audio there is (decisions 0044, 0045): a window's clip and five
+seconds of its padding instead of the whole 30 seconds, with the full window's transcript."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def window(audio: np.ndarray):  # type: ignore[no-untyped-def]
     return pad_or_trim(mel[: min(N_FRAMES, len(audio) // 160)], N_FRAMES, axis=-2)[None]
 
 
-def test_the_encoder_reads_the_clip_and_ten_seconds_of_padding(engines) -> None:  # type: ignore[no-untyped-def]
+def test_the_encoder_reads_the_clip_and_five_seconds_of_padding(engines) -> None:  # type: ignore[no-untyped-def]
     from turbospark.audio.whisper import MARGIN
 
     stt, tts = engines
@@ -82,7 +82,8 @@ def test_its_transcripts_are_the_full_windows(engines) -> None:  # type: ignore[
         full = [stt.transcribe(c, "en", lambda: None).text for c in clips]
     finally:
         stt.model.encoder = encoder
-    assert [words(t) for t in fitted] == [words(t) for t in full], (fitted, full)
+    for ours, theirs in zip(fitted, full, strict=True):  # a word here or there (decision 0045: the same error rate)
+        assert difflib.SequenceMatcher(None, words(ours), words(theirs)).ratio() >= 0.85, (fitted, full)
     for text, meant in zip(fitted, SENTENCES, strict=True):  # Whisper tiny's slips aside ("Police set")
         said = difflib.SequenceMatcher(None, re.sub(r"[^a-z]", "", text.lower()), re.sub(r"[^a-z]", "", meant.lower()))
         assert said.ratio() >= 0.8, (text, meant)

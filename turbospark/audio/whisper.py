@@ -37,7 +37,7 @@ __all__ = ["WhisperSpeechToText"]
 _LOCK = threading.Lock()
 
 #: mel frames (10 ms each) of the window's padding the encoder reads after the clip's own
-MARGIN = 1000
+MARGIN = 500
 #: seconds at the clip's end that must be quiet for the encoder to read only the audio there is
 QUIET_END = 0.3
 

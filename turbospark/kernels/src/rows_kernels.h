@@ -62,6 +62,9 @@ struct Isa {
   // any type (MLX's sigmoid: exp of -|g|, 1 / (1 + e), mirrored for g >= 0), the same bits;
   // scratch holds n floats
   void (*swiglu)(const float* gate, const float* up, float* out, float* scratch, int n);
+  // out[i] = gelu(y[i]) for float32, nn.gelu's exact GELU as rows.cpp's gelu epilogue computes it
+  // (erf by Abramowitz and Stegun 7.1.26 over exps); scratch holds n floats
+  void (*gelus)(const float* y, float* out, float* scratch, int n);
   // weight rows [o0, o1) as float32, (o1 - o0) x K into out (for a GEMM of many rows of x)
   void (*widen)(const RowsJob& job, int o0, int o1, float* out);
   // Affine 4- and 8-bit weights times rows of x rounded to 8 bits per 32 values (as llama.cpp's

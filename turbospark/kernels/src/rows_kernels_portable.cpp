@@ -6,10 +6,10 @@ namespace turbospark::kernels {
 const Isa& isa_portable() {
 #if defined(__aarch64__)
   static const Isa isa{"neon", portable::rows, portable::dots, portable::axpys, portable::dots_h, portable::axpys_h, portable::exps,
-                       portable::swiglu, portable::widen, nullptr, nullptr, nullptr, nullptr, nullptr};
+                       portable::swiglu, portable::gelus, portable::widen, nullptr, nullptr, nullptr, nullptr, nullptr};
 #else
   static const Isa isa{"portable", portable::rows, portable::dots, portable::axpys, portable::dots_h, portable::axpys_h, portable::exps,
-                       portable::swiglu, portable::widen, nullptr, nullptr, nullptr, nullptr, nullptr};
+                       portable::swiglu, portable::gelus, portable::widen, nullptr, nullptr, nullptr, nullptr, nullptr};
 #endif
   return isa;
 }
