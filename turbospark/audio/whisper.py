@@ -9,11 +9,11 @@ lock: the thread holding it puts its own model there first.
 The encoder reads the audio there is, not a whole 30-second window (whisper.cpp's audio
 context, decision 0044): a window's mel frames past the clip are the zeros ``pad_or_trim``
 appended, and the encoder runs on the clip's frames and ``MARGIN`` frames of that padding (its
-positional embedding cut to match); the decoder attends to those positions alone.  Only for a
-clip that ends quiet (``ends_quiet``: a turn server VAD committed, most recordings): one that
-ends while the speaker talks (a realtime partial hypothesis, a clip cut short) is now and then
-repeated on a short window (the decoder's timestamps send ``transcribe`` back over its end), so
-it reads the whole window as before.
+positional embedding cut to match); the decoder attends to those positions alone.  Every clip
+is first given ``PAD`` seconds of silence: with little context after the speech (a realtime
+partial hypothesis, a clip cut short, even a turn's 200 ms pause) a short window now and then
+hears the speech twice (the decoder's timestamps send ``transcribe`` back over its end); with
+the silence and ``MARGIN`` frames, never in 192 clips (decision 0045).
 
 Where turbospark's CPU kernels are built, the encoder and decoder run through them
 (``whisper_kernels.py``, decision 0045: 8-bit products, the kernels' attention and GELU);
@@ -37,9 +37,9 @@ __all__ = ["WhisperSpeechToText"]
 _LOCK = threading.Lock()
 
 #: mel frames (10 ms each) of the window's padding the encoder reads after the clip's own
-MARGIN = 500
-#: seconds at the clip's end that must be quiet for the encoder to read only the audio there is
-QUIET_END = 0.3
+MARGIN = 700
+#: seconds of silence put after every clip
+PAD = 0.5
 
 
 class _Checked:
@@ -56,32 +56,16 @@ class _Checked:
         return getattr(self._part, name)
 
 
-def ends_quiet(audio: np.ndarray) -> bool:
-    """Whether the clip's last ``QUIET_END`` seconds are quiet: each 30 ms of them under a tenth
-    of the loudness of the clip's loud parts (its 95th percentile), as a turn that server VAD
-    committed after its silence is; a partial hypothesis cut while the speaker talks is not."""
-    step = 480
-    frames = len(audio) // step
-    if frames < 2:
-        return True
-    rms = np.sqrt(np.mean(np.square(audio[: frames * step].reshape(frames, step), dtype=np.float64), axis=1))
-    tail = rms[-max(1, int(QUIET_END * 16000) // step):]
-    return bool(np.all(tail <= 0.1 * np.percentile(rms, 95)))
-
-
 class _Fitted(_Checked):
     """The encoder on a window's clip and ``MARGIN`` frames of its padding, the job's ``check``
-    first (``AudioEncoder.__call__`` with its positional embedding cut to the frames read); the
-    whole window where the clip does not end quiet.  Through the kernels where they serve."""
+    first (``AudioEncoder.__call__`` with its positional embedding cut to the frames read),
+    through the kernels where they serve."""
 
     def __call__(self, mel: Any) -> Any:
         import mlx.core as mx
         import mlx.nn as nn
 
         fast = self._owner.fast
-        if not self._owner._fit:
-            self._owner._check()
-            return fast.encode(mel) if fast is not None else self._part(mel)
         self._owner._check()
         enc = self._part
         filled = np.flatnonzero(np.asarray(mx.max(mx.abs(mel), axis=(0, 2))))  # pad_or_trim's are exact zeros
@@ -125,7 +109,6 @@ class WhisperSpeechToText:
         self.model.encoder = _Fitted(self.model.encoder, self)
         self.model.decoder = _Checked(self.fast.decoder if self.fast is not None else self.model.decoder, self)
         self._check: Check = lambda: None
-        self._fit = True  # this clip ends in silence: the encoder reads the audio there is
         self._warm()
 
     def _warm(self) -> None:
@@ -138,10 +121,11 @@ class WhisperSpeechToText:
         if not self.multilingual:
             language = english_only(self.model_id, language)
         check()
+        seconds = len(audio) / 16000
+        audio = np.concatenate([audio, np.zeros(int(PAD * 16000), np.float32)])  # context after the speech
         with _LOCK:
             mt.ModelHolder.model, mt.ModelHolder.model_path = self.model, str(self.path)
             self._check = check
-            self._fit = ends_quiet(audio)
             try:
                 result = mt.transcribe(
                     audio.astype(np.float32, copy=False),
@@ -158,10 +142,11 @@ class WhisperSpeechToText:
                 )
             finally:
                 self._check = lambda: None
+        cap = int(seconds * 1000) / 1000  # the clip's end (not its added silence's), in whole ms
         segments = tuple(
-            Segment(round(float(s["start"]), 3), round(float(s["end"]), 3), str(s["text"]))
+            Segment(round(min(float(s["start"]), cap), 3), round(min(float(s["end"]), cap), 3), str(s["text"]))
             for s in result.get("segments", ())
             if str(s["text"]).strip()
         )
         text = str(result.get("text", "")).strip()
-        return Transcript(text, str(result.get("language") or language or "en"), len(audio) / 16000, segments)
+        return Transcript(text, str(result.get("language") or language or "en"), seconds, segments)
