@@ -7,7 +7,9 @@ called directly in this process.
   ``WhisperSpeechToText.transcribe`` directly against ``POST /v1/audio/transcriptions``;
 - realtime: the delay from the last audio frame to the final transcript over the WebSocket
   (100 ms frames sent in real time, then ``{"type":"commit"}``), against the direct transcription
-  of the same audio (what the delay would be if the whole clip were transcribed at once);
+  of the same audio (what the delay would be if the whole clip were transcribed at once), and
+  the same speech with voice activity detection: how long after the audio it covers each
+  ``partial`` hypothesis arrives;
 - beside faster-whisper (where it is installed: ``pip install faster-whisper``): a 3 s and a
   10 s clip transcribed by faster-whisper (CTranslate2, int8, as many threads as turbospark's
   kernels: the machine's cores) from the CTranslate2 model the store's Whisper was converted from
@@ -156,6 +158,36 @@ def words(text: str) -> list[str]:
     return re.sub(r"[^a-z0-9 ]", " ", text.lower()).split()
 
 
+async def partial_delays(url: str, audio: np.ndarray) -> list[float]:
+    """The speech streamed in real time with voice activity detection: for each ``partial``, its
+    arrival less the moment the audio it covers (``audio_end_ms``) had been sent."""
+    import trio
+    from trio_websocket import open_websocket_url
+
+    from turbospark.audio.wav import to_s16
+
+    audio = np.concatenate([audio, np.zeros(16000, np.float32)])  # a pause after it: the commit
+    ws_url = url.replace("http://", "ws://") + "/v1/audio/transcriptions/realtime?model=whisper-tiny.en&vad=true"
+    delays: list[float] = []
+    async with open_websocket_url(ws_url) as ws:
+        start = trio.current_time()
+
+        async def listen() -> None:
+            while True:
+                message = json.loads(await ws.get_message())
+                if message["type"] == "partial":
+                    delays.append(trio.current_time() - start - message["audio_end_ms"] / 1000)
+                if message["type"] in ("complete", "error"):
+                    return
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(listen)
+            for i in range(0, len(audio), 1600):
+                await ws.send_message(to_s16(audio[i : i + 1600]))
+                await trio.sleep_until(start + (i // 1600 + 1) * 0.1)
+    return delays
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
@@ -183,6 +215,7 @@ def main() -> None:
         rows: dict[str, list[float]] = {k: [] for k in (
             "tts_direct", "tts_server", "stt_direct", "stt_server", "rt_direct", "rt_server")}  # fmt: skip
         speech = b""
+        partials: list[float] = []
         for _ in range(args.runs):
             t = time.perf_counter()
             pcm = b"".join(tts.synthesize(TEXT, tts.voices[0], 1.0, lambda: None))
@@ -204,8 +237,11 @@ def main() -> None:
             rows["stt_server"].append((time.perf_counter() - t) / heard)
             assert r.json()["text"] == direct.text, (r.json()["text"], direct.text)
             rows["rt_server"].append(trio.run(realtime_delay, server.url, audio))
+            partials += trio.run(partial_delays, server.url, audio)
         out = {k: round(statistics.median(v), 3) for k, v in rows.items()}
         out["audio_seconds"] = round(heard, 2)
+        out["partials"] = {"count": len(partials), "median_s": round(statistics.median(partials), 3),
+                           "max_s": round(max(partials), 3)} if partials else {"count": 0}
         try:
             import faster_whisper  # noqa: F401
         except ImportError:
@@ -226,6 +262,10 @@ def main() -> None:
                       ("last frame to final transcript, s", "rt")):  # fmt: skip
         d, s = out[f"{key}_direct"], out[f"{key}_server"]
         print(f"| {name} | {d} | {s} | {s / d:.2f} |")
+    pt = out["partials"]
+    if pt["count"]:
+        print(f"\nrealtime partials (voice activity, real time): {pt['count']} in {args.runs} runs; from the end of "
+              f"the audio each covers to its arrival: median {pt['median_s']} s, max {pt['max_s']} s")
     fw = out["faster_whisper"]
     if isinstance(fw, str):
         print(f"faster-whisper: {fw}")

@@ -122,7 +122,9 @@ def test_voice_activity_commits_at_pauses_and_asks_for_partials():
     actions = []
     for _ in range(15):  # 1.5 s of speech
         actions += session.binary(speech)
-    assert [type(a) for a in actions] == [Partial]
+    assert [type(a) for a in actions] == [Partial, Partial]  # every half second of speech
+    # each covers the session's audio up to the frame that asked for it (the segment began with it)
+    assert [a.audio_end_ms for a in actions] == [600, 1200] == [len(a.audio) * 1000 // 16000 for a in actions]
     for _ in range(7):  # 0.7 s of silence: a pause
         actions += session.binary(silence)
     commits = [a for a in actions if isinstance(a, Commit)]

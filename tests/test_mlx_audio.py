@@ -100,6 +100,9 @@ async def test_realtime_with_voice_activity_sends_partials_and_a_final(audio_ser
     assert kinds[-1] == "complete", received
     partials = [t for t, m in received if m["type"] == "partial"]
     assert partials and partials[0] < last_frame, [(round(t - last_frame, 2), m) for t, m in received]
+    ends = [m["audio_end_ms"] for _, m in received if m["type"] == "partial"]
+    assert ends == sorted(ends) and all(  # each covers audio already sent, up to where it says
+        m["audio_end_ms"] <= (t - start) * 1000 + 100 for t, m in received if m["type"] == "partial")
     final = received[-1][1]
     assert final["auto"] is True and final["segment_id"] == 0
     assert heard_as(" ".join(words(final["text"])[:4]), " ".join(words(TEXT)[:4])), final["text"]

@@ -6,7 +6,8 @@ control messages) and carries out the actions that come back:
 - ``Send(message)``: a JSON message to the client; ``close=True`` closes the socket after it.
 - ``Commit(segment_id, audio, auto)``: transcribe ``audio`` (16 kHz mono float32) as the final
   text of segment ``segment_id`` (ids count from 0, one per commit, failed ones included).
-- ``Partial(audio)``: transcribe what the current segment holds so far, as a hypothesis.
+- ``Partial(audio, audio_end_ms)``: transcribe what the current segment holds so far, as a
+  hypothesis (``audio_end_ms``: where it ends, in ms of the session's audio).
 
 Voice activity (``vad=True``, from ``?vad=true`` or ``{"type":"session","vad":true}``): every 30 ms
 frame is classified by ``is_speech`` (webrtcvad in the server, anything in tests).  Once speech
@@ -50,7 +51,7 @@ class RealtimeLimits:
     max_session_seconds: float = 3600.0
     max_sessions: int = 8
     pause_ms: int = 600  # silence after speech that ends a segment (VAD)
-    partial_every: float = 1.0  # seconds of new speech between partial hypotheses (VAD)
+    partial_every: float = 0.5  # seconds of new speech between partial hypotheses (VAD)
     min_speech_ms: int = 90  # voiced audio before a segment counts as speech (VAD)
 
 
@@ -70,6 +71,7 @@ class Commit:
 @attrs.frozen(eq=False)
 class Partial:
     audio: np.ndarray
+    audio_end_ms: int = 0
 
 
 Action = Send | Commit | Partial
@@ -89,6 +91,7 @@ class Session:
         self.is_speech = is_speech
         self.limits = limits
         self.next_segment = 0
+        self.received = 0  # samples received since the session began
         self._chunks: list[np.ndarray] = []
         self._buffered = 0
         self._reset_vad()
@@ -137,6 +140,7 @@ class Session:
             return []
         self._chunks.append(samples)
         self._buffered += len(samples)
+        self.received += len(samples)
         return self._detect(samples) if self.vad and self.is_speech is not None else []
 
     def text(self, data: str) -> list[Action]:
@@ -200,7 +204,7 @@ class Session:
             self._chunks, self._buffered = [audio], len(audio)
         if self._speech and self._since_partial >= self.limits.partial_every * SAMPLE_RATE:
             self._since_partial = 0
-            actions.append(Partial(self._audio()))
+            actions.append(Partial(self._audio(), self.received * 1000 // SAMPLE_RATE))
         return actions
 
     def _redetect(self, rest: np.ndarray) -> list[Action]:

@@ -169,7 +169,8 @@ async def _serve(session: Session, model: str, language: str | None, limits: Rea
                 with ExitStack() as stack:
                     reply = await transcribe(p.audio, stack)
                 if isinstance(reply, WorkDone) and reply.transcript is not None:
-                    await send({"type": "partial", "segment_id": segment_id, "text": reply.transcript.text})
+                    await send({"type": "partial", "segment_id": segment_id, "text": reply.transcript.text,
+                                "audio_end_ms": p.audio_end_ms})
             finally:
                 partial_scope.remove(scope)
 
