@@ -10,7 +10,8 @@ first ``response.output_audio.delta``.  Then a long answer is asked for; once it
 the question is streamed again over it: from its first frame, the time to ``speech_started``,
 to the last audio frame of the answer that arrived after it (0 when none did) and to
 ``response.done`` (``cancelled``), and how many audio frames still came after
-``speech_started``.  Medians of ``--runs``.
+``speech_started``; and how long that answer's first audio took from ``response.create`` (a
+text turn: the model and the voice alone).  Medians of ``--runs``.
 
     python -m turbospark.cli.blas python benchmarks/bench_realtime.py [--runs 5] [--question q.wav]
 
@@ -96,9 +97,11 @@ def one(url: str, question: np.ndarray) -> dict[str, float]:
         ws.send(json.dumps({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user",
             "content": [{"type": "input_text", "text": "Tell me a long story about a dragon and a knight."}]}}))
+        asked = time.perf_counter()
         ws.send(json.dumps({"type": "response.create"}))
         seen = {}
         until(ws, "response.output_audio.delta", seen)
+        out["text turn: first audio"] = seen["response.output_audio.delta"] - asked
         time.sleep(0.5)
         frames: list[float] = []
         begin = time.perf_counter()

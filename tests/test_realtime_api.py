@@ -152,6 +152,15 @@ def test_sentences_are_cut_where_speech_can_start() -> None:
     assert s.flush() == [" Fine"] and s.flush() == []
 
 
+def test_the_first_phrase_goes_to_the_voice_before_its_sentence_ends() -> None:
+    s = Sentences()
+    text = "Well, the capital of France, as you know, is Paris, a city of 2,100,000 people. It is old, too."
+    out = [sentence for piece in re.findall(r".{1,3}", text, re.S) for sentence in s.feed(piece)]
+    # "Well," has too few words to be said alone; the first phrase with three does; then sentences
+    assert out == ["Well, the capital of France,", " as you know, is Paris, a city of 2,100,000 people."]
+    assert s.flush() == [" It is old, too."]
+
+
 def test_spoken_keeps_the_text_whose_audio_went_out() -> None:
     spoken = Spoken()
     spoken.begin("One two three four. ")

@@ -302,21 +302,31 @@ class TurnDetector:
 # --- speech out -------------------------------------------------------------------------------
 
 _END = re.compile(r"[.!?;:](?=[\s\"')\]]*\s)|\n")
+_PHRASE = re.compile(r"[,;:\u2013\u2014](?=[\s\"')\]]*\s)")
 
 
 class Sentences:
     """Text in pieces as the model writes it; out, whole sentences (or ``longest`` characters
-    cut at a space), each the unit a voice speaks."""
+    cut at a space), each the unit a voice speaks.  The answer's first unit ends at its first
+    phrase (a comma, a colon, a dash) once that has ``first_words`` words, so the voice can
+    start before the first sentence is written."""
 
-    def __init__(self, longest: int = 240) -> None:
+    def __init__(self, longest: int = 240, first_words: int = 3) -> None:
         self.longest = longest
+        self.first_words = first_words
         self._text = ""
+        self._first = True
 
     def feed(self, piece: str) -> list[str]:
         self._text += piece
         out = []
         while True:
             m = _END.search(self._text)
+            if self._first:
+                phrase = next((p for p in _PHRASE.finditer(self._text)
+                               if len(self._text[: p.end()].split()) >= self.first_words), None)
+                if phrase is not None and (m is None or phrase.end() < m.end()):
+                    m = phrase
             if m is not None:
                 cut = m.end()
             elif len(self._text) > self.longest and " " in self._text[: self.longest]:
@@ -326,6 +336,7 @@ class Sentences:
             sentence, self._text = self._text[:cut], self._text[cut:]
             if sentence.strip():
                 out.append(sentence)
+                self._first = False
         return out
 
     def flush(self) -> list[str]:
