@@ -423,6 +423,27 @@ async def test_a_turn_is_transcribed_from_the_pause_and_a_pause_the_speaker_brea
     assert re.search(r'turbospark_audio_work_total\{endpoint="realtime",outcome="done"\} 1', metrics)
 
 
+async def test_a_commit_of_the_clients_own_during_a_pause_transcribes_the_whole_turn(start_server, client) -> None:
+    stt = ScriptedSpeechToText(step_delay=0.05)
+    server = await start_server(backends=[ScriptedBackend(script=SCRIPT)], audio=[stt, ScriptedTextToSpeech()])
+    async with open_websocket_url(_url(server)) as ws:
+        c = await _session(ws, output_modalities=["text"],
+                           audio={"input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}})
+        await c.send("input_audio_buffer.append", audio=_speech(0.6))
+        for _ in range(3):
+            await c.send("input_audio_buffer.append", audio=_silence(0.1))
+        with trio.fail_after(5):
+            while not stt.calls:  # the pause's transcription began
+                await trio.sleep(0.01)
+        await c.send("input_audio_buffer.commit")
+        [completed] = [e for e in await c.until("conversation.item.input_audio_transcription.completed")
+                       if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert len(stt.calls) == 2 and stt.calls[1] == round(completed["usage"]["seconds"] * 16000)
+    assert completed["transcript"] == f"Scripted transcript of {stt.calls[1] / 16000:.2f} s of audio."
+    metrics = (await client.get(server.url + "/metrics")).text
+    assert re.search(r'turbospark_audio_work_total\{endpoint="realtime",outcome="cancelled"\} 1', metrics)
+
+
 async def test_response_cancel_stops_the_decode_within_a_step(start_server, client: httpx.AsyncClient) -> None:
     backend = ScriptedBackend(token_delay=0.05)
     server = await start_server(backends=[backend], audio=[ScriptedSpeechToText(), ScriptedTextToSpeech()])

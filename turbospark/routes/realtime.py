@@ -263,8 +263,9 @@ class _Session:
         if self.config.kind == "realtime":
             item, previous = self.conversation.add_input_audio(item_id)
             item_id = item["id"]
-        early, self.early = self.early if auto else None, None
-        self.drop_early()
+        if not auto:  # the client's commit: its whole audio is transcribed
+            self.drop_early()
+        early, self.early = self.early, None
         audio = self.buffer.take()
         self.queued += audio.size
         self.pending[item_id] = trio.Event()

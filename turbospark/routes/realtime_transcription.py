@@ -70,16 +70,16 @@ async def transcribe(s: Any, item_id: str, audio: np.ndarray, auto: bool, early:
         reply = await whole.reply()
     if isinstance(reply, WorkFailed):
         await s.emit(event("conversation.item.input_audio_transcription.failed", item_id=item_id,
-                              content_index=0, error={"type": "transcription_error", "code": None,
-                                                      "message": reply.error.message, "param": None}))
+                           content_index=0, error={"type": "transcription_error", "code": None,
+                                                   "message": reply.error.message, "param": None}))
         return
     text = reply.transcript.text.strip()
     if s.config.transcribes:  # the model reads the transcript either way
         await s.emit(event("conversation.item.input_audio_transcription.delta", item_id=item_id,
-                              content_index=0, delta=text))
+                           content_index=0, delta=text))
         await s.emit(event("conversation.item.input_audio_transcription.completed", item_id=item_id,
-                              content_index=0, transcript=text,
-                              usage={"type": "duration", "seconds": round(audio.size / SAMPLE_RATE, 3)}))
+                           content_index=0, transcript=text,
+                           usage={"type": "duration", "seconds": round(audio.size / SAMPLE_RATE, 3)}))
     if s.config.kind != "realtime":
         return
     try:
