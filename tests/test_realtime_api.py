@@ -23,6 +23,7 @@ from trio_websocket import open_websocket_url
 from turbospark.audio import wav
 from turbospark.audio.engines import ScriptedSpeechToText, ScriptedTextToSpeech
 from turbospark.audio.realtime_api import (
+    Agreement,
     InputBuffer,
     Sentences,
     SpeechPaused,
@@ -159,6 +160,24 @@ def test_the_first_phrase_goes_to_the_voice_before_its_sentence_ends() -> None:
     # "Well," has too few words to be said alone; the first phrase with three does; then sentences
     assert out == ["Well, the capital of France,", " as you know, is Paris, a city of 2,100,000 people."]
     assert s.flush() == [" It is old, too."]
+
+
+def test_hypotheses_give_the_words_two_in_a_row_agree_on_and_the_final_gives_the_rest() -> None:
+    a = Agreement()
+    assert a.hypothesis("What is") == ""  # one hypothesis: nothing agreed yet
+    assert a.hypothesis("What is the cap") == "What is"
+    assert a.hypothesis("What is the capital of") == " the"  # "cap" and "capital" disagree
+    assert a.hypothesis("What was the capital") == ""  # it contradicts what was given: nothing
+    assert a.final("What is the capital of France?") == " capital of France?"
+    assert a.given == "What is the capital of France?".split()
+    b = Agreement()
+    b.hypothesis("Hello there")
+    assert b.hypothesis("Hello there, friend") == "Hello there,"  # as the later one writes them
+    assert b.final("Hi there.") == ""  # the transcript contradicts them: its completed event stands
+    c = Agreement()  # a hypothesis cut mid-sentence ends it, and may start it in lower case
+    c.hypothesis("the quick brown fox.")
+    assert c.hypothesis("The quick brown fox jumps over.") == "The quick brown fox"
+    assert c.final("The quick brown fox jumps over the dog.") == " jumps over the dog."
 
 
 def test_spoken_keeps_the_text_whose_audio_went_out() -> None:
@@ -504,6 +523,33 @@ async def test_a_transcription_session_gives_what_the_transcription_route_gives(
     wav = await client.post(server.url + "/v1/audio/transcriptions", files={"file": ("a.wav", buf.getvalue())},
                             data={"model": "whisper-1"})
     assert completed["transcript"] == wav.json()["text"]
+
+
+async def test_a_transcription_session_gives_words_while_the_speaker_talks(start_server) -> None:
+    stt = ScriptedSpeechToText(step_delay=0.005)
+    server = await start_server(backends=[ScriptedBackend(script=SCRIPT)], audio=[stt, ScriptedTextToSpeech()])
+    async with open_websocket_url(_url(server, "intent=transcription")) as ws:
+        c = Client(ws)
+        await c.recv()
+        await c.send("session.update", session={"type": "transcription", "audio": {"input": {
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}}})
+        await c.recv()
+        for _ in range(20):  # two seconds of speech, as a microphone sends it
+            await c.send("input_audio_buffer.append", audio=_speech(0.1))
+            await trio.sleep(0.05)
+        for _ in range(10):
+            await c.send("input_audio_buffer.append", audio=_silence(0.1))
+        events = await c.until("conversation.item.input_audio_transcription.completed")
+    kinds = [e["type"] for e in events]
+    deltas = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.delta"]
+    # the words the hypotheses agree on ("Scripted transcript of" a growing duration) come before
+    # the turn is committed; the rest of its transcript after
+    assert kinds.index("conversation.item.input_audio_transcription.delta") < kinds.index("input_audio_buffer.committed")
+    assert deltas[0]["delta"] == "Scripted transcript of"
+    started = next(e for e in events if e["type"] == "input_audio_buffer.speech_started")
+    assert {d["item_id"] for d in deltas} == {started["item_id"]}
+    assert "".join(d["delta"] for d in deltas) == events[-1]["transcript"]
+    assert len(stt.calls) >= 3  # hypotheses every half second of speech, then the turn
 
 
 async def test_the_openai_sdk_talks_to_it(start_server) -> None:

@@ -10,6 +10,7 @@
   route resamples a file), and silence before speech is let go as it ages.
 - ``TurnDetector``: server VAD over 30 ms frames: speech started, paused (long enough to begin
   transcribing early), resumed, stopped.
+- ``Agreement``: a turn's words from its hypotheses, as deltas that later hypotheses keep.
 - ``Sentences``: text as it arrives, cut where speech can start (a sentence's end).
 - ``Spoken``: the text whose audio went out, so a cancelled or truncated answer keeps only what
   was heard.
@@ -32,6 +33,7 @@ from .wav import SAMPLE_RATE, resample
 
 __all__ = [
     "OUTPUT_RATE",
+    "Agreement",
     "InputBuffer",
     "Invalid",
     "Sentences",
@@ -293,10 +295,57 @@ class TurnDetector:
     def reset(self) -> None:
         self.speaking, self.paused, self._voiced, self._silent = False, False, 0, 0
 
+    @property
+    def silent_ms(self) -> int:
+        """The silence since the last voiced frame, in ms (0 while the speaker talks)."""
+        return self._silent
+
     def lookback_ms(self) -> int:
         """The recent audio, in ms, that a turn starting now would hold (its padding, the voiced
         frames so far, the frame not yet classified); older audio is no turn's while silent."""
         return self.prefix_ms + self._voiced + 30
+
+
+class Agreement:
+    """A turn's transcript as deltas while it is spoken: the words two hypotheses in a row agree
+    on (LocalAgreement-2, as whisper_streaming commits them; words compared without case or
+    punctuation, which a hypothesis cut mid-sentence gets wrong) and not given yet, as the later
+    hypothesis writes them; then ``final``, the rest of the turn's transcript where it goes on
+    from them ("" where it does not: its ``completed`` event's transcript is the one to keep)."""
+
+    def __init__(self) -> None:
+        self.given: list[str] = []
+        self._last: list[str] | None = None
+
+    def hypothesis(self, text: str) -> str:
+        words, last = text.split(), self._last
+        self._last = words
+        if last is None:
+            return ""
+        n = 0
+        while n < min(len(last), len(words)) and _word(last[n]) == _word(words[n]):
+            n += 1
+        if n <= len(self.given) or not self._follows(words):
+            return ""
+        return self._give(words[len(self.given): n])
+
+    def final(self, text: str) -> str:
+        words = text.split()
+        return self._give(words[len(self.given):]) if self._follows(words) else ""
+
+    def _follows(self, words: list[str]) -> bool:
+        return len(words) >= len(self.given) and all(_word(a) == _word(b) for a, b in zip(self.given, words))
+
+    def _give(self, words: list[str]) -> str:
+        if not words:
+            return ""
+        lead = " " if self.given else ""
+        self.given += words
+        return lead + " ".join(words)
+
+
+def _word(word: str) -> str:
+    return re.sub(r"[^\w']", "", word.lower())
 
 
 # --- speech out -------------------------------------------------------------------------------

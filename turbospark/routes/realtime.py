@@ -14,6 +14,7 @@ arrives (``audio/pcm`` at 24 kHz, or G.711), or text only where ``output_modalit
     ├── reader         client events in (the handler's own loop): the session, the buffer, items
     ├── transcriber    committed audio, in order: transcribe, then answer if VAD committed it
     ├── early × ≤1     the turn's transcription, begun at VAD's pause (``realtime_transcription.py``)
+    ├── hypothesis × ≤1  a transcription session's turn so far, while the speaker talks
     └── response × ≤1  the chat turn, and the voice speaking its sentences (a task beside it)
 
 Barge-in (speech while a response runs, with ``interrupt_response``) and ``response.cancel``
@@ -28,14 +29,13 @@ import logging
 from contextlib import ExitStack
 from typing import Any
 
-import numpy as np
 import trio
 from quart import Blueprint, websocket
 
 from ..audio.engines import check_voice
 from ..audio.realtime_api import (
-    InputBuffer, Invalid, SpeechPaused, SpeechResumed, SpeechStarted, Spoken, TurnDetector, decode_audio,
-    error_event, event, for_detection, new_id,
+    Agreement, InputBuffer, Invalid, SpeechPaused, SpeechResumed, SpeechStarted, Spoken, TurnDetector,
+    decode_audio, error_event, event, for_detection, new_id,
 )
 from ..audio.realtime_state import Conversation, SessionConfig, check_items, check_response
 from ..audio.wav import SAMPLE_RATE
@@ -45,7 +45,7 @@ from ..wire.codec import parse_json
 from ._audio import resolve_audio
 from .audio_realtime import _limits, _vad_detector, observed, session_slot
 from .realtime_response import Response, chat_tools, respond
-from .realtime_transcription import Transcription, transcribe
+from .realtime_transcription import Transcription, Turn, hypothesis, transcribe
 
 blueprint = Blueprint("realtime", __name__)
 log = logging.getLogger("turbospark")
@@ -104,12 +104,14 @@ class _Session:
         self.conversation = Conversation()
         self.settings = system().settings
         self.out_send, self.out_recv = trio.open_memory_channel[dict[str, Any]](EVENTS_WAITING)
-        self.commits_send, self.commits_recv = trio.open_memory_channel[
-            tuple[str, np.ndarray, bool, Transcription | None]](COMMITS_WAITING)
+        self.commits_send, self.commits_recv = trio.open_memory_channel[Turn](COMMITS_WAITING)
         self.buffer = InputBuffer()
         self.audio_ms = 0  # audio received since the session began
         self.detector = self._detector()
         self.early: Transcription | None = None  # the turn's, begun at VAD's pause
+        self.hypothesis: Transcription | None = None  # a transcription session's turn so far
+        self.hypothesis_ms = 0  # the audio_ms it began at
+        self.agreement = Agreement()  # the words the turn's hypotheses gave
         self.next_item = new_id("item")  # the user item the audio being spoken will become
         self.response: Response | None = None
         self.spoken: dict[str, Spoken] = {}  # assistant audio items, for truncate
@@ -232,7 +234,9 @@ class _Session:
                     self.response.scope.cancel()  # barge-in, before an event can wait for room
                 await self.emit(event("input_audio_buffer.speech_started", audio_start_ms=change.audio_start_ms,
                                       item_id=self.next_item))
+                self.hypothesis_ms = self.audio_ms
             elif isinstance(change, SpeechPaused):
+                self.drop_hypothesis()
                 self.begin_early()
             elif isinstance(change, SpeechResumed):
                 self.drop_early()
@@ -242,6 +246,8 @@ class _Session:
                 await self.commit_buffer(auto=True)
         if not self.detector.speaking:  # silence before speech is no turn's: let it go
             self.buffer.trim(self.detector.lookback_ms() / 1000)
+        elif self.config.kind == "transcription" and self.detector.silent_ms == 0:  # not in a pause
+            hypothesis(self)
 
     async def input_audio_buffer_commit(self, message: dict[str, Any]) -> None:
         await self.commit_buffer(auto=False)
@@ -266,13 +272,15 @@ class _Session:
         if not auto:  # the client's commit: its whole audio is transcribed
             self.drop_early()
         early, self.early = self.early, None
+        self.drop_hypothesis()
+        agreement, self.agreement = self.agreement, Agreement()
         audio = self.buffer.take()
         self.queued += audio.size
         self.pending[item_id] = trio.Event()
         await self.emit(event("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id))
         if self.config.kind == "realtime":
             await self.emit(event("conversation.item.added", previous_item_id=previous, item=item))
-        await self.commits_send.send((item_id, audio, auto, early))
+        await self.commits_send.send(Turn(item_id, audio, auto, early, agreement))
 
     def begin_early(self) -> None:
         """At VAD's pause: transcribe the turn so far while VAD waits out the silence."""
@@ -287,17 +295,25 @@ class _Session:
             self.early.cancel()
             self.early = None
 
+    def drop_hypothesis(self) -> None:
+        if self.hypothesis is not None:
+            self.hypothesis.cancel()
+            self.hypothesis = None
+
     async def input_audio_buffer_clear(self, message: dict[str, Any]) -> None:
         self.drop_early()
+        self.drop_hypothesis()
+        self.agreement = Agreement()
         self.buffer.take()
         if self.detector is not None:
             self.detector.reset()
         await self.emit(event("input_audio_buffer.cleared"))
 
     async def transcriber(self) -> None:
-        async for item_id, audio, auto, early in self.commits_recv:
+        async for turn in self.commits_recv:
+            item_id, audio = turn.item_id, turn.audio
             try:
-                await transcribe(self, item_id, audio, auto, early)
+                await transcribe(self, turn)
             except TurboSparkError as exc:
                 await self.emit(error_event(exc))
             except Exception:  # a bug: this item's transcription fails, logged; the session goes on

@@ -1,5 +1,6 @@
-"""One transcription of a ``/v1/realtime`` session's audio (``routes/realtime.py``), as a value
-the session can start before it needs it.
+"""A ``/v1/realtime`` session's transcriptions (``routes/realtime.py``): one of its audio as a
+value the session can start before it needs it, a committed turn's, and a transcription
+session's hypotheses while the speaker talks.
 
 Server VAD commits a turn after ``silence_duration_ms`` of silence (500 ms by default), but the
 words are all there once the speaker pauses: at ``SpeechPaused`` (``EARLY_MS`` of silence) the
@@ -7,6 +8,12 @@ session starts a ``Transcription`` of the audio so far, and the commit that foll
 transcript instead of starting one; speech before the commit (``SpeechResumed``) cancels it
 (decision 0045).  Cancelling ``scope`` closes the work's reply channel: the speech-to-text
 thread drops it at its next step.
+
+In a transcription session (``?intent=transcription``) with server VAD, a hypothesis of the turn
+so far is transcribed every ``HYPOTHESIS_MS`` of audio while the speaker talks (one at a time,
+none during a pause); the words two in a row agree on go out at once as
+``conversation.item.input_audio_transcription.delta`` events of the item the turn will become
+(``Agreement``), and the committed turn's delta is the rest of its transcript.
 """
 
 from __future__ import annotations
@@ -19,12 +26,15 @@ import numpy as np
 import trio
 
 from ..audio.messages import Transcribe, WorkDone, WorkFailed
-from ..audio.realtime_api import event
+from ..audio.realtime_api import Agreement, event
 from ..audio.wav import SAMPLE_RATE
 from ..errors import GenerationFailed, RequestInvalid, TurboSparkError
 from ._audio import receive, submit
 
-__all__ = ["Transcription", "transcribe"]
+__all__ = ["HYPOTHESIS_MS", "Transcription", "Turn", "hypothesis", "transcribe"]
+
+#: ms of a transcription session's audio between hypotheses of the turn being spoken
+HYPOTHESIS_MS = 500
 
 
 @attrs.define(eq=False)
@@ -60,9 +70,44 @@ class Transcription:
         return WorkFailed(GenerationFailed.new("transcription failed"))
 
 
-async def transcribe(s: Any, item_id: str, audio: np.ndarray, auto: bool, early: Transcription | None) -> None:
-    """A session's (``s``) committed item: its transcript (the one begun at VAD's pause, where
+@attrs.frozen(eq=False)
+class Turn:
+    """A committed turn: its item, its audio, whether VAD committed it, the transcription begun at
+    its pause and the words its hypotheses gave."""
+
+    item_id: str
+    audio: np.ndarray
+    auto: bool
+    early: Transcription | None = None
+    agreement: Agreement | None = None
+
+
+def hypothesis(s: Any) -> None:
+    """While a transcription session's speaker talks: a hypothesis of the turn so far, where
+    ``HYPOTHESIS_MS`` of audio came since the last and none is under way."""
+    if s.hypothesis is not None or s.stt is None or s.audio_ms - s.hypothesis_ms < HYPOTHESIS_MS:
+        return
+    s.hypothesis_ms = s.audio_ms
+    s.hypothesis = Transcription()
+    s.nursery.start_soon(_hypothesize, s, s.hypothesis, s.buffer.peek(), s.agreement, s.next_item)
+
+
+async def _hypothesize(s: Any, work: Transcription, audio: np.ndarray, agreement: Agreement, item_id: str) -> None:
+    await work.run(s.stt.id, audio, s.config.language)
+    if s.hypothesis is work:
+        s.hypothesis = None
+    answer = work.answer
+    if work.scope.cancel_called or not isinstance(answer, WorkDone) or answer.transcript is None:
+        return  # the turn was committed, paused or cleared meanwhile
+    if delta := agreement.hypothesis(answer.transcript.text):
+        await s.emit(event("conversation.item.input_audio_transcription.delta", item_id=item_id,
+                           content_index=0, delta=delta))
+
+
+async def transcribe(s: Any, turn: Turn) -> None:
+    """A session's (``s``) committed turn: its transcript (the one begun at VAD's pause, where
     that one succeeded), its events, and the answer VAD asks for."""
+    item_id, audio, auto, early = turn.item_id, turn.audio, turn.auto, turn.early
     reply = await early.reply() if early is not None else None
     if not isinstance(reply, WorkDone):
         whole = Transcription()
@@ -75,8 +120,10 @@ async def transcribe(s: Any, item_id: str, audio: np.ndarray, auto: bool, early:
         return
     text = reply.transcript.text.strip()
     if s.config.transcribes:  # the model reads the transcript either way
-        await s.emit(event("conversation.item.input_audio_transcription.delta", item_id=item_id,
-                           content_index=0, delta=text))
+        given = turn.agreement is not None and turn.agreement.given
+        if delta := turn.agreement.final(text) if given else text:  # type: ignore[union-attr]
+            await s.emit(event("conversation.item.input_audio_transcription.delta", item_id=item_id,
+                               content_index=0, delta=delta))
         await s.emit(event("conversation.item.input_audio_transcription.completed", item_id=item_id,
                            content_index=0, transcript=text,
                            usage={"type": "duration", "seconds": round(audio.size / SAMPLE_RATE, 3)}))
