@@ -23,14 +23,11 @@ from trio_websocket import open_websocket_url
 from turbospark.audio import wav
 from turbospark.audio.engines import ScriptedSpeechToText, ScriptedTextToSpeech
 from turbospark.audio.realtime_api import (
-    Agreement,
     InputBuffer,
-    Sentences,
     SpeechPaused,
     SpeechResumed,
     SpeechStarted,
     SpeechStopped,
-    Spoken,
     TurnDetector,
     _alaw_decode,
     _alaw_encode,
@@ -40,6 +37,7 @@ from turbospark.audio.realtime_api import (
     encode_audio,
 )
 from turbospark.audio.realtime_state import Conversation, SessionConfig
+from turbospark.audio.realtime_text import Agreement, Sentences, Spoken
 from turbospark.errors import RequestInvalid
 from turbospark.model.scripted import ScriptedBackend
 

@@ -34,9 +34,10 @@ from quart import Blueprint, websocket
 
 from ..audio.engines import check_voice
 from ..audio.realtime_api import (
-    Agreement, InputBuffer, Invalid, SpeechPaused, SpeechResumed, SpeechStarted, Spoken, TurnDetector,
-    decode_audio, error_event, event, for_detection, new_id,
+    InputBuffer, Invalid, SpeechPaused, SpeechResumed, SpeechStarted, TurnDetector, decode_audio, error_event,
+    event, for_detection, new_id,
 )
+from ..audio.realtime_text import Agreement, Spoken
 from ..audio.realtime_state import Conversation, SessionConfig, check_items, check_response
 from ..audio.wav import SAMPLE_RATE
 from ..errors import GenerationFailed, RequestInvalid, TurboSparkError
@@ -45,7 +46,7 @@ from ..wire.codec import parse_json
 from ._audio import resolve_audio
 from .audio_realtime import _limits, _vad_detector, observed, session_slot
 from .realtime_response import Response, chat_tools, respond
-from .realtime_transcription import Transcription, Turn, hypothesis, transcribe
+from .realtime_transcription import Transcription, Turn, hypothesis, hypothesize, transcribe
 
 blueprint = Blueprint("realtime", __name__)
 log = logging.getLogger("turbospark")
@@ -288,7 +289,10 @@ class _Session:
         if self.stt is not None and self.nursery is not None:
             audio = self.buffer.peek()
             self.early = Transcription()
-            self.nursery.start_soon(self.early.run, self.stt.id, audio, self.config.language)
+            if self.config.kind == "transcription":  # a hypothesis too: its words go out at once
+                self.nursery.start_soon(hypothesize, self, self.early, audio, self.agreement, self.next_item)
+            else:
+                self.nursery.start_soon(self.early.run, self.stt.id, audio, self.config.language)
 
     def drop_early(self) -> None:
         if self.early is not None:

@@ -20,7 +20,8 @@ import trio
 
 from ..audio.engines import check_voice
 from ..audio.messages import Chunk, Synthesize, WorkFailed
-from ..audio.realtime_api import Sentences, Spoken, bytes_per_second, encode_audio, error_event, event, new_id
+from ..audio.realtime_api import bytes_per_second, encode_audio, error_event, event, new_id
+from ..audio.realtime_text import Sentences, Spoken
 from ..audio.realtime_state import voice_name
 from ..errors import GenerationFailed, RequestInvalid, TurboSparkError
 from ..messages import ChatPrompt, Started

@@ -11,7 +11,8 @@ thread drops it at its next step.
 
 In a transcription session (``?intent=transcription``) with server VAD, a hypothesis of the turn
 so far is transcribed every ``HYPOTHESIS_MS`` of audio while the speaker talks (one at a time,
-none during a pause); the words two in a row agree on go out at once as
+none during a pause; the pause's early transcription is the last); the words two in a row agree
+on go out at once as
 ``conversation.item.input_audio_transcription.delta`` events of the item the turn will become
 (``Agreement``), and the committed turn's delta is the rest of its transcript.
 """
@@ -26,15 +27,16 @@ import numpy as np
 import trio
 
 from ..audio.messages import Transcribe, WorkDone, WorkFailed
-from ..audio.realtime_api import Agreement, event
+from ..audio.realtime_api import event
+from ..audio.realtime_text import Agreement
 from ..audio.wav import SAMPLE_RATE
 from ..errors import GenerationFailed, RequestInvalid, TurboSparkError
 from ._audio import receive, submit
 
-__all__ = ["HYPOTHESIS_MS", "Transcription", "Turn", "hypothesis", "transcribe"]
+__all__ = ["HYPOTHESIS_MS", "Transcription", "Turn", "hypothesis", "hypothesize", "transcribe"]
 
 #: ms of a transcription session's audio between hypotheses of the turn being spoken
-HYPOTHESIS_MS = 500
+HYPOTHESIS_MS = 300
 
 
 @attrs.define(eq=False)
@@ -89,10 +91,12 @@ def hypothesis(s: Any) -> None:
         return
     s.hypothesis_ms = s.audio_ms
     s.hypothesis = Transcription()
-    s.nursery.start_soon(_hypothesize, s, s.hypothesis, s.buffer.peek(), s.agreement, s.next_item)
+    s.nursery.start_soon(hypothesize, s, s.hypothesis, s.buffer.peek(), s.agreement, s.next_item)
 
 
-async def _hypothesize(s: Any, work: Transcription, audio: np.ndarray, agreement: Agreement, item_id: str) -> None:
+async def hypothesize(s: Any, work: Transcription, audio: np.ndarray, agreement: Agreement, item_id: str) -> None:
+    """``work`` run on ``audio`` as a hypothesis of the turn ``item_id`` (the pause's early
+    transcription is one too): the words it and the one before agree on go out at once."""
     await work.run(s.stt.id, audio, s.config.language)
     if s.hypothesis is work:
         s.hypothesis = None
