@@ -19,6 +19,7 @@ on go out at once as
 
 from __future__ import annotations
 
+import logging
 from contextlib import ExitStack
 from typing import Any
 
@@ -34,6 +35,8 @@ from ..errors import GenerationFailed, RequestInvalid, TurboSparkError
 from ._audio import receive, submit
 
 __all__ = ["HYPOTHESIS_MS", "Transcription", "Turn", "hypothesis", "hypothesize", "transcribe"]
+
+log = logging.getLogger("turbospark")
 
 #: ms of a transcription session's audio between hypotheses of the turn being spoken
 HYPOTHESIS_MS = 300
@@ -57,6 +60,9 @@ class Transcription:
                 self.answer = reply if isinstance(reply, WorkDone | WorkFailed) else None
         except TurboSparkError as exc:
             self.answer = WorkFailed(exc)
+        except Exception:  # a bug: this transcription fails, logged; the session goes on
+            self.answer = WorkFailed(GenerationFailed.new("the transcription failed"))
+            log.exception("realtime transcription: %s", self.answer.error.message)
         finally:
             self.done.set()
 
