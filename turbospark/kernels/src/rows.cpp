@@ -703,7 +703,8 @@ void RowsMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
     }
     if (has_bias) {  // row by row (a prompt's rows: one pass over y, not one a column)
       const auto& b = in[bits == 0 ? 2 : k4 ? 3 : 4];
-      std::vector<float> bias(N);
+      static thread_local std::vector<float> bias;  // a decode step's products: no allocation each
+      bias.resize(N);
       for (int o = 0; o < N; ++o) bias[o] = scalar_at(b, o);
       for (int r = 0; r < R; ++r) {
         float* yr = y + size_t(r) * N;
