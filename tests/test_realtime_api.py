@@ -176,6 +176,12 @@ def test_hypotheses_give_the_words_two_in_a_row_agree_on_and_the_final_gives_the
     c.hypothesis("the quick brown fox.")
     assert c.hypothesis("The quick brown fox jumps over.") == "The quick brown fox"
     assert c.final("The quick brown fox jumps over the dog.") == " jumps over the dog."
+    d = Agreement()  # a hypothesis whose audio ends in a pause gives every word at once
+    assert d.hypothesis("What is the", settled=True) == "What is the"
+    assert d.prefix == "What is the"  # the next hypothesis decodes from them
+    assert d.hypothesis("What is the capital", settled=False) == ""
+    assert d.hypothesis("What is a capital", settled=True) == ""  # contradicting: nothing
+    assert d.hypothesis("What is the capital of France?", settled=True) == " capital of France?"
 
 
 def test_spoken_keeps_the_text_whose_audio_went_out() -> None:
@@ -544,10 +550,14 @@ async def test_a_transcription_session_gives_words_while_the_speaker_talks(start
     # the turn is committed; the rest of its transcript after
     assert kinds.index("conversation.item.input_audio_transcription.delta") < kinds.index("input_audio_buffer.committed")
     assert deltas[0]["delta"] == "Scripted transcript of"
+    # the pause's transcription gives every word, decoded from those already given; the turn's
+    # transcript is its (no transcription after the commit)
+    assert len(deltas) == 2 and deltas[1]["delta"].startswith(" 2.")
+    assert stt.prefixes[0] == "" and stt.prefixes[-1] == "Scripted transcript of"
     started = next(e for e in events if e["type"] == "input_audio_buffer.speech_started")
     assert {d["item_id"] for d in deltas} == {started["item_id"]}
     assert "".join(d["delta"] for d in deltas) == events[-1]["transcript"]
-    assert len(stt.calls) >= 3  # hypotheses every half second of speech, then the turn
+    assert len(stt.calls) >= 3  # hypotheses while the speaker talks, then the pause's
 
 
 async def test_the_openai_sdk_talks_to_it(start_server) -> None:

@@ -103,3 +103,18 @@ def test_its_transcripts_are_the_full_windows(engines) -> None:  # type: ignore[
     for text, meant in zip(fitted, SENTENCES, strict=True):  # Whisper tiny's slips aside ("Police set")
         said = difflib.SequenceMatcher(None, re.sub(r"[^a-z]", "", text.lower()), re.sub(r"[^a-z]", "", meant.lower()))
         assert said.ratio() >= 0.8, (text, meant)
+
+
+def test_a_prefix_is_decoded_from_and_the_rest_transcribed(engines) -> None:  # type: ignore[no-untyped-def]
+    """A realtime session's given words as the decoder's forced prefix: the transcript starts with
+    them, as written, and goes on with the clip's other words, one segment, nothing heard twice."""
+    stt, tts = engines
+    clip = spoken(tts, SENTENCES[2])
+    plain = stt.transcribe(clip, "en", lambda: None)
+    given = " ".join(plain.text.split()[:4])
+    decoded = stt.transcribe(clip, "en", lambda: None, prefix=given)
+    assert decoded.text.startswith(given + " ")
+    assert difflib.SequenceMatcher(None, words(decoded.text), words(plain.text)).ratio() >= 0.85, (decoded, plain)
+    assert len(words(decoded.text)) <= len(words(plain.text)) + 2
+    assert [(s.start, s.text) for s in decoded.segments] == [(0.0, " " + decoded.text)]
+    assert decoded.segments[0].end == pytest.approx(len(clip) / 16000, abs=0.001)

@@ -6,8 +6,10 @@ thread, so nothing here is async and nothing imports Trio.  Every engine takes `
 callable it calls between steps (a Whisper decoder step, a Piper sentence): it raises ``Stop``
 when the job's client has gone or the server is shutting down, and the engine lets it propagate.
 
-- ``SpeechToText.transcribe(audio, language, check)``: 16 kHz mono float32 in, a ``Transcript``
-  out.
+- ``SpeechToText.transcribe(audio, language, check, prefix="")``: 16 kHz mono float32 in, a
+  ``Transcript`` out.  ``prefix``, where given, is text already given for the audio's start (a
+  realtime session's words): an engine that can decode from it starts its transcript with it and
+  decodes only the rest; the scripted one ignores it.
 - ``TextToSpeech.synthesize(text, voice, speed, check)``: 16-bit mono PCM chunks out (one per
   sentence), at ``sample_rate``.
 
@@ -61,7 +63,7 @@ class SpeechToText(Protocol):
     model_id: str
     task: Task  # "speech_to_text"
 
-    def transcribe(self, audio: np.ndarray, language: str | None, check: Check) -> Transcript: ...
+    def transcribe(self, audio: np.ndarray, language: str | None, check: Check, prefix: str = "") -> Transcript: ...
 
 
 class TextToSpeech(Protocol):
@@ -116,9 +118,11 @@ class ScriptedSpeechToText:
         self.segment_seconds = segment_seconds
         self.steps = 0  #: steps taken, in all (tests read it to see work stop)
         self.calls: list[int] = []  #: samples of every transcription begun
+        self.prefixes: list[str] = []  #: and the prefix each was given
 
-    def transcribe(self, audio: np.ndarray, language: str | None, check: Check) -> Transcript:
+    def transcribe(self, audio: np.ndarray, language: str | None, check: Check, prefix: str = "") -> Transcript:
         self.calls.append(len(audio))
+        self.prefixes.append(prefix)
         duration = len(audio) / 16000
         for _ in range(max(1, math.ceil(duration * 10))):
             check()

@@ -61,6 +61,7 @@ class AudioInfo:
 class Transcribe:
     audio: np.ndarray  # 16 kHz mono float32
     language: str | None
+    prefix: str = ""  # words already given for the audio's start: the transcript goes on from them
 
 
 @attrs.frozen(eq=False)

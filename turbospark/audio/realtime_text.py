@@ -21,16 +21,26 @@ class Agreement:
     """A turn's transcript as deltas while it is spoken: the words two hypotheses in a row agree
     on (LocalAgreement-2, as whisper_streaming commits them; words compared without case or
     punctuation, which a hypothesis cut mid-sentence gets wrong) and not given yet, as the later
-    hypothesis writes them; then ``final``, the rest of the turn's transcript where it goes on
+    hypothesis writes them; every word of a hypothesis whose audio ends in a pause (a speaker's
+    words are whole there); then ``final``, the rest of the turn's transcript where it goes on
     from them ("" where it does not: its ``completed`` event's transcript is the one to keep)."""
 
     def __init__(self) -> None:
         self.given: list[str] = []
         self._last: list[str] | None = None
 
-    def hypothesis(self, text: str) -> str:
+    @property
+    def prefix(self) -> str:
+        """The words given so far: a hypothesis may decode from them."""
+        return " ".join(self.given)
+
+    def hypothesis(self, text: str, settled: bool = False) -> str:
+        """The delta ``text``, a hypothesis of the turn so far, gives: the words it and the one
+        before agree on, or, where it is ``settled`` (its audio ends in a pause), all of them."""
         words, last = text.split(), self._last
         self._last = words
+        if settled:
+            return self._give(words[len(self.given):]) if self._follows(words) else ""
         if last is None:
             return ""
         n = 0

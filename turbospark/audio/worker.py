@@ -95,7 +95,8 @@ def _run(engine: Engine, work: AudioWork, emit: Callable[[object], None]) -> Non
             trio.from_thread.run_sync(deliver, WorkDone())
             end("done", "running", samples / engine.sample_rate)  # type: ignore[union-attr]
         else:
-            transcript = engine.transcribe(work.args.audio, work.args.language, check)  # type: ignore[union-attr]
+            args = work.args
+            transcript = engine.transcribe(args.audio, args.language, check, prefix=args.prefix)  # type: ignore[union-attr]
             trio.from_thread.run_sync(deliver, WorkDone(transcript))
             end("done", "running", transcript.duration)
     except Stop:

@@ -290,7 +290,7 @@ class _Session:
             audio = self.buffer.peek()
             self.early = Transcription()
             if self.config.kind == "transcription":  # a hypothesis too: its words go out at once
-                self.nursery.start_soon(hypothesize, self, self.early, audio, self.agreement, self.next_item)
+                self.nursery.start_soon(hypothesize, self, self.early, audio, self.agreement, self.next_item, True)
             else:
                 self.nursery.start_soon(self.early.run, self.stt.id, audio, self.config.language)
 

@@ -11,10 +11,10 @@ thread drops it at its next step.
 
 In a transcription session (``?intent=transcription``) with server VAD, a hypothesis of the turn
 so far is transcribed every ``HYPOTHESIS_MS`` of audio while the speaker talks (one at a time,
-none during a pause; the pause's early transcription is the last); the words two in a row agree
-on go out at once as
-``conversation.item.input_audio_transcription.delta`` events of the item the turn will become
-(``Agreement``), and the committed turn's delta is the rest of its transcript.
+none during a pause), decoded from the words given so far; the words two in a row agree on go out
+at once as ``conversation.item.input_audio_transcription.delta`` events of the item the turn will
+become (``Agreement``), and all of the pause's early transcription's (the speaker's words are whole
+there).  The committed turn's delta is the rest of its transcript.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ __all__ = ["HYPOTHESIS_MS", "Transcription", "Turn", "hypothesis", "hypothesize"
 log = logging.getLogger("turbospark")
 
 #: ms of a transcription session's audio between hypotheses of the turn being spoken
-HYPOTHESIS_MS = 300
+HYPOTHESIS_MS = 200
 
 
 @attrs.define(eq=False)
@@ -51,11 +51,11 @@ class Transcription:
     done: trio.Event = attrs.field(factory=trio.Event)
     answer: WorkDone | WorkFailed | None = None
 
-    async def run(self, model: str, audio: np.ndarray, language: str | None) -> None:
+    async def run(self, model: str, audio: np.ndarray, language: str | None, prefix: str = "") -> None:
         try:
             with self.scope, ExitStack() as scope:  # leaving it closes the work's reply channel
                 recv = await submit(scope, request_id=-1, model=model, endpoint="realtime",
-                                    args=Transcribe(audio, language))
+                                    args=Transcribe(audio, language, prefix))
                 reply = await receive(recv)
                 self.answer = reply if isinstance(reply, WorkDone | WorkFailed) else None
         except TurboSparkError as exc:
@@ -100,16 +100,18 @@ def hypothesis(s: Any) -> None:
     s.nursery.start_soon(hypothesize, s, s.hypothesis, s.buffer.peek(), s.agreement, s.next_item)
 
 
-async def hypothesize(s: Any, work: Transcription, audio: np.ndarray, agreement: Agreement, item_id: str) -> None:
-    """``work`` run on ``audio`` as a hypothesis of the turn ``item_id`` (the pause's early
-    transcription is one too): the words it and the one before agree on go out at once."""
-    await work.run(s.stt.id, audio, s.config.language)
+async def hypothesize(s: Any, work: Transcription, audio: np.ndarray, agreement: Agreement, item_id: str,
+                      settled: bool = False) -> None:
+    """``work`` run on ``audio`` as a hypothesis of the turn ``item_id``, decoded from the words
+    given so far: the words it and the one before agree on go out at once, or all of them where it
+    is ``settled`` (the pause's early transcription)."""
+    await work.run(s.stt.id, audio, s.config.language, agreement.prefix)
     if s.hypothesis is work:
         s.hypothesis = None
     answer = work.answer
     if work.scope.cancel_called or not isinstance(answer, WorkDone) or answer.transcript is None:
         return  # the turn was committed, paused or cleared meanwhile
-    if delta := agreement.hypothesis(answer.transcript.text):
+    if delta := agreement.hypothesis(answer.transcript.text, settled):
         await s.emit(event("conversation.item.input_audio_transcription.delta", item_id=item_id,
                            content_index=0, delta=delta))
 
@@ -121,7 +123,8 @@ async def transcribe(s: Any, turn: Turn) -> None:
     reply = await early.reply() if early is not None else None
     if not isinstance(reply, WorkDone):
         whole = Transcription()
-        await whole.run(s.stt.id, audio, s.config.language)
+        given = turn.agreement.prefix if turn.agreement is not None and s.config.kind == "transcription" else ""
+        await whole.run(s.stt.id, audio, s.config.language, given)
         reply = await whole.reply()
     if isinstance(reply, WorkFailed):
         await s.emit(event("conversation.item.input_audio_transcription.failed", item_id=item_id,
