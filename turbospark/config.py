@@ -76,6 +76,8 @@ class Settings:
     # --draft-model: a small model that drafts for the --model models (same vocabulary), in
     # place of prompt lookup.
     draft_model: str | None = None
+    # --lora NAME=PATH: LoRA adapters of the first --model, each served as the model NAME.
+    loras: tuple[tuple[str, str], ...] = ()
     # ``serve --distributed``: the one --model is sharded over the ranks of mlx.distributed.
     distributed: bool = False
     # How: "pipeline" (layers), "tensor" (heads), or None: tensor where the heads divide.

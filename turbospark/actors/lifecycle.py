@@ -154,7 +154,8 @@ def entry_for(loadable: Loadable, info: Any | None = None, *, now: float) -> Mod
         context_window=info.context_window,
         capabilities=frozenset({"chat", "completion"} if info.has_chat_template else {"completion"})
         | (loadable.capabilities & {"vision"}),
-        aliases=aliases,
+        aliases=(*aliases, *getattr(info, "adapters", ())),
+        adapters=tuple(getattr(info, "adapters", ())),
         created=created,
         sampling_defaults=info.sampling_defaults,
         fingerprint=info.fingerprint,

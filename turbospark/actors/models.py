@@ -59,6 +59,7 @@ class ModelInfo:
     tokenizer: Tokenizer
     inbox: Any = None  # where ``SlotCommand``s for its model thread go
     kernels: str = ""  # what computes its layers (an MLX model's ``kernels`` line), for the startup lines
+    adapters: tuple[str, ...] = ()  # the names of the LoRA adapters it was served with (``serve --lora``)
 
 
 def answered(job: GenerationJob) -> bool:
@@ -245,6 +246,7 @@ async def model_actor(
                         tokenizer=backend.tokenizer,
                         inbox=intake.control,
                         kernels=getattr(backend, "kernels", ""),
+                        adapters=tuple(a.name for a in getattr(backend, "adapters", ())),
                     )
                 )
         finally:

@@ -82,6 +82,9 @@ class ModelEntry:
     image: Any = attrs.field(default=None, eq=False, hash=False)
     #: What computes a loaded MLX model's layers (``mlx_kernels.install``), for the startup lines.
     kernels: str = attrs.field(default="", eq=False, hash=False)
+    #: A loaded MLX model's LoRA adapters by name, in ``serve --lora``'s order (llama.cpp's ids):
+    #: each is also an alias (a request naming it gets the model with it: ``turns.sampling``).
+    adapters: tuple[str, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from .. import __version__
 from ..config import Settings
 from ..turns.guardrails import Guardrails
 from ..web.origins import parse_origins
+from .loras import add_lora_argument, lora_pairs
 
 __all__ = ["build_parser", "settings_from"]
 
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="speculative decoding with a small draft model that shares the --model's vocabulary "
         "(refused otherwise), in place of prompt lookup; it runs on the model's own thread",
     )
+    add_lora_argument(s)
     s.add_argument(
         "--embedding-model",
         action="append",
@@ -107,19 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(repeatable; default: all-minilm-l6-v2, or 'scripted' when every --model is scripted)",
     )
     s.add_argument(
-        "--stt-model",
-        action="append",
-        default=[],
-        metavar="ID|PATH",
+        "--stt-model", action="append", default=[], metavar="ID|PATH",
         help="attach a speech-to-text model: a stored id, a catalogue name, a faster-whisper "
         "directory to import, 'scripted' or 'none' (repeatable; default: whisper-tiny.en, or "
         "'scripted' when every --model is scripted)",
     )
     s.add_argument(
-        "--tts-model",
-        action="append",
-        default=[],
-        metavar="ID|PATH",
+        "--tts-model", action="append", default=[], metavar="ID|PATH",
         help="attach a text-to-speech voice: a stored id, a catalogue name, a Piper voice "
         "directory to import, 'espeak-ng', 'scripted' or 'none' (repeatable; default: "
         "piper-joe-medium, or 'scripted' when every --model is scripted)",
@@ -334,6 +330,7 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             parser.error("TURBOSPARK_API_KEY is set but blank: give it a key or unset it")
     if args.shard is not None and not args.distributed:
         parser.error("--shard splits a --distributed model: add --distributed (scripts/serve-distributed)")
+    loras = lora_pairs(parser, args)
     if args.draft_model is not None:
         if args.distributed:
             parser.error("--draft-model does not combine with --distributed (the draft would run on rank 0 alone)")
@@ -385,6 +382,7 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         **({"kv_budget": args.kv_budget_mb << 20} if args.kv_budget_mb else {}),
         prompt_cache_dir=args.prompt_cache_dir,
         draft_model=args.draft_model,
+        loras=tuple(loras),
         **({"prompt_cache_bytes": args.prompt_cache_size} if args.prompt_cache_size else {}),
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,

@@ -114,7 +114,7 @@ def backend_specs(settings: Settings, *, models: bool = True) -> list[BackendSpe
     here); every other stored model loads when a request names it.  ``models=False``: the
     embedding models only (``--distributed`` builds its sharded model itself)."""
     specs: list[BackendSpec | EncoderSpec | Loadable] = []
-    for name in (settings.models or (None,)) if models else ():
+    for i, name in enumerate(settings.models or (None,)) if models else ():
         if name == SCRIPTED_ID:
             make = partial(
                 ScriptedBackend, script=settings.script, token_delay=settings.token_delay,
@@ -122,7 +122,7 @@ def backend_specs(settings: Settings, *, models: bool = True) -> list[BackendSpe
             )
             specs.append(BackendSpec(SCRIPTED_ID, make))
         else:
-            specs.append(_pinned(name, load=_mlx_loader(settings, draft=True)))
+            specs.append(_pinned(name, load=_mlx_loader(settings, draft=True, adapters=i == 0)))
     for name in embedding_names(settings):
         if name == SCRIPTED_ID:
             encoder = ScriptedEncoder()
@@ -202,16 +202,23 @@ def _load(what: str, make, path: Path, model_id: str):  # type: ignore[no-untype
         raise ModelSetupError(f"cannot load {what} '{model_id}' from {path}: {exc}") from exc
 
 
-def load_mlx(path: Path, model_id: str, **options):  # type: ignore[no-untyped-def]
+def load_mlx(path: Path, model_id: str, *, adapters: tuple[tuple[str, Path], ...] = (), **options):  # type: ignore[no-untyped-def]
     from ..model.mlx_backend import MlxBackend
+    from ..store.adapter_files import read_adapters
 
-    return _load("model", partial(MlxBackend, **options), path, model_id)
+    def make(path: Path, model_id: str):  # type: ignore[no-untyped-def]
+        return MlxBackend(path, model_id=model_id, adapters=read_adapters(path, adapters), **options)
+
+    return _load("model", make, path, model_id)
 
 
-def _mlx_loader(settings: Settings, *, draft: bool = False):  # type: ignore[no-untyped-def]
+def _mlx_loader(settings: Settings, *, draft: bool = False, adapters: bool = False):  # type: ignore[no-untyped-def]
     """``load_mlx`` with the settings' prompt cache on disk, when there is one; with ``draft``
-    (the ``--model`` models), paired with ``--draft-model``, when there is one."""
+    (the ``--model`` models), paired with ``--draft-model``, when there is one; with
+    ``adapters`` (the first), its ``--lora`` adapters."""
     options: dict[str, Any] = {}
+    if adapters and settings.loras:
+        options["adapters"] = tuple((name, Path(path)) for name, path in settings.loras)
     if settings.prompt_cache_dir is not None:
         options |= {"prompt_cache_dir": settings.prompt_cache_dir, "prompt_cache_bytes": settings.prompt_cache_bytes}
     if draft and settings.draft_model is not None:
@@ -390,3 +397,4 @@ def _load_espeak():  # type: ignore[no-untyped-def]
     from ..audio.speech import EspeakTextToSpeech
 
     return EspeakTextToSpeech()
+

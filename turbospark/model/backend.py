@@ -71,6 +71,9 @@ class SamplingParams:
     # token the grammar allows (``mlx_sampling.hold_ends``)
     min_tokens: int = 0
     ignore_eos: bool = False
+    # LoRA adapters the model was served with (``serve --lora``), by index, each with its scale:
+    # the request's model name (the adapter's), or llama.cpp's ``lora`` field (``mlx_adapters``)
+    adapters: tuple[tuple[int, float], ...] = ()
 
     def holds_end(self, generated: int) -> bool:
         """Whether the ending tokens are held back for the token after ``generated`` ones."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +47,14 @@ from .pacing import JoinPacer
 from .pipeline import pipeline
 from .constraint import Matcher
 from .mlx_sampling import Sampler, greedy, guard, make_processors, make_sampler, top_logprobs
+from .mlx_adapters import Adapter, attach, marked
 from .mlx_blocks import half_kv
 from .mlx_draft import ModelDrafter, check_vocabularies
 from .mlx_fused import Outside, can_fuse, can_fuse_outside, fusable, fused_next, fused_outside
 from .mlx_joining import settle
 from .mlx_kernels import install as install_kernels
 from .mlx_kernels import serves as kernels_serve
-from .mlx_speculate import can_speculate, pending_tokens, verify
+from .mlx_speculate import speculative_step
 from .mlx_vision import Seen, vision_side
 from .prefix_cache import PrefixCache, trimmable
 from .prompt_files import PromptFiles, tokenizer_digest
@@ -96,6 +97,7 @@ class MlxBackend:
         prompt_cache_bytes: int = 4 << 30,
         speculate_up_to: int | None = None,
         draft_path: Path | None = None,
+        adapters: Sequence[Adapter] = (),
     ) -> None:
         self.model_id = model_id
         # tokenizers first, what their parsing freed given back before the weights (Gemma 3's: ~290 MB each)
@@ -117,6 +119,9 @@ class MlxBackend:
                 mx.random.seed(0)  # every rank samples alike
             mx.eval(self.model.parameters())
             self.kernels = install_kernels(self.model)  # which kernels serve it (startup lines)
+            # LoRA adapters beside its layers, chosen row by row (``mlx_adapters``, ``SamplingParams.adapters``)
+            self.adapters = list(adapters)
+            self.route = attach(self.model, self.adapters)
             self._kv_size = kv_sizes(self.model)
         # a vision tower beside the language model: images read between steps (``mlx_vision``)
         self.vision = vision_side(path, self)
@@ -192,8 +197,9 @@ class MlxBackend:
     def insert(self, seq: int, prompt: list[int], params: SamplingParams, images: Seen | None = None) -> int:
         if images is not None and self.vision is not None:  # its images are read first
             return self.vision.start(seq, prompt, params, images)
-        cache, cached = self.prefix_cache.take(prompt)
-        self._insert(seq, prompt, params, cache, cached)
+        key = marked(prompt, params.adapters, self.adapters)  # an adapter's KV is its own
+        cache, cached = self.prefix_cache.take(key)
+        self._insert(seq, prompt, params, cache, cached, key=None if key is prompt else key)
         return cached
 
     def fork(self, seq: int, new: Mapping[int, SamplingParams]) -> bool:
@@ -239,6 +245,8 @@ class MlxBackend:
             matcher=matcher,
         )
         self._by_uid[uid] = seq
+        if self.route is not None:
+            self.route.use(uid, params.adapters)
         self.looks.reset()
 
     def step(self) -> StepOutput:
@@ -246,7 +254,8 @@ class MlxBackend:
         outside = None  # a vision prompt chunk for this step's pass (``mlx_vision``, ``mlx_fused``)
         if self.vision is not None and self.vision.reading:  # a piece of a request's images first
             seen, lost = self.vision.advance(self.pacer.size(len(self.engine._generation_batch)),
-                                             fuse=self.fuse and can_fuse_outside(self.engine))  # fmt: skip
+                                             fuse=self.fuse and can_fuse_outside(self.engine)
+                                             and not (self.route and self.route.active))  # fmt: skip
             self._failed.update(lost)
             outside = self.vision.take_chunk()
         out = (None if outside else self._speculate()) or self._step(outside)
@@ -260,7 +269,7 @@ class MlxBackend:
         chunk = self.pacer.size(decoding)
         self.engine.prefill_step_size = max(8, chunk // max(1, prefilling))
         began = time.perf_counter()
-        if outside is not None or (self.fuse and can_fuse(self.engine)):
+        if outside is not None or (self.fuse and can_fuse(self.engine) and not (self.route and self.route.active)):
             self.fused_steps += 1
             with mx.stream(self.stream):
                 prompt_responses, generation_responses = (
@@ -303,64 +312,9 @@ class MlxBackend:
         return failed
 
     def _speculate(self) -> StepOutput | None:
-        """A speculative step (``mlx_speculate``), when only a few sequences decode, none reads
-        a prompt, and one at least has a draft from its own prompt and output; otherwise None
-        (the engine's plain step runs)."""
-        engine = self.engine
-        batch = engine._generation_batch
-        if (not 0 < len(batch) <= self.speculate_up_to or len(engine._prompt_batch)
-                or engine._unprocessed_sequences):
+        if self.route is not None and self.route.active:  # the engine's own step routes the rows' adapters
             return None
-        seqs = [self._by_uid.get(uid) for uid in batch.uids]
-        if None in seqs:
-            return None
-        runs = [self._running[s] for s in seqs]  # type: ignore[index]
-        if all(r.drafter is None for r in runs) or not can_speculate(batch) or not self.looks.due():
-            return None
-        with mx.stream(self.stream):
-            drafts = []
-            for e, (run, y) in enumerate(zip(runs, pending_tokens(batch), strict=True)):
-                if run.drafter is None:
-                    drafts.append([])
-                    continue
-                run.drafter.extend(batch.tokens[e][len(run.drafter.tokens):])
-                run.drafter.extend([y])
-                room = batch.max_tokens[e] - 3 - batch._num_tokens[e]  # our budget, after y
-                draft = run.drafter.draft(min(run.pace.k, room))
-                if run.matcher is not None and draft:  # only what the grammar allows after y
-                    draft = draft[:max(0, run.matcher.allows([y, *draft]) - 1)]
-                drafts.append(draft)
-            if not any(drafts):
-                self.looks.record(kept=False)
-                return None
-            before = [r.matcher.consumed if r.matcher else 0 for r in runs]
-            emitted, dists = verify(batch, drafts, [r.sampler for r in runs])
-            self.looks.record(kept=any(len(out) > 1 for out in emitted))
-            for run, was, out in zip(runs, before, emitted, strict=True):
-                if run.matcher is not None:  # it consumed the pending token and the whole draft
-                    run.matcher.rollback(run.matcher.consumed - was - len(out))
-            asked = [((seq, i), lp, token, run.logprobs)
-                     for seq, run, out, lps in zip(seqs, runs, emitted, dists, strict=True) if run.logprobs is not None
-                     for i, (token, lp) in enumerate(zip(out, lps, strict=True))]
-            reported = top_logprobs(asked)
-        self.engine_steps += 1
-        tokens: dict[int, int] = {}
-        more: dict[int, tuple[int, ...]] = {}
-        for seq, run, draft, out in zip(seqs, runs, drafts, emitted, strict=True):
-            assert seq is not None
-            run.pace.record(len(draft), len(out) - 1)
-            self.drafted += len(draft)
-            self.accepted += len(out) - 1
-            self.decode_steps += len(out)
-            tokens[seq] = out[0]
-            if len(out) > 1:
-                more[seq] = tuple(out[1:])
-        failed = self._drop_failed(tokens)
-        logprobs = {s: tuple(reported[s, i] for i in range(len(o))) for s, o in zip(seqs, emitted, strict=True)
-                    if s in tokens and (s, 0) in reported}
-        return StepOutput(tokens=tokens, more={s: m for s, m in more.items() if s in tokens}, failed=failed,
-                          logprobs={s: v[0] for s, v in logprobs.items()},
-                          more_logprobs={s: v[1:] for s, v in logprobs.items() if len(v) > 1})
+        return speculative_step(self)
 
     def remove(self, seq: int, *, keep_cache: bool = True) -> None:
         if self.vision is not None and self.vision.drop(seq):  # still reading its images
@@ -378,6 +332,8 @@ class MlxBackend:
                 tokens = list(tokens) if run.key is None else run.key + list(tokens)[len(run.key):]
                 self.prefix_cache.put(tokens, cache)
         del self._running[seq], self._by_uid[run.uid]
+        if self.route is not None:
+            self.route.drop(run.uid)
 
     def persist(self) -> None:
         """Write the prefix cache's entries to ``--prompt-cache-dir`` (unload, shutdown)."""
@@ -395,6 +351,8 @@ class MlxBackend:
         self._running.clear()
         self._by_uid.clear()
         self._failed.clear()
+        if self.route is not None:
+            self.route.scales.clear()
         if self.vision is not None:
             self.vision.reading.clear()
         old.close()

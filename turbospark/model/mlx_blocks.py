@@ -41,6 +41,7 @@ from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, Rot
 
 from ..kernels import blocks
 from ..kernels import ops as kernels
+from .mlx_adapters import lora_of
 from .mlx_ggml import packed_product, trim
 
 __all__ = ["fuse", "half_kv", "kv_update"]
@@ -212,10 +213,14 @@ class _Parts:
                 for w in (p.products if isinstance(p, _Side) else [p])]
 
 
-def _heads(attn: Any, parts: _Parts, x: mx.array, cache: Any) -> tuple[mx.array, mx.array, mx.array]:
-    """A fused layer's q, k and v for attention: the input norm and the q|k|v product, the heads
-    split (views), QK-norm where the layer has it, RoPE, and the cache written and read."""
-    q, k, v = kernels.split_heads(parts.qkv(x, norm=parts.input_norm), attn.n_heads, attn.n_kv_heads)
+def _heads(attn: Any, parts: _Parts, x: mx.array, cache: Any, lora: Any = None) -> tuple[mx.array, mx.array, mx.array]:
+    """A fused layer's q, k and v for attention: the input norm and the q|k|v product (with the
+    rows' adapters, ``lora``: ``mlx_adapters``), the heads split (views), QK-norm where the layer
+    has it, RoPE, and the cache written and read."""
+    qkv = parts.qkv(x, norm=parts.input_norm)
+    if lora is not None and lora.qkv is not None:
+        qkv = lora.qkv(qkv, parts.input_norm(x))
+    q, k, v = kernels.split_heads(qkv, attn.n_heads, attn.n_kv_heads)
     if parts.qk_norm:
         q, k = parts.q_norm(q), parts.k_norm(k)
     if cache is None:
@@ -229,9 +234,14 @@ def _call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> mx.arr
     parts: _Parts = self._turbospark_parts
     if hasattr(cache, "bits") or x.ndim != 3:  # a quantized KV cache: the layer's own ops
         return self._turbospark_plain(x, mask, cache)
-    attn = self.self_attn
-    q, k, v = _heads(attn, parts, x, cache)
-    h = parts.o(kernels.merged_attention(q, k, v, scale=attn.scale, mask=mask), residual=x)
+    attn, lora = self.self_attn, lora_of(self)
+    q, k, v = _heads(attn, parts, x, cache, lora)
+    attended = kernels.merged_attention(q, k, v, scale=attn.scale, mask=mask)
+    if lora is not None:  # the rows' adapters after each product
+        h = x + lora.add("o", parts.o(attended), attended)
+        gated = lora.gated(parts.gate_up, h, self.post_attention_layernorm)
+        return h + lora.add("down", parts.down(gated), gated)
+    h = parts.o(attended, residual=x)
     return parts.down(parts.gate_up(h, swiglu_halves=True, norm=self.post_attention_layernorm), residual=h)
 
 
@@ -239,19 +249,23 @@ def _gemma_call(self: Any, x: mx.array, mask: Any = None, cache: Any = None) -> 
     parts: _Parts = self._turbospark_parts
     if hasattr(cache, "bits") or x.ndim != 3:  # a quantized KV cache: the layer's own ops
         return self._turbospark_plain(x, mask, cache)
-    attn, norms = self.self_attn, parts.norms
-    q, k, v = _heads(attn, parts, x, cache)
+    attn, norms, lora = self.self_attn, parts.norms, lora_of(self)
+    q, k, v = _heads(attn, parts, x, cache, lora)
     if parts.softcap is None:
         attended = kernels.merged_attention(q, k, v, scale=attn.scale, mask=mask)
     else:
         attended = _softcapped(attn, q, k, v, mask)
-    h = parts.residual(x, norms["post_attention_layernorm"](parts.o(attended)))
-    if isinstance(parts.gate_up, _Side):  # MLX's own GELU, its ops' roundings
+    o = parts.o(attended) if lora is None else lora.add("o", parts.o(attended), attended)
+    h = parts.residual(x, norms["post_attention_layernorm"](o))
+    if lora is not None and lora.gate_up is not None:
+        gated = lora.gated(parts.gate_up, h, norms["pre_feedforward_layernorm"], geglu=True)
+    elif isinstance(parts.gate_up, _Side):  # MLX's own GELU, its ops' roundings
         gate, up = parts.gate_up.halves(h, norms["pre_feedforward_layernorm"])
         gated = nn.gelu_approx(gate) * up
     else:  # the kernels' GELU in the product
         gated = parts.gate_up(h, geglu_halves=True, norm=norms["pre_feedforward_layernorm"])
-    return parts.residual(h, norms["post_feedforward_layernorm"](parts.down(gated)))
+    down = parts.down(gated) if lora is None else lora.add("down", parts.down(gated), gated)
+    return parts.residual(h, norms["post_feedforward_layernorm"](down))
 
 
 def _softcapped(attn: Any, q: mx.array, k: mx.array, v: mx.array, mask: Any) -> mx.array:

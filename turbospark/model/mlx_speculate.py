@@ -36,9 +36,10 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
-from .mlx_sampling import Sampler, greedy
+from .backend import StepOutput
+from .mlx_sampling import Sampler, greedy, top_logprobs
 
-__all__ = ["can_speculate", "pending_tokens", "verify"]
+__all__ = ["can_speculate", "pending_tokens", "speculative_step", "verify"]
 
 
 def can_speculate(batch: Any) -> bool:
@@ -139,3 +140,64 @@ def verify(
     batch._next_logprobs = [logprobs[e, n] for e, n in enumerate(kept)]
     mx.async_eval(batch._next_tokens, batch._next_logprobs)
     return emitted, dists
+
+
+def speculative_step(backend: Any) -> StepOutput | None:
+    """A speculative step of ``backend`` (an ``MlxBackend``), when only a few sequences decode,
+    none reads a prompt, and one at least has a draft from its own prompt and output; otherwise
+    None (the engine's plain step runs)."""
+    engine = backend.engine
+    batch = engine._generation_batch
+    if (not 0 < len(batch) <= backend.speculate_up_to or len(engine._prompt_batch)
+            or engine._unprocessed_sequences):
+        return None
+    seqs = [backend._by_uid.get(uid) for uid in batch.uids]
+    if None in seqs:
+        return None
+    runs = [backend._running[s] for s in seqs]  # type: ignore[index]
+    if all(r.drafter is None for r in runs) or not can_speculate(batch) or not backend.looks.due():
+        return None
+    with mx.stream(backend.stream):
+        drafts = []
+        for e, (run, y) in enumerate(zip(runs, pending_tokens(batch), strict=True)):
+            if run.drafter is None:
+                drafts.append([])
+                continue
+            run.drafter.extend(batch.tokens[e][len(run.drafter.tokens):])
+            run.drafter.extend([y])
+            room = batch.max_tokens[e] - 3 - batch._num_tokens[e]  # our budget, after y
+            draft = run.drafter.draft(min(run.pace.k, room))
+            if run.matcher is not None and draft:  # only what the grammar allows after y
+                draft = draft[:max(0, run.matcher.allows([y, *draft]) - 1)]
+            drafts.append(draft)
+        if not any(drafts):
+            backend.looks.record(kept=False)
+            return None
+        before = [r.matcher.consumed if r.matcher else 0 for r in runs]
+        emitted, dists = verify(batch, drafts, [r.sampler for r in runs])
+        backend.looks.record(kept=any(len(out) > 1 for out in emitted))
+        for run, was, out in zip(runs, before, emitted, strict=True):
+            if run.matcher is not None:  # it consumed the pending token and the whole draft
+                run.matcher.rollback(run.matcher.consumed - was - len(out))
+        asked = [((seq, i), lp, token, run.logprobs)
+                 for seq, run, out, lps in zip(seqs, runs, emitted, dists, strict=True) if run.logprobs is not None
+                 for i, (token, lp) in enumerate(zip(out, lps, strict=True))]
+        reported = top_logprobs(asked)
+    backend.engine_steps += 1
+    tokens: dict[int, int] = {}
+    more: dict[int, tuple[int, ...]] = {}
+    for seq, run, draft, out in zip(seqs, runs, drafts, emitted, strict=True):
+        assert seq is not None
+        run.pace.record(len(draft), len(out) - 1)
+        backend.drafted += len(draft)
+        backend.accepted += len(out) - 1
+        backend.decode_steps += len(out)
+        tokens[seq] = out[0]
+        if len(out) > 1:
+            more[seq] = tuple(out[1:])
+    failed = backend._drop_failed(tokens)
+    logprobs = {s: tuple(reported[s, i] for i in range(len(o))) for s, o in zip(seqs, emitted, strict=True)
+                if s in tokens and (s, 0) in reported}
+    return StepOutput(tokens=tokens, more={s: m for s, m in more.items() if s in tokens}, failed=failed,
+                      logprobs={s: v[0] for s, v in logprobs.items()},
+                      more_logprobs={s: v[1:] for s, v in logprobs.items() if len(v) > 1})

@@ -23,6 +23,7 @@ from quart import Blueprint, Response, g, request
 from ..errors import ContextOverflow, RequestInvalid, TurboSparkError
 from ..messages import RequestRouted, Started
 from ..threads.prompt import count_prompt
+from ..turns.sampling import adapters_chosen
 from ..web.app import exception_body, json_response, system
 from ..wire.anthropic import MessagesRequest
 from ..web.bodies import read_json
@@ -98,7 +99,8 @@ async def messages() -> Response:
     await fetch_images(p.messages)  # http(s) image URLs, where --image-urls allows them
     p.labels += unhonoured(body)
     asked = body.max_tokens or default_max_tokens(entry.context_window)
-    params = sampling_params(body, p, defaults=entry.sampling_defaults, max_tokens=asked)
+    params = adapters_chosen(sampling_params(body, p, defaults=entry.sampling_defaults, max_tokens=asked),
+                             entry.adapters, body.model)
     began: list[Started] = []
     turn_plan = TurnPlan(entry.id, p.prompt, params, call_required=p.call_required, parallel=p.parallel, clamp=True)
     claude_code = _from_claude_code()

@@ -30,7 +30,7 @@ from ..messages import ChatPrompt, RequestRouted, Started, TextPrompt
 from ..model.backend import SamplingParams
 from ..turns.chat import TemplateMessage, apply_default_system
 from ..turns.images import with_images
-from ..turns.sampling import sampling
+from ..turns.sampling import adapters_chosen, sampling
 from ..turns.structured import check_images, function_tools, grammar_for
 from ..web.app import json_response, system
 from ..web.bodies import json_answer, read_body
@@ -146,8 +146,8 @@ async def _run(out: OllamaStream, stream: bool, entry: ModelEntry, prompt: ChatP
     return response
 
 
-def _params(entry: ModelEntry, options: dict[str, Any], grammar: Any) -> SamplingParams:
-    return sampling(entry.sampling_defaults, options, grammar=grammar)
+def _params(entry: ModelEntry, options: dict[str, Any], grammar: Any, name: str) -> SamplingParams:
+    return adapters_chosen(sampling(entry.sampling_defaults, options, grammar=grammar), entry.adapters, name)
 
 
 def _check_num_ctx(entry: ModelEntry, num_ctx: int | None) -> None:
@@ -185,7 +185,7 @@ async def chat() -> Response:
     vision = "vision" in entry.capabilities
     history = apply_default_system(_ollama_history(messages, vision), sys_.settings.system_prompt)
     prompt = ChatPrompt(tuple(history), tools, template_kwargs)
-    params = _params(entry, options.sampling, grammar)
+    params = _params(entry, options.sampling, grammar, body.model)
     return await _run(out, body.stream, entry, prompt, params, options.num_ctx, labels, 0 if vision else images)
 
 
@@ -237,5 +237,5 @@ async def generate() -> Response:
             images = 0
         turns = apply_default_system(turns, sys_.settings.system_prompt)
         prompt = ChatPrompt(tuple(turns), (), template_kwargs)
-    params = _params(entry, options.sampling, grammar)
+    params = _params(entry, options.sampling, grammar, body.model)
     return await _run(out, body.stream, entry, prompt, params, options.num_ctx, labels, images)

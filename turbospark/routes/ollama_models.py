@@ -69,12 +69,13 @@ def _model_info(entry: ModelEntry, loadable: Loadable | None) -> dict[str, Any]:
     return info
 
 
-def _tag_row(entry: ModelEntry) -> dict[str, Any]:
+def _tag_row(entry: ModelEntry, name: str | None = None) -> dict[str, Any]:
+    """``entry``'s row in ``/api/tags`` (as ``name``: one of its LoRA adapters)."""
     loadable = loadable_of(entry)
     card = loadable.card if loadable is not None else None
     return {
-        "name": entry.id,
-        "model": entry.id,
+        "name": name or entry.id,
+        "model": name or entry.id,
         "modified_at": rfc3339(card.modified_at if card and card.modified_at else entry.created or time.time()),
         "size": loadable.size if loadable is not None else 0,
         "digest": card.digest if card else "",
@@ -105,7 +106,8 @@ async def version() -> Response:
 @blueprint.get("/api/tags")
 async def tags() -> Response:
     registry = await system().refresh()
-    return json_response({"models": [_tag_row(e) for e in registry.entries]})
+    rows = [_tag_row(e, name) for e in registry.entries for name in (None, *e.adapters)]
+    return json_response({"models": rows})
 
 
 @blueprint.post("/api/show")

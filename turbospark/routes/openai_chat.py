@@ -17,6 +17,7 @@ from ..turns.images import openai_parts, with_images
 from ..errors import RequestInvalid
 from ..messages import ChatPrompt, RequestRouted
 from ..turns.grammars import demanded_grammar, peer_grammar
+from ..turns.sampling import adapters_chosen
 from ..turns.structured import check_images, function_tools, grammar_for, json_demand, select_tools
 from ..wire.openai import ChatCompletionRequest
 from ..web.app import exception_body, system
@@ -123,6 +124,7 @@ async def chat_completions() -> Response:
         logprobs=logprobs,
         grammar=grammar,
     )
+    params = adapters_chosen(params, entry.adapters, body.model, body.lora)
     env = Envelope.new("chatcmpl", body.model or entry.id, entry.fingerprint)
     plan = TurnPlan(entry.id, prompt, params, n, call_required=required, parallel=body.parallel_tool_calls is not False)
     turn = await open_turn(plan, request_id=g.record.id, guardrails=sys_.settings.guardrails)

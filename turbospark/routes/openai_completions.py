@@ -11,6 +11,7 @@ from quart import Blueprint, Response, g
 from ..errors import RequestInvalid
 from ..messages import RequestRouted, TextPrompt
 from ..turns.grammars import demanded_grammar, peer_grammar
+from ..turns.sampling import adapters_chosen
 from ..turns.structured import function_tools, grammar_for, json_demand, select_tools
 from ..wire.openai import CompletionRequest
 from ..web.app import exception_body, system
@@ -67,6 +68,7 @@ async def completions() -> Response:
         body, max_tokens=body.max_tokens, default_max_tokens=DEFAULT_MAX_TOKENS,
         model_defaults=entry.sampling_defaults, logprobs=body.logprobs, grammar=grammar,
     )
+    params = adapters_chosen(params, entry.adapters, body.model, body.lora)
     # no template to replay a corrective turn on: the guardrails rescue, never retry
     plan = TurnPlan(entry.id, TextPrompt(text, tools), params, n, call_required=required)
     turn = await open_turn(plan, request_id=g.record.id, guardrails=sys_.settings.guardrails)

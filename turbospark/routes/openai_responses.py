@@ -22,6 +22,7 @@ from ..errors import NotFound
 from ..messages import RequestRouted
 from ..turns.chat import TemplateMessage
 from ..turns.conversations import StoredResponse
+from ..turns.sampling import adapters_chosen
 from ..web.app import exception_body, json_response, system
 from ..web.bodies import json_answer, read_body
 from ..wire.openai import ResponsesRequest
@@ -57,6 +58,7 @@ async def create_response() -> Response:
         body, max_tokens=body.max_output_tokens or DEFAULT_MAX_OUTPUT,
         model_defaults=entry.sampling_defaults, grammar=p.grammar,
     )
+    params = adapters_chosen(params, entry.adapters, body.model)
 
     def keep(final: dict[str, Any]) -> None:
         if body.store is not False:

@@ -42,6 +42,7 @@ __all__ = [
     "QUANT_GROUP",
     "check_shapes",
     "convert_tensor",
+    "hf_name",
     "hf_names",
     "kept_as_blocks",
     "stored_float",
@@ -69,7 +70,8 @@ _QUANTIZED_MODES_FLOAT = mx.bfloat16
 CONFIG_TENSORS = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 
 
-def _hf_name(gguf_name: str, arch: Architecture) -> str | None:
+def hf_name(gguf_name: str, arch: Architecture) -> str | None:
+    """``gguf_name``'s Hugging Face name in ``arch`` (None: none it knows)."""
     stem, _, suffix = gguf_name.rpartition(".")
     if suffix not in ("weight", "bias"):
         return None
@@ -87,7 +89,7 @@ def hf_names(gguf: GGUFFile, arch: Architecture, arch_name: str) -> dict[str, st
     Raises:
         ModelImportError: a tensor this architecture does not have.
     """
-    names = {t.name: _hf_name(t.name, arch) for t in gguf if t.name not in CONFIG_TENSORS}
+    names = {t.name: hf_name(t.name, arch) for t in gguf if t.name not in CONFIG_TENSORS}
     if unknown := sorted(name for name, hf in names.items() if hf is None):
         raise ModelImportError(f"unsupported tensors for {arch_name}: {', '.join(unknown[:5])}")
     return {name: hf for name, hf in names.items() if hf is not None}

@@ -10,7 +10,7 @@ ids, ``n`` against the batch and the KV budget).  Whatever they raise is that jo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -203,6 +203,8 @@ def prepare(
     if job.params.grammar is not None:  # compiled now: a schema it cannot enforce, or a budget
         # too small for its shortest finished output, is a 400
         backend.tokenizer.grammars.compile(job.params.grammar, budget=job.params.max_tokens)
+    if job.params.adapters:
+        check_adapters(getattr(backend, "adapters", ()), job.params.adapters, images is not None)
     vocab = backend.tokenizer.vocab_size
     if any(not 0 <= i < vocab for i, _ in job.params.logit_bias):
         raise RequestInvalid(
@@ -218,3 +220,17 @@ def prepare(
             f"{job.params.max_tokens} new tokens each need more KV-cache memory than "
             "this model may use; lower n or max_tokens", param="n")
     return Prepared(job, ids, in_reasoning, grow, images)
+
+
+def check_adapters(adapters: Sequence[Any], chosen: Sequence[tuple[int, float]], images: bool) -> None:
+    """The LoRA adapters a request chose (index, scale) are among the model's ``adapters``, and
+    it can run with them; raises its client's 400."""
+    if bad := [i for i, _ in chosen if not 0 <= i < len(adapters)]:
+        have = f"0-{len(adapters) - 1} ({', '.join(a.name for a in adapters)})" if adapters else "none"
+        raise RequestInvalid(f"lora names adapter id {bad[0]}; this model's adapters are {have}", param="lora")
+    if images:
+        raise RequestInvalid("a LoRA adapter does not apply to a request with images: ask the model without one",
+                             param="model")
+    doras = [(adapters[i].name, s) for i, s in chosen if adapters[i].kind == "dora" and s]
+    if doras and (len([s for _, s in chosen if s]) > 1 or doras[0][1] != 1.0):
+        raise RequestInvalid(f"the DoRA adapter {doras[0][0]} applies alone, at scale 1 (or 0)", param="lora")

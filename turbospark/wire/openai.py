@@ -18,6 +18,7 @@ __all__ = [
     "ChatMessage",
     "CompletionRequest",
     "GenerationFields",
+    "LoraChoice",
     "ResponsesRequest",
     "SamplingFields",
     "StreamOptions",
@@ -130,6 +131,14 @@ class ChatMessage:
 
 
 @attrs.frozen
+class LoraChoice:
+    """One of llama.cpp's ``lora`` entries: an adapter's index, and its scale (1 where not given)."""
+
+    id: int = attrs.field(validator=_in_range(0, 1 << 16))
+    scale: float = attrs.field(default=1.0, validator=_in_range(-100.0, 100.0))
+
+
+@attrs.frozen
 class StreamOptions:
     include_usage: bool = False
     include_obfuscation: bool | None = None
@@ -177,6 +186,9 @@ class GenerationFields(SamplingFields):
     # request's budget (the route checks: both budget fields are known there)
     ignore_eos: bool = False
     min_tokens: int = attrs.field(default=0, validator=_in_range(0, MAX_BUDGET))
+    # llama.cpp's: the LoRA adapters (``serve --lora``'s, by index) and their scales; where given,
+    # these alone (the model name's adapter aside)
+    lora: list[LoraChoice] | None = attrs.field(default=None, validator=_at_most(64))
 
 
 @attrs.frozen(kw_only=True)

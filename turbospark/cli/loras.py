@@ -1,0 +1,34 @@
+"""``serve --lora NAME=PATH``: LoRA adapters of the first ``--model`` (``model/mlx_adapters.py``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..model.scripted import SCRIPTED_ID
+
+__all__ = ["add_lora_argument", "lora_pairs"]
+
+
+def add_lora_argument(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                   help="a LoRA or DoRA adapter of the first --model (an mlx-lm adapter directory or a GGUF "
+                   "LoRA), served as the model NAME beside it and as llama.cpp's lora id (in order); "
+                   "requests with different adapters decode in one batch (repeatable)")
+
+
+def lora_pairs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """``--lora``'s (name, path) pairs, checked (the parser's error where one is wrong)."""
+    pairs = []
+    for one in args.lora:
+        name, _, path = one.partition("=")
+        if not name.strip() or not path:
+            parser.error(f"--lora takes NAME=PATH, got {one!r}")
+        if not Path(path).expanduser().exists():
+            parser.error(f"--lora {name}: {path} does not exist")
+        pairs.append((name.strip(), str(Path(path).expanduser())))
+    if pairs and (args.distributed or (args.model and args.model[0] == SCRIPTED_ID)):
+        parser.error("--lora adapts the first MLX --model (not the scripted one, nor a --distributed one)")
+    if len({n for n, _ in pairs}) < len(pairs):
+        parser.error("two --lora adapters have one name")
+    return tuple(pairs)
