@@ -78,6 +78,9 @@ class Settings:
     draft_model: str | None = None
     # --lora NAME=PATH: LoRA adapters of the first --model, each served as the model NAME.
     loras: tuple[tuple[str, str], ...] = ()
+    # --kv-cache: the fused layers' KV cache type, "f16", "q8_0" or "q4_0" (None: the process's,
+    # TURBOSPARK_KV_CACHE or f16)
+    kv_cache: str | None = None
     # ``serve --distributed``: the one --model is sharded over the ranks of mlx.distributed.
     distributed: bool = False
     # How: "pipeline" (layers), "tensor" (heads), or None: tensor where the heads divide.

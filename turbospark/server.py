@@ -30,6 +30,7 @@ from .model.encoder import EncoderSpec
 from .audio.engines import AudioSpec
 from .actors.lifecycle import Loadable
 from .config import Settings
+from .kernels import ops as kernels
 from .routes.app import create_app
 from .web.bounded_writes import install
 
@@ -78,6 +79,8 @@ async def serve(
     """Serve ``backends`` (loaded at start and kept) over HTTP; ready with the ``Server`` once the
     socket is bound.  ``options``: the rest of ``SystemSpec`` (``resolve``, ``audio_catalogue``,
     ``library``, ``shelf``)."""
+    if settings.kv_cache is not None:  # for the KV caches made from now on (kernels/ops.py)
+        kernels.set_kv_cache(settings.kv_cache)
     spec = SystemSpec(settings, backends, **options)
     config = _hypercorn_config(settings)
     writes = install(config, settings.write_timeout)

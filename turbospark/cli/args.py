@@ -383,6 +383,7 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         prompt_cache_dir=args.prompt_cache_dir,
         draft_model=args.draft_model,
         loras=tuple(loras),
+        kv_cache=args.kv_cache,
         **({"prompt_cache_bytes": args.prompt_cache_size} if args.prompt_cache_size else {}),
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,

@@ -11,10 +11,14 @@ __all__ = ["add_lora_argument", "lora_pairs"]
 
 
 def add_lora_argument(s: argparse.ArgumentParser) -> None:
+    """``--lora``, and ``--kv-cache`` beside it (the engine's two per-model choices)."""
     s.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                    help="a LoRA or DoRA adapter of the first --model (an mlx-lm adapter directory or a GGUF "
                    "LoRA), served as the model NAME beside it and as llama.cpp's lora id (in order); "
                    "requests with different adapters decode in one batch (repeatable)")
+    s.add_argument("--kv-cache", choices=("f16", "q8_0", "q4_0"),
+                   help="the KV cache of the layers the CPU kernels fuse: f16 (the default), or llama.cpp's "
+                   "q8_0 or q4_0 blocks (0.53x and 0.28x the bytes; also TURBOSPARK_KV_CACHE)")
 
 
 def lora_pairs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[tuple[str, str], ...]:

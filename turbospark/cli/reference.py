@@ -34,9 +34,9 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
      "float32 (bit-for-bit closer to MLX's own ops, slower; decisions 0028, 0035)"),
     ("TURBOSPARK_KERNELS_PACKED", "`0` keeps 4- and 8-bit weights in MLX's layout instead of packing them "
      "eight output rows together for the kernels (slower; for comparisons, decision 0039)"),
-    ("TURBOSPARK_KV_CACHE", "`float32` keeps the fused layers' KV cache in float32 instead of float16 "
-     "(the default with the kernels, as llama.cpp's; `TURBOSPARK_KERNELS_EXACT=1` keeps float32 too; "
-     "decision 0035)"),
+    ("TURBOSPARK_KV_CACHE", "the fused layers' KV cache: `f16` (the default with the kernels, as llama.cpp's; "
+     "decision 0035), `q8_0` or `q4_0` (llama.cpp's blocks: 0.53x and 0.28x the bytes, decision 0047; "
+     "`serve --kv-cache` sets it too), or `float32` (`TURBOSPARK_KERNELS_EXACT=1` keeps float32 too)"),
     ("TURBOSPARK_KERNELS_ISA", "the CPU kernels' instruction set, one of those this CPU runs (`avx2+avx512vnni`, "
      "`avx2+vnni`, `avx2+fma`, `portable`, `neon`; default: the best); another turns the kernels off and the "
      "startup line says why. `scripts/test` runs the kernels' tests on each (decision 0040)"),

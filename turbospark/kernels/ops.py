@@ -12,10 +12,10 @@ from contextlib import contextmanager
 import mlx.core as mx
 
 __all__ = [
-    "MAX_FLOAT32_ROWS", "available", "describe", "fast_ops_restored", "fast_ops_served", "huge_pages", "kv_half",
-    "kv_write", "linear", "logsumexp", "merged_attention", "mlx_own_ops", "native", "pack_quantized", "packs",
-    "quantized_linear", "serve_fast_ops", "serves_float", "set_kv_half", "split_heads", "supports_quantized",
-    "x_in_8_bits",
+    "KV_BLOCKS", "KV_CACHES", "MAX_FLOAT32_ROWS", "available", "describe", "fast_ops_restored", "fast_ops_served",
+    "huge_pages", "kv_blocks", "kv_cache", "kv_half", "kv_write", "linear", "logsumexp", "merged_attention",
+    "mlx_own_ops", "native", "pack_quantized", "packs", "quantized_linear", "serve_fast_ops", "serves_float",
+    "set_kv_cache", "set_kv_half", "split_heads", "supports_quantized", "x_in_8_bits",
 ]
 
 #: Up to this many rows a float32 product is ours; past it, MLX's BLAS GEMM is as fast or faster.
@@ -51,29 +51,55 @@ def _load():
 native, _why_not = _load()
 
 
-def _kv_half_by_default() -> bool:
+#: The KV cache types (``serve --kv-cache``), the arrays a cache in blocks of 32 is held in.
+KV_CACHES = ("f16", "q8_0", "q4_0")
+KV_BLOCKS = {"q8_0": mx.int8, "q4_0": mx.uint8}
+
+
+def _kv_cache_by_default() -> str:
     want = os.environ.get("TURBOSPARK_KV_CACHE", "").lower()
     if want in ("float16", "f16", "half"):
-        return True
-    if want in ("float32", "f32"):
-        return False
-    return os.environ.get("TURBOSPARK_KERNELS_EXACT", "") in ("", "0")
+        return "f16"
+    if want in ("float32", "f32") or os.environ.get("TURBOSPARK_KERNELS_EXACT", "") not in ("", "0"):
+        return "f32"
+    return want if want in KV_BLOCKS else "f16"
 
 
-_kv_half = _kv_half_by_default()
+_kv_cache = _kv_cache_by_default()
 
 
 def kv_half() -> bool:
     """Whether the layers the kernels fuse (``mlx_blocks``) keep their KV caches in float16, as
     llama.cpp does by default: half the bytes to hold and for attention to read (decision
-    0035).  Off with ``TURBOSPARK_KV_CACHE=float32`` or ``TURBOSPARK_KERNELS_EXACT=1``."""
-    return native is not None and _kv_half
+    0035), where they are not in blocks (``kv_blocks``).  Off with ``TURBOSPARK_KV_CACHE=float32``
+    or ``TURBOSPARK_KERNELS_EXACT=1``."""
+    return native is not None and _kv_cache != "f32"
+
+
+def kv_blocks() -> mx.Dtype | None:
+    """The array type of the fused layers' KV caches in blocks of 32 (llama.cpp's q8_0: int8,
+    q4_0: uint8; ``serve --kv-cache``, ``TURBOSPARK_KV_CACHE``, decision 0047), None for float16
+    (or float32) ones."""
+    return KV_BLOCKS.get(_kv_cache) if native is not None else None
+
+
+def kv_cache() -> str:
+    """The fused layers' KV cache type: "f32", "f16", "q8_0" or "q4_0"."""
+    return _kv_cache if native is not None else "f32"
+
+
+def set_kv_cache(kind: str) -> None:
+    """For caches made from now on (``serve --kv-cache``, tests); a cache keeps the type it was
+    made in."""
+    global _kv_cache
+    if kind not in (*KV_CACHES, "f32"):
+        raise ValueError(f"KV cache type {kind!r} is not one of {', '.join(KV_CACHES)}")
+    _kv_cache = kind
 
 
 def set_kv_half(on: bool) -> None:
     """For caches made from now on (tests); a cache keeps the type it was made in."""
-    global _kv_half
-    _kv_half = on
+    set_kv_cache("f16" if on else "f32")
 
 
 def available() -> bool:
@@ -182,9 +208,10 @@ def _on_cpu(stream: object) -> bool:
 
 
 def _kv_fits(q: mx.array, k: mx.array, v: mx.array) -> bool:
-    """Keys and values the kernels' attention reads for ``q``: of q's type, or a float16 cache
-    under float32 queries (read as it is, widened exactly)."""
-    return k.dtype == v.dtype and (k.dtype == q.dtype or (q.dtype == mx.float32 and k.dtype == mx.float16))
+    """Keys and values the kernels' attention reads for ``q``: of q's type, or under float32
+    queries a float16 cache or one in blocks (read as it is, widened as it is read)."""
+    return k.dtype == v.dtype and (k.dtype == q.dtype or (q.dtype == mx.float32 and (
+        k.dtype == mx.float16 or (k.dtype in (mx.int8, mx.uint8) and q.shape[-1] % 32 == 0))))
 
 
 def rms_norm(x: mx.array, weight: mx.array | None, eps: float, *, stream: object = None) -> mx.array:

@@ -48,6 +48,7 @@ from .pipeline import pipeline
 from .constraint import Matcher
 from .mlx_sampling import Sampler, greedy, guard, make_processors, make_sampler, top_logprobs
 from .mlx_adapters import Adapter, attach, marked
+from ..kernels.ops import kv_cache as kernels_cache
 from .mlx_blocks import half_kv
 from .mlx_draft import ModelDrafter, check_vocabularies
 from .mlx_fused import Outside, can_fuse, can_fuse_outside, fusable, fused_next, fused_outside
@@ -134,7 +135,8 @@ class MlxBackend:
                 install_kernels(self.draft_model)
         self.context_window = context_window(path, config)
         self.sampling_defaults = generation_defaults(path)
-        self.fingerprint = model_fingerprint(path, *(["kv float16"] if half_kv(self.model) else []))
+        kv = {"f16": "kv float16"}.get(kernels_cache(), f"kv {kernels_cache()}")
+        self.fingerprint = model_fingerprint(path, *([kv] if half_kv(self.model) else []))
         on_gpu = mx.default_device().type == mx.gpu
         # Small chunks on CPU: a new arrival stalls the running streams, and a cancelled prompt
         # runs on, for one chunk at most.

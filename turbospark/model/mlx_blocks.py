@@ -37,14 +37,14 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.activations import swiglu
-from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache
 
 from ..kernels import blocks
 from ..kernels import ops as kernels
 from .mlx_adapters import lora_of
 from .mlx_ggml import packed_product, trim
+from .mlx_kv import kv_update
 
-__all__ = ["fuse", "half_kv", "kv_update"]
+__all__ = ["fuse", "half_kv"]
 
 _GEMMA = {"mlx_lm.models.gemma2", "mlx_lm.models.gemma3_text"}
 _LAYOUTS = {"mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3", "mlx_lm.models.phi3", *_GEMMA}
@@ -287,36 +287,6 @@ def _softcapped(attn: Any, q: mx.array, k: mx.array, v: mx.array, mask: Any) -> 
     return out.reshape(B, attn.n_heads, L, D).transpose(0, 2, 1, 3).reshape(B, L, -1)
 
 
-def kv_update(cache: Any, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
-    """``cache.update_and_fetch(k, v)`` for a fused layer: in one call to the kernels (a write
-    and a slice each for keys and values, without Python's indexing) where the cache is mlx-lm's
-    plain or batch KV cache and the new rows fit in its buffers, the same state after as its own
-    method leaves.  A new cache is made in float16 where ``kernels.kv_half()`` (decision 0035),
-    and a cache keeps its type: rows are rounded to it as they are written."""
-    kind, n = type(cache), k.shape[2]
-    if kind in (RotatingKVCache, BatchRotatingKVCache):  # a sliding window's: its own method, in its type
-        kv = cache.keys.dtype if cache.keys is not None else mx.float16 if k.dtype == mx.float32 and kernels.kv_half() \
-            else k.dtype
-        return cache.update_and_fetch(k.astype(kv), v.astype(kv))
-    if kind not in (KVCache, BatchKVCache):
-        return cache.update_and_fetch(k, v)
-    if cache.keys is not None:
-        kv = cache.keys.dtype
-    else:
-        kv = mx.float16 if k.dtype == mx.float32 and kernels.kv_half() else k.dtype
-    at = cache._idx if kind is BatchKVCache else cache.offset
-    writable = k.dtype == kv or (k.dtype == mx.float32 and kv == mx.float16)
-    if cache.keys is None or at + n > cache.keys.shape[2] or not writable:  # mlx-lm's own, in the cache's type
-        return cache.update_and_fetch(k.astype(kv), v.astype(kv))
-    if kind is BatchKVCache:
-        cache.offset = cache.offset + n
-        cache._idx += n
-    else:
-        cache.offset += n
-    cache.keys, cache.values, k, v = kernels.kv_write(cache.keys, cache.values, k, v, at)
-    return k, v
-
-
 _CLASSES: dict[type, type] = {}
 
 
@@ -395,6 +365,6 @@ def fuse(model: nn.Module, ours: tuple[type, ...]) -> tuple[int, int]:
 
 
 def half_kv(model: nn.Module) -> bool:
-    """Whether ``model``'s fused layers make their KV caches in float16 (``kv_update``)."""
+    """Whether ``model``'s fused layers make their KV caches in float16 or in blocks (``mlx_kv``)."""
     layers = getattr(getattr(model, "model", None), "layers", None) or []
     return kernels.kv_half() and any(hasattr(block, "_turbospark_parts") for block in layers)

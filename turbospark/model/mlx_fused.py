@@ -38,7 +38,7 @@ from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
 from mlx_lm.models.base import create_attention_mask, scaled_dot_product_attention
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from .mlx_blocks import kv_update
+from .mlx_kv import kv_update
 from .mlx_joining import JoiningKVCache, join, joining, merge_some
 
 __all__ = ["Outside", "can_fuse", "can_fuse_outside", "forward", "fusable", "fused_next", "fused_outside"]

@@ -160,10 +160,14 @@ def install(model: nn.Module) -> str:
     huge = kernels.huge_pages([a for _, a in tree_flatten(model.parameters())])
     return (f"{kernels.describe()}: {ours} of {linear} linear layers" + (" and the tied output head" if tied else "")
             + f", RMSNorm, RoPE and attention; {fused} of {layers} decoder layers fused"
-            + (", their KV cache in float16" if mlx_blocks.half_kv(model) else "")
+            + (f", their KV cache in {_KV_NAMES[kernels.kv_cache()]}" if mlx_blocks.half_kv(model) else "")
             + (f"; {packed} of {ours + tied} products' weights packed" if packed else "")
             + _blocks_line(model)
             + f"; weights in huge pages: {huge >> 20} MiB")
+
+
+_KV_NAMES = {"f16": "float16", "q8_0": "q8_0 blocks (float16 in sliding windows)",
+             "q4_0": "q4_0 blocks (float16 in sliding windows)"}
 
 
 def _blocks_line(model: nn.Module) -> str:

@@ -203,17 +203,25 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
   check_cpu(s, "[attention]");
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4)
     throw std::invalid_argument("[attention] q, k and v must be (B, H, L, D)");
+  // keys and values in blocks (a quantized KV cache) under float32 queries: read as they are
+  const int kv_fmt = kv_format(k.dtype());
+  if (kv_fmt != kv_format(v.dtype()) || (kv_fmt && (q.dtype() != mx::float32 || q.shape(3) % 32 != 0 ||
+                                                     q.shape(3) > kMaxBlockedHead)))
+    throw std::invalid_argument("[attention] keys and values in blocks take float32 queries, heads of 32-512");
+  const int key_size = kv_fmt ? q.shape(3) / 32 * kv_block_bytes(kv_fmt) : q.shape(3);
   if (k.shape(0) != q.shape(0) || v.shape(0) != q.shape(0) || k.shape(1) != v.shape(1) || k.shape(2) != v.shape(2) ||
-      q.shape(3) != k.shape(3) || q.shape(1) % k.shape(1) != 0)
+      k.shape(3) != key_size || (kv_fmt && v.shape(3) % kv_block_bytes(kv_fmt) != 0) || q.shape(1) % k.shape(1) != 0)
     throw std::invalid_argument("[attention] q, k and v do not fit together");
+  const int Dv = kv_fmt ? v.shape(3) / kv_block_bytes(kv_fmt) * 32 : v.shape(3);
   bool causal = mask_mode == "causal";
   if (!mask_mode.empty() && !causal && mask_mode != "array")
     throw std::invalid_argument("[attention] mask_mode must be '', 'causal' or 'array'");
   // float32 queries over a float16 KV cache read the cache as it is (widened as it is read)
   const bool half_kv = q.dtype() == mx::float32 && k.dtype() == mx::float16 && v.dtype() == mx::float16;
-  auto type = mx::result_type(q, k, v);
+  auto type = kv_fmt ? mx::float32 : mx::result_type(q, k, v);
   auto kv_type = half_kv ? mx::float16 : type;
-  std::vector<mx::array> inputs{mx::astype(q, type, s), mx::astype(k, kv_type, s), mx::astype(v, kv_type, s)};
+  std::vector<mx::array> inputs{mx::astype(q, type, s), kv_fmt ? k : mx::astype(k, kv_type, s),
+                                kv_fmt ? v : mx::astype(v, kv_type, s)};
   bool has_mask = !causal && mask.has_value();
   if (has_mask) {
     auto m = mask->dtype() == mx::bool_ ? *mask : mx::astype(*mask, type, s);
@@ -223,9 +231,9 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
     if (sinks->ndim() != 1 || sinks->shape(0) != q.shape(1)) throw std::invalid_argument("[attention] sinks must be (Hq,)");
     inputs.push_back(mx::astype(*sinks, type, s));
   }
-  mx::Shape shape = merged ? mx::Shape{q.shape(0), q.shape(2), q.shape(1) * v.shape(3)}
-                           : mx::Shape{q.shape(0), q.shape(1), q.shape(2), v.shape(3)};
-  return mx::array(shape, type, std::make_shared<Attention>(s, scale, causal, has_mask, bool(sinks), merged),
+  mx::Shape shape = merged ? mx::Shape{q.shape(0), q.shape(2), q.shape(1) * Dv}
+                           : mx::Shape{q.shape(0), q.shape(1), q.shape(2), Dv};
+  return mx::array(shape, type, std::make_shared<Attention>(s, scale, causal, has_mask, bool(sinks), merged, kv_fmt),
                    std::move(inputs));
 }
 
@@ -236,13 +244,16 @@ void Attention::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 bool Attention::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const Attention&>(other);
   return scale_ == o.scale_ && causal_ == o.causal_ && has_mask_ == o.has_mask_ && has_sinks_ == o.has_sinks_ &&
-         merged_ == o.merged_;
+         merged_ == o.merged_ && kv_fmt_ == o.kv_fmt_;
 }
+
+int kv_format(mx::Dtype t) { return t == mx::int8 ? 1 : t == mx::uint8 ? 2 : 0; }
 
 std::vector<mx::Shape> Attention::output_shapes(const std::vector<mx::array>& inputs) {
   auto& q = inputs[0];
-  if (merged_) return {mx::Shape{q.shape(0), q.shape(2), q.shape(1) * inputs[2].shape(3)}};
-  return {mx::Shape{q.shape(0), q.shape(1), q.shape(2), inputs[2].shape(3)}};
+  const int Dv = kv_fmt_ ? inputs[2].shape(3) / kv_block_bytes(kv_fmt_) * 32 : inputs[2].shape(3);
+  if (merged_) return {mx::Shape{q.shape(0), q.shape(2), q.shape(1) * Dv}};
+  return {mx::Shape{q.shape(0), q.shape(1), q.shape(2), Dv}};
 }
 
 namespace {
@@ -262,6 +273,7 @@ struct AttentionJob {
   int Hq, Hkv, Lq, Lk, D, Dv;
   T* out;
   bool merged;  // out is (B, Lq, Hq * Dv), else (B, Hq, Lq, Dv)
+  int kv_fmt = 0;  // keys and values in blocks of 32 (KT uint8_t: kv_format's 1 or 2)
 
   // rows (b, h, i) for the G heads from h0 (all of one key/value head), i in [i0, i1)
   void run(int b, int h0, int G, int i0, int i1, const Isa& isa) const {
@@ -271,9 +283,16 @@ struct AttentionJob {
     // already are)
     const float *kp = nullptr, *vp = nullptr;
     const uint16_t *kh = nullptr, *vh = nullptr;
+    const uint8_t *kb = nullptr, *vb = nullptr;  // rows in blocks of 32, read as they are
     int64_t kst, vst;
     auto rows_of = [&](const View4& a, int n, int d, std::vector<float>& buf, const float*& p, const uint16_t*& h,
                        int64_t& st) {
+      if constexpr (std::is_same_v<KT, uint8_t>) {
+        (void)n, (void)d, (void)buf, (void)p, (void)h;
+        (&a == &k ? kb : vb) = reinterpret_cast<const uint8_t*>(a.data) + b * a.st[0] + kvh * a.st[1];
+        st = a.st[2];
+        return;
+      }
       if (a.st[3] == 1) {
         if constexpr (std::is_same_v<KT, float>) {
           p = reinterpret_cast<const float*>(a.data) + b * a.st[0] + kvh * a.st[1];
@@ -315,7 +334,9 @@ struct AttentionJob {
         }
         if (from == visible) from = 0;  // none shown: the whole row, as MLX weighs it
       }
-      if (kh)
+      if (kb)
+        isa.dots_b(kv_fmt, qf.data(), G, D, kb + from * kst, kst, visible - from, D, scores.data() + from, Lk);
+      else if (kh)
         isa.dots_h(qf.data(), G, D, kh + from * kst, kst, visible - from, D, scores.data() + from, Lk);
       else
         isa.dots(qf.data(), G, D, kp + from * kst, kst, visible - from, D, scores.data() + from, Lk);
@@ -347,7 +368,9 @@ struct AttentionJob {
         for (int j = from; j < visible; ++j) sg[j] = round_to<T>(sg[j] / total);
       }
       std::fill(acc.begin(), acc.end(), 0.0f);
-      if (vh)
+      if (vb)
+        isa.axpys_b(kv_fmt, scores.data() + from, G, Lk, vb + from * vst, vst, visible - from, Dv, acc.data(), Dv);
+      else if (vh)
         isa.axpys_h(scores.data() + from, G, Lk, vh + from * vst, vst, visible - from, Dv, acc.data(), Dv);
       else
         isa.axpys(scores.data() + from, G, Lk, vp + from * vst, vst, visible - from, Dv, acc.data(), Dv);
@@ -365,13 +388,14 @@ constexpr size_t kParallelWork = 1 << 16;
 
 template <class T, class KT>
 void run_attention(const std::vector<mx::array>& in, mx::array& out, float scale, bool causal, bool has_mask,
-                   bool has_sinks, bool merged) {
+                   bool has_sinks, bool merged, int kv_fmt = 0) {
   const auto &q = in[0], &k = in[1], &v = in[2];
+  const int Dv = kv_fmt ? v.shape(3) / kv_block_bytes(kv_fmt) * 32 : v.shape(3);
   AttentionJob<T, KT> job{view4(q), view4(k), view4(v), has_mask ? view4(in[3]) : View4{nullptr, mx::bool_, {0, 0, 0, 0}},
                           causal, has_mask, has_mask && in[3].dtype() == mx::bool_, has_sinks,
                           has_sinks ? in.back().data<T>() : nullptr, has_sinks ? in.back().strides(0) : 0, scale,
-                          q.shape(1), k.shape(1), q.shape(2), k.shape(2), q.shape(3), v.shape(3), out.data<T>(),
-                          merged};
+                          q.shape(1), k.shape(1), q.shape(2), k.shape(2), q.shape(3), Dv, out.data<T>(),
+                          merged, kv_fmt};
   const int B = q.shape(0);
   // units: (b, the query heads of a key/value head, a block of up to 16 query rows), each
   // key and value row read once for the heads that share it; one head a unit where that
@@ -400,7 +424,8 @@ void run_attention(const std::vector<mx::array>& in, mx::array& out, float scale
 
 void Attention::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   enqueue(stream(), inputs, out, [scale = scale_, causal = causal_, has_mask = has_mask_, has_sinks = has_sinks_,
-                merged = merged_](std::vector<mx::array>& in, mx::array& out) {
+                merged = merged_, kv_fmt = kv_fmt_](std::vector<mx::array>& in, mx::array& out) {
+    if (kv_fmt) return run_attention<float, uint8_t>(in, out, scale, causal, has_mask, has_sinks, merged, kv_fmt);
     by_type(out.dtype(), [&](auto zero) {
       using T = decltype(zero);
       if constexpr (std::is_same_v<T, float>) {
@@ -538,16 +563,25 @@ std::vector<mx::array> kv_write(const mx::array& keys, const mx::array& values, 
   const int L = k.shape(2);
   if (at < 0 || at + L > keys.shape(2) || keys.shape(2) != values.shape(2) || v.shape(2) != L)
     throw std::invalid_argument("[kv_write] the new rows do not fit in the cache");
-  for (int d : {0, 1, 3}) {
+  // float32 rows go into a float16 cache rounded as astype rounds them (a half-precision cache),
+  // and into a cache in blocks of 32 quantized (kv_format)
+  auto size = [](const mx::array& x, const mx::array& cache) {
+    const int fmt = kv_format(cache.dtype());
+    return fmt && x.dtype() == mx::float32 ? (x.shape(3) % 32 ? -1 : x.shape(3) / 32 * kv_block_bytes(fmt)) : x.shape(3);
+  };
+  for (int d : {0, 1}) {
     if (k.shape(d) != keys.shape(d) || v.shape(d) != values.shape(d))
       throw std::invalid_argument("[kv_write] k and v must match the cache's batch, heads and head size");
   }
-  // float32 rows go into a float16 cache rounded as astype rounds them (a half-precision cache)
+  if (size(k, keys) != keys.shape(3) || size(v, values) != values.shape(3))
+    throw std::invalid_argument("[kv_write] k and v must match the cache's batch, heads and head size");
   auto fits = [](const mx::array& x, const mx::array& cache) {
-    return x.dtype() == cache.dtype() || (x.dtype() == mx::float32 && cache.dtype() == mx::float16);
+    return x.dtype() == cache.dtype() ||
+           (x.dtype() == mx::float32 && (cache.dtype() == mx::float16 || kv_format(cache.dtype())));
   };
   if (!fits(k, keys) || !fits(v, values))
-    throw std::invalid_argument("[kv_write] k and v must have the cache's types (or float32 for a float16 cache)");
+    throw std::invalid_argument("[kv_write] k and v must have the cache's types (or float32 for a float16 cache "
+                                "or one in blocks)");
   std::vector<mx::array> out;
   for (auto [cache, x] : {std::pair{keys, k}, std::pair{values, v}})
     out.push_back(mx::array(cache.shape(), cache.dtype(), std::make_shared<KvWrite>(s, at), {cache, x}));
@@ -558,6 +592,39 @@ std::vector<mx::array> kv_write(const mx::array& keys, const mx::array& values, 
   }
   return out;
 }
+
+namespace {
+
+// A row of n float32 values (st apart) as blocks of 32: llama.cpp's quantize_row_q8_0_ref (fmt 1)
+// or quantize_row_q4_0_ref (fmt 2), the same bits.
+void quantize_blocks(int fmt, const float* x, int64_t st, int n, uint8_t* out) {
+  for (int b0 = 0; b0 < n; b0 += 32, out += kv_block_bytes(fmt)) {
+    float v[32];
+    for (int j = 0; j < 32; ++j) v[j] = x[(b0 + j) * st];
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      if (amax < std::fabs(v[j])) {
+        amax = std::fabs(v[j]);
+        max = v[j];
+      }
+    }
+    const float d = fmt == 1 ? amax / 127.0f : max / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float16_t dh = static_cast<float16_t>(d);
+    std::memcpy(out, &dh, 2);
+    if (fmt == 1) {
+      for (int j = 0; j < 32; ++j) out[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::roundf(v[j] * id)));
+    } else {
+      for (int j = 0; j < 16; ++j) {
+        const int lo = std::min(15, int(static_cast<int8_t>(v[j] * id + 8.5f)));
+        const int hi = std::min(15, int(static_cast<int8_t>(v[j + 16] * id + 8.5f)));
+        out[2 + j] = static_cast<uint8_t>(lo | (hi << 4));
+      }
+    }
+  }
+}
+
+} // namespace
 
 bool KvWrite::is_equivalent(const mx::Primitive& other) const {
   return at_ == static_cast<const KvWrite&>(other).at_;
@@ -595,6 +662,11 @@ void KvWrite::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
       for (int h = 0; h < H; ++h)
         for (int t = 0; t < L; ++t) {
           char* row = dst + ((size_t(b) * H + h) * C + at + t) * D * item;
+          if (x.dtype() != out.dtype() && kv_format(out.dtype())) {  // float32 rows into blocks
+            const float* src = reinterpret_cast<const float*>(xv.data) + b * xv.st[0] + h * xv.st[1] + t * xv.st[2];
+            quantize_blocks(kv_format(out.dtype()), src, xv.st[3], x.shape(3), reinterpret_cast<uint8_t*>(row));
+            continue;
+          }
           if (x.dtype() != out.dtype()) {  // float32 rows into a float16 cache
             const float* src = reinterpret_cast<const float*>(xv.data) + b * xv.st[0] + h * xv.st[1] + t * xv.st[2];
             float16_t* dst16 = reinterpret_cast<float16_t*>(row);

@@ -77,9 +77,9 @@ class Rope : public mx::UnaryPrimitive {
 
 class Attention : public mx::UnaryPrimitive {
  public:
-  Attention(mx::Stream stream, float scale, bool causal, bool has_mask, bool has_sinks, bool merged)
+  Attention(mx::Stream stream, float scale, bool causal, bool has_mask, bool has_sinks, bool merged, int kv_fmt = 0)
       : mx::UnaryPrimitive(stream), scale_(scale), causal_(causal), has_mask_(has_mask), has_sinks_(has_sinks),
-        merged_(merged) {}
+        merged_(merged), kv_fmt_(kv_fmt) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override;
   const char* name() const override { return "TurbosparkAttention"; }
@@ -92,12 +92,20 @@ class Attention : public mx::UnaryPrimitive {
   bool has_mask_;
   bool has_sinks_;
   bool merged_;
+  int kv_fmt_;  // keys and values as floats (0), or in blocks of 32: q8_0 (1, int8), q4_0 (2, uint8)
 };
+
+// A KV cache held in blocks of 32 values: 0 floats, 1 llama.cpp's q8_0 (an int8 array of 34 bytes
+// a block), 2 its q4_0 (a uint8 array of 18 bytes a block); and the bytes of one block.
+int kv_format(mx::Dtype t);
+inline int kv_block_bytes(int fmt) { return fmt == 1 ? 34 : 18; }
 
 // A KV cache's write and read: keys[..., at:at + L, :] = k and the same for values (one op each,
 // in place where the cache's buffer can be donated, as MLX's slice update does), then
 // keys[..., :at + L, :] and values[..., :at + L, :] (slices: views).  Returns the new keys and
-// values buffers and the two views.
+// values buffers and the two views.  Float32 rows go into a float16 cache as astype rounds them,
+// and into a cache in blocks (kv_format) quantized as llama.cpp's quantize_row_q8_0 and
+// quantize_row_q4_0 quantize them.
 std::vector<mx::array> kv_write(const mx::array& keys, const mx::array& values, const mx::array& k,
                                 const mx::array& v, int at, mx::StreamOrDevice s = {});
 

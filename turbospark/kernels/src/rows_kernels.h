@@ -96,7 +96,18 @@ struct Isa {
   // pack_k5k (the same nibbles and fifth bits, job.scales the chunks' K4Fields); nullptr where
   // the set cannot.
   RowsFn rows_k5p = nullptr;
+  // dots and axpys for keys and values held in blocks of 32 (a quantized KV cache, kv_write):
+  // fmt 1 llama.cpp's q8_0 (a float16 scale, 32 int8: 34 bytes), fmt 2 its q4_0 (a float16
+  // scale, 16 bytes of nibbles: 18 bytes); rows kst (vst) bytes apart, d a multiple of 32, at
+  // most kMaxBlockedHead
+  void (*dots_b)(int fmt, const float* q, int G, int64_t qst, const uint8_t* k, int64_t kst, int n, int d, float* out,
+                 int64_t ost) = nullptr;
+  void (*axpys_b)(int fmt, const float* p, int G, int64_t pst, const uint8_t* v, int64_t vst, int n, int d,
+                  float* acc, int64_t ast) = nullptr;
 };
+
+// The widest head a quantized KV cache holds.
+constexpr int kMaxBlockedHead = 512;
 
 // A Q5_0 or Q5_1 block's fields for the eight rows of a packed chunk (pack_k5): each row's d
 // and m (float16; Q5_0's m is -16 d).  Value = d * q + m, q in 0..31.  With the nibbles and

@@ -8,7 +8,7 @@ const Isa& isa_avx2() {
   static const Isa isa{"avx2+fma",     avx2::rows,    avx2::dots,     avx2::axpys,    avx2::dots_h,
                        avx2::axpys_h,  avx2::exps,    avx2::swiglu,   avx2::gelus,    avx2::widen,    avx2::rows_q8,
                        avx2::quantize, avx2::rows_q4p, avx2::rows_q8p, avx2::quantize_packed, avx2::rows_k4p,
-                       avx2::rows_k6p,      avx2::rows_k5p};
+                       avx2::rows_k6p,      avx2::rows_k5p, avx2::dots_b, avx2::axpys_b};
   return isa;
 }
 

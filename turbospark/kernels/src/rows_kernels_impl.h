@@ -557,6 +557,100 @@ void axpys_h(const float* p, int G, int64_t pst, const uint16_t* v, int64_t vst,
   axpys_of(p, G, pst, v, vst, n, d, acc, ast);
 }
 
+// Eight values of a KV cache row held in blocks of 32 (F 1: q8_0, F 2: q4_0; Isa::dots_b) from
+// value e (a multiple of 8), widened to float32: the integers times their block's float16 scale.
+template <int F>
+inline v8f block8(const uint8_t* row, int e) {
+  constexpr int kBytes = F == 1 ? 34 : 18;
+  const uint8_t* blk = row + (e >> 5) * kBytes;
+  const int o = e & 31;
+  uint16_t h;
+  std::memcpy(&h, blk, sizeof h);
+  v8f x;
+#if defined(__AVX2__)
+  if constexpr (F == 1) {
+    x = (v8f)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + o))));
+  } else {
+    __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + (o & 15)));
+    if (o >= 16) raw = _mm_srli_epi16(raw, 4);
+    raw = _mm_and_si128(raw, _mm_set1_epi8(15));
+    x = (v8f)_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(raw), _mm256_set1_epi32(8)));
+  }
+#else
+  alignas(32) float t[8];
+  for (int i = 0; i < 8; ++i) {
+    t[i] = F == 1 ? float(static_cast<int8_t>(blk[2 + o + i])) : float(int((blk[2 + (o & 15) + i] >> (o >= 16 ? 4 : 0)) & 15) - 8);
+  }
+  x = load8(t);
+#endif
+  return x * half(&h, 0);
+}
+
+// dots_of and axpys_of over rows held in blocks (d a multiple of 32), each value widened as it
+// is read: the same sums as on the widened float32 rows.
+template <int F>
+void dots_blocks(const float* q, int G, int64_t qst, const uint8_t* k, int64_t kst, int n, int d, float* out,
+                 int64_t ost) {
+  int j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const uint8_t* kj = k + j * kst;
+    for (int g = 0; g < G; ++g) {
+      const float* qg = q + g * qst;
+      v8f acc[8] = {};
+      for (int e = 0; e < d; e += 8) {
+        const v8f qv = load8(qg + e);
+        for (int t = 0; t < 8; ++t) acc[t] += qv * block8<F>(kj + t * kst, e);
+      }
+      const v8f sums = hsum8(acc);
+      std::memcpy(out + g * ost + j, &sums, sizeof sums);
+    }
+  }
+  for (; j < n; ++j) {
+    for (int g = 0; g < G; ++g) {
+      const float* qg = q + g * qst;
+      v8f acc = {};
+      for (int e = 0; e < d; e += 8) acc += load8(qg + e) * block8<F>(k + j * kst, e);
+      out[g * ost + j] = hsum_pairs(acc);
+    }
+  }
+}
+
+template <int F>
+void axpys_blocks(const float* p, int G, int64_t pst, const uint8_t* v, int64_t vst, int n, int d, float* acc,
+                  int64_t ast) {
+  constexpr int kBlock = 32;
+  for (int j0 = 0; j0 < n; j0 += kBlock) {
+    const int j1 = std::min(n, j0 + kBlock);
+    for (int g = 0; g < G; ++g) {
+      const float* pg = p + g * pst;
+      float* ag = acc + g * ast;
+      for (int e0 = 0; e0 < d; e0 += 64) {  // 64 values of the sum in registers
+        const int w = std::min(64, d - e0) / 8;
+        v8f a[8];
+        for (int e = 0; e < w; ++e) a[e] = load8(ag + e0 + 8 * e);
+        for (int j = j0; j < j1; ++j) {
+          if (pg[j] == 0.0f) continue;
+          const uint8_t* row = v + j * vst;
+          for (int e = 0; e < w; ++e) a[e] += pg[j] * block8<F>(row, e0 + 8 * e);
+        }
+        std::memcpy(ag + e0, a, sizeof(v8f) * w);
+      }
+    }
+  }
+}
+
+void dots_b(int fmt, const float* q, int G, int64_t qst, const uint8_t* k, int64_t kst, int n, int d, float* out,
+            int64_t ost) {
+  if (fmt == 1) return dots_blocks<1>(q, G, qst, k, kst, n, d, out, ost);
+  dots_blocks<2>(q, G, qst, k, kst, n, d, out, ost);
+}
+
+void axpys_b(int fmt, const float* p, int G, int64_t pst, const uint8_t* v, int64_t vst, int n, int d, float* acc,
+             int64_t ast) {
+  if (fmt == 1) return axpys_blocks<1>(p, G, pst, v, vst, n, d, acc, ast);
+  axpys_blocks<2>(p, G, pst, v, vst, n, d, acc, ast);
+}
+
 template <class Src>
 void widen_from(const Src& src, const RowsJob& job, int o0, int o1, float* out) {
   for (int o = o0; o < o1; ++o)

@@ -6,10 +6,12 @@ namespace turbospark::kernels {
 const Isa& isa_portable() {
 #if defined(__aarch64__)
   static const Isa isa{"neon", portable::rows, portable::dots, portable::axpys, portable::dots_h, portable::axpys_h, portable::exps,
-                       portable::swiglu, portable::gelus, portable::widen, nullptr, nullptr, nullptr, nullptr, nullptr};
+                       portable::swiglu, portable::gelus, portable::widen, nullptr, nullptr, nullptr, nullptr, nullptr,
+                       nullptr, nullptr, nullptr, portable::dots_b, portable::axpys_b};
 #else
   static const Isa isa{"portable", portable::rows, portable::dots, portable::axpys, portable::dots_h, portable::axpys_h, portable::exps,
-                       portable::swiglu, portable::gelus, portable::widen, nullptr, nullptr, nullptr, nullptr, nullptr};
+                       portable::swiglu, portable::gelus, portable::widen, nullptr, nullptr, nullptr, nullptr, nullptr,
+                       nullptr, nullptr, nullptr, portable::dots_b, portable::axpys_b};
 #endif
   return isa;
 }
