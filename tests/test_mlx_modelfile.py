@@ -113,8 +113,36 @@ async def test_a_base_not_in_the_store_is_a_404_and_changes_nothing(client, stor
     with pytest.raises(ollama.ResponseError) as caught:
         await client.create(model="ghost", from_="no-such-base", system="Boo")
     assert caught.value.status_code == 404 and "no-such-base" in caught.value.error
-    with pytest.raises(ollama.ResponseError) as caught:
-        await client.create(model="ghost", from_=BASE, adapters={"lora.gguf": "sha256:00"})
-    assert caught.value.status_code == 400 and "ADAPTER" in caught.value.error
+    with pytest.raises(ollama.ResponseError) as caught:  # an adapter never uploaded
+        await client.create(model="ghost", from_=BASE, adapters={"lora.gguf": "sha256:" + "0" * 64})
+    assert caught.value.status_code == 400
     assert sorted(m.model for m in (await client.list()).models) == before
     assert sorted(p.name for p in store.root.iterdir() if not p.name.startswith(".")) == [BASE]
+
+
+async def test_a_created_model_carries_its_adapter_to_every_request(client, store, tmp_path, monkeypatch,
+                                                                    capsys) -> None:
+    """Ollama's ``ADAPTER``: ``ollama create`` uploads the adapter's files and names them in
+    ``adapters``; the model made answers as mlx-lm answers with that adapter loaded
+    (decision 0046).  ``models import ADAPTER --base`` stores the same."""
+    from mlx_lm.utils import load_model
+
+    from .test_mlx_lora import PROMPT, _adapter, _greedy
+
+    folder = _adapter(load_model(smollm2_store().path)[0], tmp_path / "pirate", size=0.04)
+    digests = {name: await client.create_blob(folder / name) for name in ("adapter_config.json", "adapters.safetensors")}
+    done = await client.create(model="pirate", from_=BASE, adapters=digests)
+    assert done.status == "success"
+    assert (store.get("pirate").path / "adapter" / "adapters.safetensors").is_file()
+    options = {"num_predict": 10, "temperature": 0}
+    r = await client.generate(model="pirate", prompt=PROMPT, raw=True, options=options)
+    base = await client.generate(model=BASE, prompt=PROMPT, raw=True, options=options)
+    assert r.response == _greedy(folder, 10) != base.response
+    assert "\nADAPTER adapters.safetensors" not in (await client.show("pirate")).modelfile  # the folder's name
+    assert "\nADAPTER " in (await client.show("pirate")).modelfile
+    monkeypatch.setenv("TURBOSPARK_HOME", str(tmp_path))
+    assert models_main(["import", str(folder), "--base", BASE, "--name", "pirate2"]) == 0
+    assert "imported pirate2" in capsys.readouterr().out
+    assert (store.get("pirate2").path / "adapter" / "adapter_config.json").is_file()
+    assert models_main(["import", str(tmp_path), "--base", BASE, "--name", "nothing"]) == 1
+    assert "neither an mlx-lm adapter directory" in capsys.readouterr().err

@@ -19,6 +19,7 @@ TEMPLATE "{{ .Prompt }}"
 MESSAGE user Is Toronto in Canada?
 MESSAGE assistant """yes"""
 LICENSE """Apache-2.0"""
+ADAPTER ./mario-lora.gguf
 '''
 
 
@@ -31,6 +32,7 @@ def test_a_modelfile_reads_into_a_spec() -> None:
         parameters={"temperature": 0.2, "top_k": 20, "stop": ["<|im_end|>", "User:"]},
         licenses=("Apache-2.0",),
         messages=({"role": "user", "content": "Is Toronto in Canada?"}, {"role": "assistant", "content": "yes"}),
+        adapter="./mario-lora.gguf",
     )
     assert isinstance(spec.parameters["top_k"], int)
 
@@ -46,7 +48,7 @@ def test_render_reads_back_as_the_same_spec() -> None:
     ("text", "says"),
     [
         ("SYSTEM hi", "no FROM line"),
-        ("FROM base\nADAPTER ./lora.gguf", "ADAPTER is not supported"),
+        ("FROM base\nADAPTER ./a.gguf\nADAPTER ./b.gguf", "one ADAPTER a model"),
         ("FROM base\nPARAMETER temperature", "needs a name and a value"),
         ("FROM base\nPARAMETER num_ctx lots", "must be an integer"),
         ('FROM base\nSYSTEM """never closed', "never closed"),

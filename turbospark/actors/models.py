@@ -246,7 +246,7 @@ async def model_actor(
                         tokenizer=backend.tokenizer,
                         inbox=intake.control,
                         kernels=getattr(backend, "kernels", ""),
-                        adapters=tuple(a.name for a in getattr(backend, "adapters", ())),
+                        adapters=tuple(a.name for a in getattr(backend, "adapters", ()) if a.name),
                     )
                 )
         finally:

@@ -3,6 +3,7 @@
 ::
 
     turbospark models import SOURCE [--name ID] [--dtype DTYPE]   # GGUF file, HF or MLX directory, package
+    turbospark models import ADAPTER --base ID [--name ID]      # a LoRA adapter: ID carrying it
     turbospark models import ollama:NAME[:TAG]                    # a model in Ollama's store
     turbospark models create NAME [-f Modelfile]                  # a stored model with its own settings
     turbospark models list [--ollama]                             # --ollama: what Ollama's store holds
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+import attrs
 from pathlib import Path
 
 from .interrupt import interruptible
@@ -61,6 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     imp.add_argument("--name", help="model id (default: derived from the source; from Ollama: its Ollama name)")
     imp.add_argument("--dtype", choices=DTYPES, help="weight type (default: what fits this platform)")
+    imp.add_argument("--base", metavar="ID", help="SOURCE is a LoRA adapter (an mlx-lm adapter directory or a GGUF "
+                     "LoRA) of the stored model ID: store ID carrying it (as Ollama's ADAPTER)")
     imp.add_argument("--mmproj", metavar="FILE", help="a GGUF's vision projector (llama.cpp's mmproj file; "
                      "default: the one *mmproj*.gguf beside the GGUF, if there is one)")
 
@@ -137,7 +142,19 @@ def _create(store: ModelStore, name: str, file: Path) -> StoredModel:
         spec = parse(text)
     except ModelfileError as exc:
         raise ModelImportError(f"{file}: {exc}") from None
+    if spec.adapter is not None:  # a path beside the Modelfile, as Ollama reads it
+        spec = attrs.evolve(spec, adapter=str(file.parent / Path(spec.adapter).expanduser()))
     return create_derived(store, name, spec)
+
+
+def _import_adapter(store: ModelStore, source: str, name: str | None, base: str) -> StoredModel:
+    """``models import ADAPTER --base BASE``: the model BASE carrying the LoRA adapter at
+    ``source`` (an mlx-lm adapter directory or a GGUF LoRA), stored as a derived model."""
+    from ..store.derive import create_derived
+    from ..wire.modelfile import ModelSpec
+
+    path = Path(source).expanduser()
+    return create_derived(store, name or f"{base.removesuffix(':latest')}-{path.stem}", ModelSpec(base, adapter=str(path)))
 
 
 def _notes(model: StoredModel) -> None:
@@ -159,7 +176,10 @@ def main(argv: list[str]) -> int:
     progress = sys.stderr.isatty()
     try:
         with interruptible():
-            if args.command == "import":
+            if args.command == "import" and args.base:
+                model = _import_adapter(store, args.source, args.name, args.base)
+                print(f"imported {_describe(model)} from {args.base}")
+            elif args.command == "import":
                 model = store.import_source(args.source, name=args.name, dtype=args.dtype, progress=progress,
                                             projector=args.mmproj)
                 print(f"imported {_describe(model)}")

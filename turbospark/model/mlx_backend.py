@@ -123,6 +123,8 @@ class MlxBackend:
             # LoRA adapters beside its layers, chosen row by row (``mlx_adapters``, ``SamplingParams.adapters``)
             self.adapters = list(adapters)
             self.route = attach(self.model, self.adapters)
+            # the adapter a derived model carries (named ""): every request that chooses none
+            self.carried = tuple((i, 1.0) for i, a in enumerate(self.adapters) if not a.name)
             self._kv_size = kv_sizes(self.model)
         # a vision tower beside the language model: images read between steps (``mlx_vision``)
         self.vision = vision_side(path, self)
@@ -199,6 +201,7 @@ class MlxBackend:
     def insert(self, seq: int, prompt: list[int], params: SamplingParams, images: Seen | None = None) -> int:
         if images is not None and self.vision is not None:  # its images are read first
             return self.vision.start(seq, prompt, params, images)
+        params = params if params.adapters or not self.carried else attrs.evolve(params, adapters=self.carried)
         key = marked(prompt, params.adapters, self.adapters)  # an adapter's KV is its own
         cache, cached = self.prefix_cache.take(key)
         self._insert(seq, prompt, params, cache, cached, key=None if key is prompt else key)
@@ -224,6 +227,8 @@ class MlxBackend:
 
     def _insert(self, seq: int, prompt: list[int], params: SamplingParams, cache: list[Any] | None, cached: int,
                 *, reused: int | None = None, key: list[int] | None = None) -> None:
+        if not params.adapters and self.carried:
+            params = attrs.evolve(params, adapters=self.carried)
         sampler = own = make_sampler(params)
         if sampler is not greedy:
             own = guard(self._failed, seq, sampler, greedy)

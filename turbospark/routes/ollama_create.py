@@ -14,7 +14,9 @@ The body is Ollama's: ``model``, ``from``, ``files``, ``system``, ``template``, 
   given the body's settings.  Streamed, the import's progress is sent as it goes.
 - ``from: "ollama:NAME[:TAG]"``: that model is imported from Ollama's store on this machine
   (``GET /api/ollama/models`` lists it; not Ollama's own route).
-``adapters`` and ``quantize`` (a LoRA adapter, re-quantization) are refused.  A digest never
+``adapters`` (file name -> digest of an uploaded blob: a GGUF LoRA, or an mlx-lm adapter
+directory's files, as ``ollama create`` sends a Modelfile's ``ADAPTER``) makes a model that
+carries that adapter, applied to every request (decision 0046).  ``quantize`` is refused.  A digest never
 uploaded, a file name that is not a plain relative name, or a source that cannot be imported is a
 400 (an ``error`` line once a stream has begun), and the store is unchanged.
 """
@@ -45,7 +47,6 @@ OLLAMA = "ollama:"  # a ``from`` that names a model in Ollama's store
 _UPLOAD_CHUNK = 1 << 20  # bytes written to a blob per crossing to its worker thread
 
 _REFUSED = {
-    "adapters": "ADAPTER is not supported: the store keeps no LoRA adapters",
     "quantize": "quantize is not supported: import the model with `turbospark models import --dtype`",
 }
 
@@ -103,8 +104,14 @@ async def create() -> Response:
     if body.get("files") or (isinstance(body.get("from"), str) and body["from"].startswith(OLLAMA)):
         return await _import(sys_, store, name, body, stream)
     spec = _spec(body)
+    adapters = body.get("adapters") or None
+    if adapters is not None:
+        try:  # names and digests, before anything is made
+            store.blobs.resolve(adapters)
+        except ValueError as exc:
+            raise RequestInvalid(str(exc), param="adapters") from None
     try:
-        base_digest = await trio.to_thread.run_sync(store.create, name, spec)
+        base_digest = await trio.to_thread.run_sync(store.create, name, spec, adapters)
     except LookupError as exc:  # the base is not in the store
         raise NotFound(str(exc), param="from") from None
     except Exception as exc:  # an invalid name, a base of another kind

@@ -31,7 +31,13 @@ __all__ = ["read_adapter", "read_adapters"]
 
 
 def read_adapters(model: Path, given: Sequence[tuple[str, Path]]) -> list[Adapter]:
-    """``given`` (name, path) adapters of the model stored at ``model``."""
+    """``given`` (name, path) adapters of the model stored at ``model``, then the one the model
+    carries (a derived model's ``adapter/``, Ollama's ``ADAPTER``: ``store/derive.py``), named ""
+    (it applies to every request that chooses none)."""
+    carried = Path(model) / "adapter"
+    if carried.is_dir():
+        files = sorted(carried.glob("*.gguf"))
+        given = [*given, ("", files[0] if files else carried)]
     if not given:
         return []
     try:
@@ -50,7 +56,7 @@ def read_adapter(name: str, path: Path, *, heads: tuple[int, int] | None = None)
         AdapterError: it is neither, or is not whole.
     """
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and (path / "adapter_config.json").is_file():
         return _mlx(name, path)
     if path.suffix == ".gguf" and path.is_file():
         return _gguf(name, path, heads)

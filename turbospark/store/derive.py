@@ -10,6 +10,11 @@ tokens in ``config.json``.  ``TEMPLATE`` is Go, which the runtime cannot run: it
 printed back, the base's template used.  The manifest is the base's, renamed, with
 ``parent_model`` and an ``ollama.modelfile`` record that ``/api/show`` prints back.  A derived
 model may be the base of another: it inherits what it does not set.
+
+``ADAPTER`` (a LoRA adapter: an mlx-lm adapter directory or a GGUF LoRA) is copied into the
+model's ``adapter/`` folder, read first to check it is one; the model loads as its base with it
+applied to every request (``cli/attach.load_mlx``, decision 0046).  A model derived from one that
+carries an adapter carries it too, unless it names its own.
 """
 
 from __future__ import annotations
@@ -51,7 +56,36 @@ def spec_of(stored: StoredModel) -> ModelSpec | None:
         parameters=dict(record.get("parameters") or {}),
         licenses=tuple(t for t in record.get("licenses") or () if isinstance(t, str)),
         messages=tuple(m for m in messages if isinstance(m, dict)),
+        adapter=record.get("adapter") if isinstance(record.get("adapter"), str) else None,
     )
+
+
+#: The folder of a derived model that holds the adapter it carries.
+ADAPTER_DIR = "adapter"
+
+
+def _carry(base: StoredModel, spec: ModelSpec, model_dir: Path) -> None:
+    """The adapter ``spec`` names (or the base's) into ``model_dir``'s ``adapter/``; a path that
+    is not an adapter is the create's ``ModelImportError``."""
+    from ..model.mlx_adapters import AdapterError
+    from .adapter_files import read_adapter
+
+    target = model_dir / ADAPTER_DIR
+    if spec.adapter is None:
+        if (base.path / ADAPTER_DIR).is_dir():
+            shutil.copytree(base.path / ADAPTER_DIR, target)
+        return
+    source = Path(spec.adapter).expanduser()
+    try:
+        read_adapter(source.name, source)
+    except AdapterError as exc:
+        raise ModelImportError(str(exc)) from None
+    target.mkdir()
+    if source.is_dir():
+        for name in ("adapter_config.json", "adapters.safetensors"):
+            shutil.copy2(source / name, target / name)
+    else:
+        shutil.copy2(source, target / source.name)
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
@@ -87,6 +121,7 @@ def _inherited(base: StoredModel, spec: ModelSpec) -> ModelSpec:
         parameters={**parent.parameters, **spec.parameters},
         licenses=spec.licenses or parent.licenses,
         messages=spec.messages or parent.messages,
+        adapter=spec.adapter if spec.adapter is not None else parent.adapter,
     )
 
 
@@ -114,6 +149,11 @@ def create_derived(store: StoreDirectory, name: str, spec: ModelSpec, *, in_plac
             else:  # small, and changed below: a link would change the base's too
                 shutil.copy2(file, model_dir / file.name)
         honoured, not_honoured = _apply(model_dir, spec)
+        # the adapter as the Modelfile /api/show prints names it: its file's (or folder's) name
+        named_adapter = attrs.evolve(spec, adapter=Path(spec.adapter).name if spec.adapter else None)
+        _carry(base, spec, model_dir)
+        if spec.adapter is not None:
+            honoured.append(f"adapter: {Path(spec.adapter).name}, applied to every request")
         manifest: dict[str, Any] = dict(base.manifest)
         if not in_place:
             manifest.update(source=f"derived from {base.name}", parent_model=base.name)
@@ -121,7 +161,7 @@ def create_derived(store: StoreDirectory, name: str, spec: ModelSpec, *, in_plac
             name=name,
             created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             ollama={
-                "modelfile": attrs.asdict(_inherited(base, spec)),
+                "modelfile": attrs.asdict(_inherited(base, named_adapter)),
                 "system": spec.system, "template": spec.template, "params": spec.parameters,
                 "honoured": honoured, "not_honoured": not_honoured,
             },

@@ -14,6 +14,7 @@ the routes call it on a worker thread.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
@@ -88,9 +89,20 @@ class StoreShelf:
     def copy(self, source: str, destination: str) -> bool:
         return self.store.copy(source, destination) is not None
 
-    def create(self, name: str, spec: ModelSpec) -> str:
-        """Make the derived model ``name`` (``derive.py``); the digest of its base's weights."""
-        stored = create_derived(self.store, name, spec)
+    def create(self, name: str, spec: ModelSpec, adapters: dict[str, str] | None = None) -> str:
+        """Make the derived model ``name`` (``derive.py``), carrying the adapter uploaded as
+        ``adapters`` (file name -> blob digest: a GGUF LoRA, or an mlx-lm adapter directory's
+        files) where given; the digest of its base's weights."""
+        if not adapters:
+            return str(create_derived(self.store, name, spec).manifest.get("source_sha256", ""))
+        with self.store.scratch() as work:
+            source = lay_out(self.blobs, adapters, work)
+            if source.is_file():  # a GGUF blob, under a GGUF's name
+                shutil.copy2(source, work / "adapter.gguf")
+                source = work / "adapter.gguf"
+            stored = create_derived(self.store, name, attrs.evolve(spec, adapter=str(source)))
+        for blob in set(adapters.values()):
+            self.blobs.remove(blob)
         return str(stored.manifest.get("source_sha256", ""))
 
     @property
