@@ -61,6 +61,7 @@ class Route:
         self.dora = np.array([a.kind == "dora" for a in self.adapters], np.float32)
         self.scales: dict[int, np.ndarray] = {}  # engine uid -> scale per adapter
         self.current: mx.array | None = None  # (rows, adapters), while a call's rows use one
+        self.only: int | None = None  # the one adapter every row uses, at scale 1 (``_Delta``'s short way)
         self.doras: mx.array | None = None  # (rows, adapters): 1 where a row uses a DoRA adapter
         self._columns: dict[tuple[int, int], mx.array] = {}
 
@@ -88,12 +89,15 @@ class Route:
             return
         scales = np.stack([r if r is not None else np.zeros(len(self.adapters), np.float32) for r in rows])
         self.current = mx.array(scales)
+        ones = np.flatnonzero(scales[0])
+        if len(ones) == 1 and scales[0, ones[0]] == 1.0 and (scales == scales[0]).all():
+            self.only = int(ones[0])
         self.doras = mx.array((scales != 0) * self.dora) if self.dora.any() else None
         self._columns.clear()
         try:
             yield
         finally:
-            self.current = self.doras = None
+            self.current = self.doras = self.only = None
             self._columns.clear()
 
     def columns(self, modules: int, rank: int) -> mx.array:
@@ -137,13 +141,24 @@ class _Delta:
         self.modules, self.A, self.B = M, mx.array(A), mx.array(B)
         self.G = mx.array(G) if G is not None and G.any() else None
         self.bias = mx.array(bias) if self.G is not None and bias.any() else None
+        # each adapter's own columns of A and rows of B (None where it touches none of these
+        # modules): a batch whose rows all use one adapter at scale 1 takes two products
+        cols = [np.concatenate([np.arange((i * K + k) * R, (i * K + k + 1) * R) for i in range(M)]) for k in range(K)]
+        self.each = [(mx.array(A[:, c]), mx.array(B[c])) if B[c].any() else None for c in cols]
 
     def __call__(self, y: mx.array, x: mx.array) -> mx.array:
         """``y``, the product of ``x`` (its bias in it), with the rows' adapters."""
+        only = self.route.only
+        if only is not None and (self.G is None or self.route.doras is None):
+            if self.each[only] is None:
+                return y
+            a, b = self.each[only]
+            t = x @ a
+            return mx.addmm(y, t, b) if t.dtype == y.dtype else y + (t @ b).astype(y.dtype)
         t = (x @ self.A) * self.route.columns(self.modules, self.rank)[:, None, :]
-        d = t @ self.B
         if self.G is None or self.route.doras is None:
-            return y + d.astype(y.dtype)
+            return mx.addmm(y, t, self.B) if t.dtype == y.dtype else y + (t @ self.B).astype(y.dtype)
+        d = t @ self.B
         factor = 1.0 + (self.route.doras @ self.G)[:, None, :]
         base = y if self.bias is None else y - self.bias
         out = (base + d) * factor
