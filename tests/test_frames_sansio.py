@@ -171,10 +171,11 @@ def test_anthropic_request_translation() -> None:
     assert p.messages[3] == {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"}
     assert p.call_required and not p.parallel and p.cache_marked
     assert p.template_kwargs == {"reasoning_effort": "medium", "enable_thinking": True}
-    assert p.labels == ["thinking.budget_tokens"]
+    assert p.labels == []  # the budget is enforced (``SamplingParams.reasoning_budget``)
     assert p.prompt.tools == p.tools and len(p.tools) == 1
     params = sampling_params(body, p, defaults={"temperature": 0.6}, max_tokens=50)
     assert params.stop == ("END",) and params.max_tokens == 50 and params.temperature == 0.6
+    assert params.reasoning_budget == 5000
     assert params.grammar is not None  # a call is required
 
 

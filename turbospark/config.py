@@ -81,6 +81,9 @@ class Settings:
     # --kv-cache: the fused layers' KV cache type, "f16", "q8_0" or "q4_0" (None: the process's,
     # TURBOSPARK_KV_CACHE or f16)
     kv_cache: str | None = None
+    # --reasoning-budget: the most tokens a model reasons before it is made to answer, where a
+    # request names no budget of its own (None: no cap)
+    reasoning_budget: int | None = None
     # ``serve --distributed``: the one --model is sharded over the ranks of mlx.distributed.
     distributed: bool = False
     # How: "pipeline" (layers), "tensor" (heads), or None: tensor where the heads divide.

@@ -11,7 +11,7 @@ from .. import __version__
 from ..config import Settings
 from ..turns.guardrails import Guardrails
 from ..web.origins import parse_origins
-from .loras import add_lora_argument, lora_pairs
+from .loras import add_engine_arguments, lora_pairs
 
 __all__ = ["build_parser", "settings_from"]
 
@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="speculative decoding with a small draft model that shares the --model's vocabulary "
         "(refused otherwise), in place of prompt lookup; it runs on the model's own thread",
     )
-    add_lora_argument(s)
+    add_engine_arguments(s)
     s.add_argument(
         "--embedding-model",
         action="append",
@@ -384,6 +384,7 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         draft_model=args.draft_model,
         loras=tuple(loras),
         kv_cache=args.kv_cache,
+        reasoning_budget=args.reasoning_budget,
         **({"prompt_cache_bytes": args.prompt_cache_size} if args.prompt_cache_size else {}),
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,

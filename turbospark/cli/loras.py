@@ -1,4 +1,5 @@
-"""``serve --lora NAME=PATH``: LoRA adapters of the first ``--model`` (``model/mlx_adapters.py``)."""
+"""``serve``'s engine choices: ``--lora NAME=PATH`` (LoRA adapters of the first ``--model``,
+``model/mlx_adapters.py``), ``--kv-cache`` and ``--reasoning-budget``."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ from pathlib import Path
 
 from ..model.scripted import SCRIPTED_ID
 
-__all__ = ["add_lora_argument", "lora_pairs"]
+__all__ = ["add_engine_arguments", "lora_pairs"]
 
 
-def add_lora_argument(s: argparse.ArgumentParser) -> None:
-    """``--lora``, and ``--kv-cache`` beside it (the engine's two per-model choices)."""
+def add_engine_arguments(s: argparse.ArgumentParser) -> None:
+    """``--lora``, ``--kv-cache`` and ``--reasoning-budget``."""
     s.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                    help="a LoRA or DoRA adapter of the first --model (an mlx-lm adapter directory or a GGUF "
                    "LoRA), served as the model NAME beside it and as llama.cpp's lora id (in order); "
@@ -19,6 +20,17 @@ def add_lora_argument(s: argparse.ArgumentParser) -> None:
     s.add_argument("--kv-cache", choices=("f16", "q8_0", "q4_0"),
                    help="the KV cache of the layers the CPU kernels fuse: f16 (the default), or llama.cpp's "
                    "q8_0 or q4_0 blocks (0.53x and 0.28x the bytes; also TURBOSPARK_KV_CACHE)")
+    s.add_argument("--reasoning-budget", type=_positive, metavar="N",
+                   help="at most N tokens of reasoning (inside <think>), then the model is made to close it and "
+                   "answer, where a request sets no budget (Anthropic's thinking.budget_tokens, vLLM's "
+                   "thinking_token_budget); default: no cap")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def lora_pairs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[tuple[str, str], ...]:

@@ -74,6 +74,10 @@ class SamplingParams:
     # LoRA adapters the model was served with (``serve --lora``), by index, each with its scale:
     # the request's model name (the adapter's), or llama.cpp's ``lora`` field (``mlx_adapters``)
     adapters: tuple[tuple[int, float], ...] = ()
+    # a hard cap on reasoning (Anthropic's thinking.budget_tokens, vLLM's thinking_token_budget,
+    # serve --reasoning-budget): past this many tokens inside <think>, the model is made to
+    # close it (``mlx_sampling.think_budget``) and answer
+    reasoning_budget: int | None = None
 
     def holds_end(self, generated: int) -> bool:
         """Whether the ending tokens are held back for the token after ``generated`` ones."""

@@ -46,7 +46,7 @@ from .lookup import Backoff, Lookup, Pace
 from .pacing import JoinPacer
 from .pipeline import pipeline
 from .constraint import Matcher
-from .mlx_sampling import Sampler, greedy, guard, make_processors, make_sampler, top_logprobs
+from .mlx_sampling import Sampler, greedy, guard, make_processors, make_sampler, think_ids, top_logprobs
 from .mlx_adapters import Adapter, attach, marked
 from ..kernels.ops import kv_cache as kernels_cache
 from .mlx_blocks import half_kv
@@ -233,7 +233,7 @@ class MlxBackend:
         if sampler is not greedy:
             own = guard(self._failed, seq, sampler, greedy)
         matcher = None if params.grammar is None else self.tokenizer.grammars.matcher(params.grammar)
-        steps = make_processors(params, len(prompt), self.tokenizer.stop_ids, matcher)
+        steps = make_processors(params, len(prompt), self.tokenizer.stop_ids, matcher, think_ids(self.tokenizer.vocab))
         processors = [guard(self._failed, seq, p, lambda tokens, logits: logits) for p in steps]
         with mx.stream(self.stream):
             (uid,) = self.engine.insert(

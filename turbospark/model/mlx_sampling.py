@@ -16,7 +16,7 @@ the model thread, inside a step.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Collection, Hashable
+from collections.abc import Callable, Collection, Hashable, Mapping
 from typing import TypeVar
 
 import mlx.core as mx
@@ -36,7 +36,8 @@ from .constraint import Matcher
 K = TypeVar("K", bound=Hashable)
 
 __all__ = [
-    "Sampler", "constrain", "greedy", "guard", "hold_ends", "make_processors", "make_sampler", "top_logprobs",
+    "Sampler", "constrain", "greedy", "guard", "hold_ends", "make_processors", "make_sampler", "think_budget",
+    "think_ids", "top_logprobs",
 ]
 
 
@@ -110,6 +111,7 @@ def make_sampler(params: SamplingParams) -> Callable[[mx.array], mx.array]:
 
 def make_processors(
     params: SamplingParams, prompt_len: int, ends: Collection[int] = (), matcher: Matcher | None = None,
+    think: tuple[int, int] | None = None,
 ) -> list[Callable[..., mx.array]]:
     """Penalties, ``logit_bias``, the hold on ``ends`` (the tokens that end the turn) and the
     grammar ``matcher`` enforces, as logits processors for the batch engine, in that order.
@@ -143,7 +145,42 @@ def make_processors(
         processors.append(constrain(matcher, ends, holding))
     elif holding is not None:
         processors.append(hold_ends(ends, holding))
+    if params.reasoning_budget is not None and think is not None:
+        processors.append(think_budget(params.reasoning_budget, *think))
     return processors
+
+
+def think_ids(vocab: Mapping[str, int]) -> tuple[int, int] | None:
+    """A vocabulary's ``<think>`` and ``</think>`` tokens, where each is one token."""
+    start, end = vocab.get("<think>"), vocab.get("</think>")
+    return None if start is None or end is None else (start, end)
+
+
+def think_budget(budget: int, start: int, end: int) -> Callable[[mx.array, mx.array], mx.array]:
+    """A hard cap on reasoning as a logits processor: once ``budget`` tokens follow an unclosed
+    ``start`` (``<think>``, the prompt's own or one the model wrote), ``end`` is the only token
+    allowed, and the model answers after it.  The context is read as it grows, each token once; a
+    shorter one (a speculative step's positions, then its rewind) is read again from its start."""
+    seen = 0
+    opened: int | None = None  # where the reasoning began: the position after its <think>
+
+    def process(tokens: mx.array, logits: mx.array) -> mx.array:
+        nonlocal seen, opened
+        n = tokens.shape[0]
+        if n < seen:
+            seen, opened = 0, None
+        for i, token in enumerate(tokens[seen:].tolist() if n > seen else (), seen):
+            if token == start:
+                opened = i + 1
+            elif token == end:
+                opened = None
+        seen = n
+        if opened is None or n - opened < budget:
+            return logits
+        only = mx.arange(logits.shape[-1]) == end
+        return mx.where(only, logits, mx.array(-mx.inf, dtype=logits.dtype))
+
+    return process
 
 
 def _holding(params: SamplingParams, prompt_len: int) -> Callable[[mx.array], bool] | None:

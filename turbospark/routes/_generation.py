@@ -95,6 +95,8 @@ async def start(
     it within a step.
     """
     sys_, scope = context or Context.here()
+    if params.reasoning_budget is None and sys_.settings.reasoning_budget is not None:  # serve --reasoning-budget
+        params = attrs.evolve(params, reasoning_budget=sys_.settings.reasoning_budget)
     await _images_ahead(sys_, scope, model, prompt)
     buffer = n * (params.max_tokens + 1) + REPLY_SLACK
     reply_send, reply_recv = trio.open_memory_channel[Reply](buffer)

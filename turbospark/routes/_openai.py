@@ -54,6 +54,7 @@ def sampling_params(
     params = sampling(
         model_defaults, given, seed=body.seed, stop=tuple(stop), logit_bias=bias, logprobs=logprobs, grammar=grammar,
         min_tokens=least, ignore_eos=getattr(body, "ignore_eos", False),
+        reasoning_budget=getattr(body, "thinking_token_budget", None),
     )
     return params if params.max_tokens >= least else attrs.evolve(params, max_tokens=least)
 

@@ -87,8 +87,6 @@ def plan(body: CountTokensRequest, default_system: str | None, vision: bool = Fa
     tools, required = select_tools(_tools(body), choice)
     if body.context_management:
         labels.append("context_management")
-    if (body.thinking or {}).get("type") == "enabled":
-        labels.append("thinking.budget_tokens")  # mapped to an effort, not enforced as a budget
     return Plan(messages, tools, required, parallel, _effort(body), images, labels, _marked(attrs.asdict(body)))
 
 
@@ -106,10 +104,13 @@ def default_max_tokens(context_window: int) -> int:
 def sampling_params(body: MessagesRequest, p: Plan, *, defaults: Mapping[str, float], max_tokens: int) -> SamplingParams:
     """Each sampling field from the request, else the model's default; the tools' grammar (one
     call at most: the guardrails keep the first when parallel calls are refused)."""
+    thinking = body.thinking or {}
+    budget = thinking.get("budget_tokens") if thinking.get("type") == "enabled" else None
     return sampling(
         defaults, {name: getattr(body, name) for name in ("temperature", "top_p", "top_k")},
         max_tokens=max_tokens, stop=tuple(s for s in body.stop_sequences or () if s),
         grammar=grammar_for(tools=p.tools, call_required=p.call_required, parallel=False),
+        reasoning_budget=budget,  # a hard cap, and an effort for the template (``_effort``)
     )
 
 

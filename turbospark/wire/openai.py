@@ -189,6 +189,8 @@ class GenerationFields(SamplingFields):
     # llama.cpp's: the LoRA adapters (``serve --lora``'s, by index) and their scales; where given,
     # these alone (the model name's adapter aside)
     lora: list[LoraChoice] | None = attrs.field(default=None, validator=_at_most(64))
+    # vLLM's: at most this many tokens of reasoning, then the model closes it and answers
+    thinking_token_budget: int | None = attrs.field(default=None, validator=_in_range(1, MAX_BUDGET))
 
 
 @attrs.frozen(kw_only=True)
