@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
 
@@ -336,3 +337,32 @@ def test_wav_reads_every_sample_format():
     p24 = struct.pack("<4sI4s4sIHHIIHH4sI", b"RIFF", 36 + 12, b"WAVE", b"fmt ", 16, 1, 1, 8000, 24000, 3, 24, b"data", 12) + b24
     assert np.allclose(wav.read(p24)[0], x, atol=1e-6)
     assert len(wav.decode(wav.encode(b"\0\0" * 48000, 48000))) == 16000
+
+
+async def test_input_audio_parts_in_chat_messages_are_transcribed_for_a_text_model(start_server, client) -> None:
+    """OpenAI's ``input_audio`` parts: the speech-to-text model's transcript takes each one's
+    place in the message, as text, and the degradation header says so."""
+    stt = ScriptedSpeechToText()
+    server = await audio_server(start_server, stt)
+    spoken = base64.b64encode(tone(1.0, rate=24000)).decode()
+    heard = {"model": "any", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What did I say?"},
+        {"type": "input_audio", "input_audio": {"data": spoken, "format": "wav"}}]}]}
+    read = {"model": "any", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What did I say?"},
+        {"type": "text", "text": "Scripted transcript of 1.00 s of audio."}]}]}
+    r = await client.post(server.url + "/v1/chat/completions", json=heard)
+    assert r.status_code == 200, r.text
+    assert "input_audio (transcribed by scripted-stt)" in r.headers["x-anyllm-degradation"]
+    assert stt.calls == [16000]  # one second, at the engine's rate
+    same = await client.post(server.url + "/v1/chat/completions", json=read)
+    assert r.json()["usage"]["prompt_tokens"] == same.json()["usage"]["prompt_tokens"]
+    for bad, says in (({"data": spoken, "format": "mp3"}, "send wav"), ({"data": "not base64!"}, "base64 WAV"),
+                      ({"format": "wav"}, "needs data")):
+        body = {**heard, "messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": bad}]}]}
+        r = await client.post(server.url + "/v1/chat/completions", json=body)
+        assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+    assert stt.calls == [16000]
+    bare = await start_server()  # no speech-to-text model
+    r = await client.post(bare.url + "/v1/chat/completions", json=heard)
+    assert r.status_code == 400 and "no speech-to-text model" in r.json()["error"]["message"]

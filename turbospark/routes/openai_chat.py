@@ -23,6 +23,7 @@ from ..wire.openai import ChatCompletionRequest
 from ..web.app import exception_body, system
 from ..web.bodies import json_answer, read_body
 from ._images import fetch_images
+from ._input_audio import transcribed_audio
 from ._openai import DEGRADATION_HEADER, degradation, sampling_params, stream_response
 from ._turn import RETRIES_HEADER, TurnPlan, framed, open_turn
 from .openai_chat_events import ChatStream, Envelope, chat_whole
@@ -102,6 +103,7 @@ async def chat_completions() -> Response:
     entry = await sys_.resolve(body.model, "chat")
     sys_.emit(RequestRouted(g.record.id, body.model, entry.id, body.stream))
     vision = "vision" in entry.capabilities
+    body, heard = await transcribed_audio(body)  # input_audio parts, as their transcripts
     messages, images = _messages(body, vision, sys_.settings.image_urls)
     await fetch_images(messages)  # http(s) image URLs, where --image-urls allows them
     messages = apply_default_system(messages, sys_.settings.system_prompt)
@@ -140,6 +142,6 @@ async def chat_completions() -> Response:
         response = await json_answer(chat_whole(env, whole, logprobs), numbers=whole.numbers)
         if turn.retries:
             response.headers[RETRIES_HEADER] = str(turn.retries)
-    if header := degradation(_unhonoured(body), 0 if vision else images):
+    if header := degradation([*heard, *_unhonoured(body)], 0 if vision else images):
         response.headers[DEGRADATION_HEADER] = header
     return response
