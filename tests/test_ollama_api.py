@@ -230,3 +230,31 @@ async def test_management_routes(start_server, client) -> None:
     head = await client.head(f"{server.url}/")
     assert head.status_code == 200
     assert (await client.get(f"{server.url}/")).text == "Ollama is running"
+
+
+async def test_truncate_drops_the_oldest_messages_and_shift_cuts_the_budget(start_server, client) -> None:
+    """Ollama's ``truncate``: a conversation past the context keeps its system message and its
+    newest messages that fit, instead of a 400; ``shift``: a budget past what is left is cut to
+    it.  Without them, and on other families without ``serve --context-shift``, the typed 400."""
+    backend = ScriptedBackend(context_window=200, script="Fine.")
+    server = await start_server(backends=[backend])
+    old = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " + "word " * 20} for i in range(12)]
+    messages = [{"role": "system", "content": "Be brief."}, *old, {"role": "user", "content": "And now?"}]
+    body = {"model": backend.model_id, "messages": messages, "stream": False, "options": {"num_predict": 8}}
+    refused = await client.post(server.url + "/api/chat", json=body)
+    assert refused.status_code == 400 and "context window is 200 tokens" in refused.json()["error"]
+    kept = await client.post(server.url + "/api/chat", json={**body, "truncate": True})
+    assert kept.status_code == 200, kept.text
+    assert 0 < kept.json()["prompt_eval_count"] <= 200 - 8
+    tok = backend.tokenizer
+    newest = tok.encode_chat([messages[0], *messages[-3:]])  # the system message and the newest fit
+    assert kept.json()["prompt_eval_count"] >= len(newest)
+    long = {**body, "messages": [messages[0], messages[-1]], "options": {"num_predict": 500}}
+    assert (await client.post(server.url + "/api/chat", json=long)).status_code == 400
+    cut = await client.post(server.url + "/api/chat", json={**long, "shift": True})
+    assert cut.status_code == 200 and cut.json()["done_reason"] in ("stop", "length")
+    openai = {"model": backend.model_id, "messages": messages, "max_tokens": 8}
+    assert (await client.post(server.url + "/v1/chat/completions", json=openai)).status_code == 400
+    shifted = await start_server(backends=[ScriptedBackend(context_window=200, script="Fine.")], context_shift=True)
+    r = await client.post(shifted.url + "/v1/chat/completions", json=openai)
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] <= 200 - 8

@@ -84,6 +84,9 @@ class Settings:
     # --reasoning-budget: the most tokens a model reasons before it is made to answer, where a
     # request names no budget of its own (None: no cap)
     reasoning_budget: int | None = None
+    # --context-shift: a prompt past a model's context loses its oldest messages (its system
+    # messages kept) and its budget is cut to what is left, instead of a 400, for every family
+    context_shift: bool = False
     # ``serve --distributed``: the one --model is sharded over the ranks of mlx.distributed.
     distributed: bool = False
     # How: "pipeline" (layers), "tensor" (heads), or None: tensor where the heads divide.

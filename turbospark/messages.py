@@ -20,41 +20,11 @@ from .model.output import CallPiece, ToolCall
 from .model.sequence import Phase, StopReason
 
 __all__ = [
-    "BatchState",
-    "ChatPrompt",
-    "Delta",
-    "Embedded",
-    "EmbeddingBatch",
-    "EmbeddingJob",
-    "EmbeddingReply",
-    "Failed",
-    "Finished",
-    "GenerationJob",
-    "Generated",
-    "GenerationBegan",
-    "Phase",
-    "Progress",
-    "QueueDepth",
-    "FAULT_ACTORS",
-    "JobFault",
-    "QueueRejected",
-    "ModelLoaded",
-    "ModelUnloaded",
-    "Open",
-    "Reply",
-    "RequestFinished",
-    "Retire",
-    "RequestRouted",
-    "RequestStarted",
-    "Started",
-    "StopReason",
-    "Submit",
-    "Take",
-    "TextPrompt",
-    "TokenLogprob",
-    "ToolCall",
-    "Vectors",
-    "Withdraw",
+    "BatchState", "ChatPrompt", "Delta", "Embedded", "EmbeddingBatch", "EmbeddingJob", "EmbeddingReply",
+    "Failed", "Finished", "GenerationJob", "Generated", "GenerationBegan", "Phase", "Progress", "QueueDepth",
+    "FAULT_ACTORS", "JobFault", "QueueRejected", "ModelLoaded", "ModelUnloaded", "Open", "Reply",
+    "RequestFinished", "Retire", "RequestRouted", "RequestStarted", "Started", "StopReason", "Submit",
+    "Take", "TextPrompt", "TokenLogprob", "ToolCall", "Vectors", "Withdraw",
 ]
 
 # --- what a route asks a model to generate -------------------------------------------------
@@ -95,6 +65,7 @@ class GenerationJob:
     created: float  # time.monotonic() when the route accepted the request
     n: int = 1  # choices: the prompt is prefilled once and decoded n ways
     clamp: bool = False  # a budget past the context window is cut to what it leaves, not refused
+    truncate: bool = False  # a prompt past the window loses its oldest messages (``threads/prompt._truncated``)
 
 
 # --- replies a generation sends back, in order ----------------------------------------------

@@ -385,6 +385,7 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         loras=tuple(loras),
         kv_cache=args.kv_cache,
         reasoning_budget=args.reasoning_budget,
+        context_shift=args.context_shift,
         **({"prompt_cache_bytes": args.prompt_cache_size} if args.prompt_cache_size else {}),
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,

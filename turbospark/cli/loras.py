@@ -1,5 +1,5 @@
 """``serve``'s engine choices: ``--lora NAME=PATH`` (LoRA adapters of the first ``--model``,
-``model/mlx_adapters.py``), ``--kv-cache`` and ``--reasoning-budget``."""
+``model/mlx_adapters.py``), ``--kv-cache``, ``--reasoning-budget`` and ``--context-shift``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ __all__ = ["add_engine_arguments", "lora_pairs"]
 
 
 def add_engine_arguments(s: argparse.ArgumentParser) -> None:
-    """``--lora``, ``--kv-cache`` and ``--reasoning-budget``."""
+    """``--lora``, ``--kv-cache``, ``--reasoning-budget`` and ``--context-shift``."""
     s.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                    help="a LoRA or DoRA adapter of the first --model (an mlx-lm adapter directory or a GGUF "
                    "LoRA), served as the model NAME beside it and as llama.cpp's lora id (in order); "
@@ -24,6 +24,10 @@ def add_engine_arguments(s: argparse.ArgumentParser) -> None:
                    help="at most N tokens of reasoning (inside <think>), then the model is made to close it and "
                    "answer, where a request sets no budget (Anthropic's thinking.budget_tokens, vLLM's "
                    "thinking_token_budget); default: no cap")
+    s.add_argument("--context-shift", action="store_true",
+                   help="a prompt past a model's context loses its oldest messages (its system messages and its "
+                   "last kept) and its budget is cut to what is left, instead of a 400, in every API family "
+                   "(Ollama's truncate and shift ask it for one request)")
 
 
 def _positive(text: str) -> int:

@@ -79,13 +79,15 @@ async def start(
     params: SamplingParams,
     n: int = 1,
     clamp: bool = False,
+    truncate: bool = False,
     on_started: Callable[[Started], None] | None = None,
     context: Context | None = None,
     admit: Callable[[Started], None] | None = None,
 ) -> Replies:
     """Queue a generation and wait until the model has started on it; return its replies.
     With ``clamp``, a budget past what the context window leaves is cut to it instead of
-    refused; ``on_started`` sees the ``Started`` message (the prompt's length).
+    refused; with ``truncate`` (or ``serve --context-shift``), a prompt past it loses its oldest
+    messages instead (``threads/prompt.py``); ``on_started`` sees the ``Started`` message (the prompt's length).
 
     Raises the error the queue or the model answered with (``QueueFull``, ``RequestInvalid``,
     ``ContextOverflow`` ...) before any response byte is sent.  ``context`` is the request's
@@ -97,11 +99,12 @@ async def start(
     sys_, scope = context or Context.here()
     if params.reasoning_budget is None and sys_.settings.reasoning_budget is not None:  # serve --reasoning-budget
         params = attrs.evolve(params, reasoning_budget=sys_.settings.reasoning_budget)
+    truncate = truncate or sys_.settings.context_shift  # serve --context-shift: every family's
     await _images_ahead(sys_, scope, model, prompt)
     buffer = n * (params.max_tokens + 1) + REPLY_SLACK
     reply_send, reply_recv = trio.open_memory_channel[Reply](buffer)
     scope.enter_context(reply_recv)
-    job = GenerationJob(request_id, model, prompt, params, reply_send, time.monotonic(), n, clamp)
+    job = GenerationJob(request_id, model, prompt, params, reply_send, time.monotonic(), n, clamp, truncate)
     started = False
     try:
         await sys_.submit(job)

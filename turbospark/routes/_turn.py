@@ -53,6 +53,7 @@ class TurnPlan:
     call_required: bool = False
     parallel: bool = True
     clamp: bool = False
+    truncate: bool = False  # Ollama's truncate, serve --context-shift (``GenerationJob.truncate``)
 
 
 class Framer(Protocol):
@@ -92,7 +93,7 @@ async def open_turn(
     context = context or Context.here()
     replies = await start(
         request_id=request_id, model=plan.model, prompt=plan.prompt, params=plan.params, n=plan.n,
-        clamp=plan.clamp, admit=admit, on_started=on_started, context=context,
+        clamp=plan.clamp, truncate=plan.truncate, admit=admit, on_started=on_started, context=context,
     )
     stream = TurnStream(
         n=plan.n, tools=plan.prompt.tools, call_required=plan.call_required, parallel=plan.parallel,
@@ -166,7 +167,8 @@ class Turn:
             try:
                 replies = await start(
                     request_id=self.request_id, model=self.plan.model, prompt=prompt,
-                    params=self.plan.params, n=self.plan.n, clamp=self.plan.clamp, context=self.context,
+                    params=self.plan.params, n=self.plan.n, clamp=self.plan.clamp, truncate=self.plan.truncate,
+                    context=self.context,
                 )
             except TurboSparkError as exc:  # the retry refused: the queue is full, the model gone
                 yield Error(exc)

@@ -120,7 +120,11 @@ async def _lifecycle_only(out: OllamaStream, keep_alive: float | None) -> Respon
 
 
 async def _run(out: OllamaStream, stream: bool, entry: ModelEntry, prompt: ChatPrompt | TextPrompt,
-               params: SamplingParams, num_ctx: int | None, labels: list[str], images: int) -> Response:
+               params: SamplingParams, num_ctx: int | None, labels: list[str], images: int,
+               fit: tuple[bool, bool] = (False, False)) -> Response:
+    """``fit``: the body's ``truncate`` and ``shift``: a prompt past the context loses its oldest
+    messages, a budget past it is cut to what is left (the KV cache itself never shifts)."""
+    truncate, shift = fit
     sys_ = system()
 
     def admit(started: Started) -> None:
@@ -132,7 +136,8 @@ async def _run(out: OllamaStream, stream: bool, entry: ModelEntry, prompt: ChatP
                 "num_predict or raise num_ctx.", param="options.num_ctx",
             )
 
-    turn = await open_turn(TurnPlan(entry.id, prompt, params), request_id=g.record.id,
+    plan = TurnPlan(entry.id, prompt, params, truncate=truncate, clamp=shift)
+    turn = await open_turn(plan, request_id=g.record.id,
                            guardrails=sys_.settings.guardrails, admit=admit)
     if stream:
         response = ndjson_response(framed(turn, out, keepalive=sys_.settings.keepalive_interval, error=out.error))
@@ -186,7 +191,8 @@ async def chat() -> Response:
     history = apply_default_system(_ollama_history(messages, vision), sys_.settings.system_prompt)
     prompt = ChatPrompt(tuple(history), tools, template_kwargs)
     params = _params(entry, options.sampling, grammar, body.model)
-    return await _run(out, body.stream, entry, prompt, params, options.num_ctx, labels, 0 if vision else images)
+    return await _run(out, body.stream, entry, prompt, params, options.num_ctx, labels, 0 if vision else images,
+                      (body.truncate is True, body.shift is True))
 
 
 @blueprint.post("/api/generate")
@@ -238,4 +244,5 @@ async def generate() -> Response:
         turns = apply_default_system(turns, sys_.settings.system_prompt)
         prompt = ChatPrompt(tuple(turns), (), template_kwargs)
     params = _params(entry, options.sampling, grammar, body.model)
-    return await _run(out, body.stream, entry, prompt, params, options.num_ctx, labels, images)
+    return await _run(out, body.stream, entry, prompt, params, options.num_ctx, labels, images,
+                      (body.truncate is True, body.shift is True))

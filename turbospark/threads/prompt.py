@@ -148,7 +148,44 @@ def encode_prompt(
     backend: Backend, job: GenerationJob, *, special_tokens_in_content: bool = False,
     expand: Callable[[str], str] = str,
 ) -> tuple[list[int], bool]:
-    """The prompt's token ids, and whether it leaves the model inside a reasoning span."""
+    """The prompt's token ids, and whether it leaves the model inside a reasoning span; for a
+    ``truncate`` job that does not fit, its prompt's newest part that does (``_truncated``)."""
+    try:
+        return _encoded(backend, job, special_tokens_in_content, expand)
+    except ContextOverflow:
+        if not job.truncate or (cut := _truncated(backend, job, special_tokens_in_content, expand)) is None:
+            raise
+        return cut
+
+
+def _truncated(backend: Backend, job: GenerationJob, special: bool,
+               expand: Callable[[str], str]) -> tuple[list[int], bool] | None:
+    """A truncating job's prompt cut to fit with room for its budget (at most half the window):
+    a chat's oldest messages dropped, its system messages and its last kept (Ollama's truncate);
+    a text prompt's start dropped.  None where even the shortest does not fit."""
+    window = backend.context_window
+    room = max(1, min(job.params.max_tokens, window // 2))
+    if isinstance(job.prompt, TextPrompt):
+        text = job.prompt.text[-window * 8:]  # no token is shorter than a character: enough to fill it
+        ids, in_reasoning = render_prompt(backend.tokenizer, attrs.evolve(job.prompt, text=text),
+                                          special_tokens_in_content=special, expand=expand)
+        return ids[-(window - room):], in_reasoning
+    messages = list(job.prompt.messages)
+    kept = [m for m in messages if m.get("role") == "system"]
+    rest = [m for m in messages if m.get("role") != "system"]
+    while len(rest) > 1:
+        rest.pop(0)
+        shorter = attrs.evolve(job, prompt=attrs.evolve(job.prompt, messages=(*kept, *rest)),
+                               params=attrs.evolve(job.params, max_tokens=room), truncate=False)
+        try:
+            return _encoded(backend, shorter, special, expand)
+        except ContextOverflow:
+            continue
+    return None
+
+
+def _encoded(backend: Backend, job: GenerationJob, special_tokens_in_content: bool,
+             expand: Callable[[str], str]) -> tuple[list[int], bool]:
     ids, in_reasoning = render_prompt(
         backend.tokenizer, job.prompt, backend.context_window,
         special_tokens_in_content=special_tokens_in_content, expand=expand,

@@ -51,6 +51,10 @@ class OllamaGenerationFields:
     think: Any = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    # a prompt past the context loses its oldest messages (its start) instead of a 400; a
+    # budget past it is cut to what is left (``GenerationJob.truncate``, ``clamp``)
+    truncate: bool | None = None
+    shift: bool | None = None
 
 
 @attrs.frozen(kw_only=True)
