@@ -1,7 +1,8 @@
 """``serve --kv-cache q8_0`` on the default model as the CPU serves it (decision 0047): eight long
 prompts at once hold at most 0.65x the KV bytes that float16 holds, and change float16's answers
 no more than float16 changes float32's;
-the startup line, the fingerprint and the memory budget's bytes per token say which type."""
+the startup line, ``/slots``, the fingerprint and the memory budget's bytes per token say which
+type."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def _run(kind: str) -> tuple[list[list[int]], int, object]:
             peak = max(peak, backend.kv_bytes())
             for seq, token in out.tokens.items():
                 answers[seq].append(token)
+        backend.remove(0)  # into the prefix cache: /slots lists its bytes
         return [a[:8] for a in answers], peak, backend
     finally:
         kernels.set_kv_cache(before)
@@ -63,3 +65,7 @@ def test_eight_long_prompts_hold_at_most_0_65x_the_bytes_and_answer_as_float16_d
     assert "their KV cache in q8_0 blocks" in backend.kernels and "in float16" in half_backend.kernels
     assert backend.fingerprint != half_backend.fingerprint  # a prompt cache on disk is kept per type
     assert backend.kv_estimate(1000) / half_backend.kv_estimate(1000) == pytest.approx(34 / 64, abs=0.01)
+    assert "KV cache 12.2 MB per 1,000 tokens" in backend.kernels  # the startup line's real bytes
+    slots = [backend.slot_command("list", None, None)[0], half_backend.slot_command("list", None, None)[0]]
+    assert slots[0]["n_tokens"] == slots[1]["n_tokens"] > 500
+    assert slots[0]["kv_bytes"] / slots[1]["kv_bytes"] == pytest.approx(34 / 64, abs=0.02)

@@ -92,7 +92,7 @@ async def test_slots_list_save_erase_and_restore(start_server, client, tmp_path:
     listed = (await client.get(f"{server.url}/slots")).json()
     assert [s["id"] for s in listed] == [0, 1, 2, 3]
     assert listed[0]["n_tokens"] == first["total_tokens"] and "careful coding agent" in listed[0]["prompt"]
-    assert all(s["n_tokens"] == 0 and not s["is_processing"] for s in listed[1:])
+    assert all(s["n_tokens"] == 0 and not s["is_processing"] and s["kv_bytes"] == 0 for s in listed[1:])
 
     saved = (await client.post(f"{server.url}/slots/0?action=save", json={"filename": "agent.bin"})).json()
     assert saved["id_slot"] == 0 and saved["filename"] == "agent.bin" and saved["n_saved"] == first["total_tokens"]

@@ -126,6 +126,7 @@ class MlxBackend:
             # the adapter a derived model carries (named ""): every request that chooses none
             self.carried = tuple((i, 1.0) for i, a in enumerate(self.adapters) if not a.name)
             self._kv_size = kv_sizes(self.model)
+            self.kernels += f"; KV cache {self._kv_size(1000) / 1e6:.1f} MB per 1,000 tokens"
         # a vision tower beside the language model: images read between steps (``mlx_vision``)
         self.vision = vision_side(path, self)
         self.draft_model: Any = None  # --draft-model: drafts come from it instead of prompt lookup

@@ -101,10 +101,11 @@ class Slots:
         held = self.entries()
         out = []
         for i in range(self.count):
-            tokens = held[i][0] if i < len(held) else []
+            tokens, kv = held[i] if i < len(held) else ([], [])
             out.append({
                 "id": i, "id_task": -1, "n_ctx": self.n_ctx, "speculative": False, "is_processing": False,
                 "model": self.model, "n_tokens": len(tokens), "prompt": self.decode(tokens) if tokens else "",
+                "kv_bytes": sum(getattr(c, "nbytes", 0) for c in kv),  # as the cache holds them (float16, q8_0 ...)
             })
         return out
 
