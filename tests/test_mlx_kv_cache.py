@@ -18,9 +18,10 @@ from .realmodels import smollm2_native_store
 pytestmark = [pytest.mark.mlx, pytest.mark.skipif(not kernels.available(), reason=f"kernels: {kernels.describe()}"),
               pytest.mark.usefixtures("fast_ops_restored")]
 TEXT = (Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "likelihood-text.md").read_text()
-QUESTIONS = ["What is this text about?", "Which APIs does it speak?", "Who are its users?",
-             "What happens when a client disconnects?", "Name one API family.", "Is it local or remote?",
-             "What runs the models?", "Summarise it in five words."]
+QUESTIONS = ["Which command installs and serves? Answer with the command.", "Which port does the client use?",
+             "What is the default embedding model?", "How many dimensions do its embeddings have?",
+             "Which Python version does it need?", "Which BLAS does it preload?",
+             "What does scripts/setup create?", "How long does building the kernels take?"]
 
 
 def _run(kind: str) -> tuple[list[list[int]], int, object]:
