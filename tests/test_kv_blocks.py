@@ -146,3 +146,21 @@ def test_a_fused_model_keeps_its_cache_in_blocks_with_nearly_float16_s_logits(ki
     assert np.allclose(np.array(model(mx.array([[4]]), cache=batch)[0, -1]),
                        np.array(model(mx.array([[4]]), cache=alone)[0, -1]), atol=1e-4)
     assert first.shape == out[1:].shape
+
+
+def test_a_layer_whose_attention_is_not_the_kernels_keeps_float16(kv_cache) -> None:
+    """Gemma 2's soft-capped attention is its own ops on the heads: its caches stay float16."""
+    from mlx_lm.models import gemma2
+
+    from turbospark.model import mlx_kernels
+
+    kv_cache("q8_0")
+    mx.random.seed(2)
+    model = gemma2.Model(gemma2.ModelArgs(
+        model_type="gemma2", hidden_size=128, num_hidden_layers=2, intermediate_size=256, num_attention_heads=4,
+        head_dim=32, rms_norm_eps=1e-6, vocab_size=128, num_key_value_heads=2, query_pre_attn_scalar=32))
+    mx.eval(model.parameters())
+    assert "2 of 2 decoder layers fused" in mlx_kernels.install(model)
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.array([[5, 17, 3, 88]]), cache=cache), model(mx.array([[7]]), cache=cache))
+    assert {c.keys.dtype for c in cache} == {mx.float16}

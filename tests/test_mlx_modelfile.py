@@ -9,6 +9,7 @@ import os
 from functools import partial
 from pathlib import Path
 
+import httpx
 import ollama
 import pytest
 import trio
@@ -116,6 +117,10 @@ async def test_a_base_not_in_the_store_is_a_404_and_changes_nothing(client, stor
     with pytest.raises(ollama.ResponseError) as caught:  # an adapter never uploaded
         await client.create(model="ghost", from_=BASE, adapters={"lora.gguf": "sha256:" + "0" * 64})
     assert caught.value.status_code == 400
+    # a path on the server's machine is never read for a request: the adapter's files are uploaded
+    raw = await httpx.AsyncClient().post(f"{client._client.base_url}/api/create", json={
+        "model": "ghost", "modelfile": f"FROM {BASE}\nADAPTER /etc/passwd", "stream": False})
+    assert raw.status_code == 400 and "upload the adapter" in raw.json()["error"]
     assert sorted(m.model for m in (await client.list()).models) == before
     assert sorted(p.name for p in store.root.iterdir() if not p.name.startswith(".")) == [BASE]
 

@@ -30,6 +30,11 @@ def test_past_the_budget_the_end_of_thinking_is_the_only_token() -> None:
     # a speculative step's positions, then its rewind: read again from the start
     assert _forced(process, [*prompt, 7]) is None
     assert _forced(process, [*prompt, 7, 8, 9, 9]) == END
+    # a rewind to the same length: a drafted </think> refused, the reasoning still open
+    rewound = think_budget(3, START, END)
+    assert _forced(rewound, [*prompt, 9, END]) is None
+    assert _forced(rewound, [*prompt, 9, 8]) is None
+    assert _forced(rewound, [*prompt, 9, 8, 7]) == END
     # reasoning the model opens itself counts from its <think>
     own = think_budget(2, START, END)
     assert _forced(own, [1, 2]) is None and _forced(own, [1, 2, 3, START, 7]) is None

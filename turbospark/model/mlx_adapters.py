@@ -179,7 +179,9 @@ def _norms(module: nn.Module, ins: int, a: np.ndarray, b: np.ndarray, bias: np.n
     product (a quantized or GGUF block layer's too): 256 unit rows at a time."""
     sums = np.zeros(b.shape[1], np.float64)
     for start in range(0, ins, 256):
-        eye = np.eye(ins, dtype=np.float32)[start: start + 256]
+        rows = min(256, ins - start)
+        eye = np.zeros((rows, ins), np.float32)
+        eye[np.arange(rows), start + np.arange(rows)] = 1.0
         w = np.array(module(mx.array(eye)[None]).astype(mx.float32))[0] - bias  # rows of W^T
         sums += ((w + a[start: start + 256] @ b) ** 2).sum(axis=0)
     return np.sqrt(sums).astype(np.float32)
@@ -284,7 +286,7 @@ def marked(prompt: list[int], chosen: Sequence[tuple[int, float]], adapters: Seq
     prompt itself where it uses none."""
     if not chosen or not prompt:
         return prompt
-    tag = int.from_bytes(hashlib.sha256(repr(sorted((adapters[i].digest, s) for i, s in chosen)).encode()).digest()[:3])
+    tag = int.from_bytes(hashlib.sha256(repr(sorted((adapters[i].digest, s) for i, s in chosen)).encode()).digest()[:4]) >> 4
     return [-(1 << 61) - (tag << 32) - prompt[0], *prompt[1:]]
 
 

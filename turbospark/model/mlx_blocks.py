@@ -226,7 +226,7 @@ def _heads(attn: Any, parts: _Parts, x: mx.array, cache: Any, lora: Any = None) 
     if cache is None:
         return attn.rope(q), attn.rope(k), v
     q, k = attn.rope(q, offset=cache.offset), attn.rope(k, offset=cache.offset)
-    k, v = kv_update(cache, k, v)
+    k, v = kv_update(cache, k, v, blocks=getattr(parts, "softcap", None) is None)  # Gemma 2's reads floats
     return q, k, v
 
 

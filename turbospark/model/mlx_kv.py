@@ -7,9 +7,10 @@ a float16 scale and 16 bytes of nibbles, 18 bytes) as an int8 (q8_0) or uint8 (q
 shape (batch, heads, tokens, head size / 32 * block bytes).  Everything mlx-lm does to a cache
 along its batch and token axes (growing, trimming, filtering rows, merging, extracting, padding a
 prompt) is the same on these bytes; ``kernels.kv_write`` quantizes the new rows as it writes them
-(as llama.cpp's ``quantize_row_q8_0`` and ``quantize_row_q4_0``), and the kernels' attention reads
-the blocks as they are.  A sliding window's rotating cache and a head size that is not a
-multiple of 32 stay in float16.
+(as llama.cpp's reference ``quantize_row_q8_0_ref`` and ``quantize_row_q4_0_ref``), and the
+kernels' attention reads the blocks as they are.  A sliding window's rotating cache and a head size that is not a
+multiple of 32 stay in float16, and so does a layer whose attention is not the kernels' (Gemma 2's
+soft-capped attention, ``blocks`` false).
 """
 
 from __future__ import annotations
@@ -27,15 +28,16 @@ __all__ = ["kv_update", "kv_type"]
 _BLOCK_BYTES = {mx.int8: 34, mx.uint8: 18}
 
 
-def kv_type(k: mx.array) -> Any:
-    """The type a new full-attention cache holds rows like ``k`` in."""
+def kv_type(k: mx.array, blocks: bool = True) -> Any:
+    """The type a new full-attention cache holds rows like ``k`` in (not in blocks for a layer
+    whose attention is not the kernels': ``blocks`` false)."""
     if k.dtype != mx.float32 or not kernels.kv_half():
         return k.dtype
-    blocks = kernels.kv_blocks()
-    return blocks if blocks is not None and k.shape[-1] % 32 == 0 and k.shape[-1] <= 512 else mx.float16
+    kind = kernels.kv_blocks() if blocks else None
+    return kind if kind is not None and k.shape[-1] % 32 == 0 and k.shape[-1] <= 512 else mx.float16
 
 
-def kv_update(cache: Any, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
+def kv_update(cache: Any, k: mx.array, v: mx.array, *, blocks: bool = True) -> tuple[mx.array, mx.array]:
     """``cache.update_and_fetch(k, v)`` for a fused layer: in one call to the kernels (a write
     and a slice each for keys and values, without Python's indexing) where the cache is mlx-lm's
     plain or batch KV cache and the new rows fit in its buffers, the same state after as its own
@@ -49,7 +51,7 @@ def kv_update(cache: Any, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]
         return cache.update_and_fetch(k.astype(kv), v.astype(kv))
     if kind not in (KVCache, BatchKVCache):
         return cache.update_and_fetch(k, v)
-    kv = cache.keys.dtype if cache.keys is not None else kv_type(k)
+    kv = cache.keys.dtype if cache.keys is not None else kv_type(k, blocks)
     at = cache._idx if kind is BatchKVCache else cache.offset
     blocks = kv in _BLOCK_BYTES
     writable = k.dtype == kv or (k.dtype == mx.float32 and (kv == mx.float16 or blocks))

@@ -159,15 +159,15 @@ def think_ids(vocab: Mapping[str, int]) -> tuple[int, int] | None:
 def think_budget(budget: int, start: int, end: int) -> Callable[[mx.array, mx.array], mx.array]:
     """A hard cap on reasoning as a logits processor: once ``budget`` tokens follow an unclosed
     ``start`` (``<think>``, the prompt's own or one the model wrote), ``end`` is the only token
-    allowed, and the model answers after it.  The context is read as it grows, each token once; a
-    shorter one (a speculative step's positions, then its rewind) is read again from its start."""
+    allowed, and the model answers after it.  The context is read as it grows, each token once; one
+    no longer than the last (a speculative step's rewind) is read again from its start."""
     seen = 0
     opened: int | None = None  # where the reasoning began: the position after its <think>
 
     def process(tokens: mx.array, logits: mx.array) -> mx.array:
         nonlocal seen, opened
         n = tokens.shape[0]
-        if n < seen:
+        if n <= seen:  # a rewind (a plain step adds one token, a speculative one more)
             seen, opened = 0, None
         for i, token in enumerate(tokens[seen:].tolist() if n > seen else (), seen):
             if token == start:

@@ -58,9 +58,13 @@ def _spec(body: dict[str, Any], *, base_required: bool = True) -> ModelSpec:
             raise RequestInvalid(why, param=field)
     if isinstance(body.get("modelfile"), str) and not body.get("from"):
         try:
-            return parse(body["modelfile"])
+            spec = parse(body["modelfile"])
         except ModelfileError as exc:
             raise RequestInvalid(str(exc), param="modelfile") from None
+        if spec.adapter is not None:  # a path on this machine: never read for a request
+            raise RequestInvalid("ADAPTER names a file: upload the adapter's files (POST /api/blobs) and name "
+                                 "them in adapters", param="modelfile")
+        return spec
     base = body.get("from")
     if base_required and (not isinstance(base, str) or not base):
         raise RequestInvalid("from is required: the stored model the new one is made from", param="from")
@@ -102,6 +106,9 @@ async def create() -> Response:
         raise RequestInvalid("stream must be true or false", param="stream")
     store = shelf()
     if body.get("files") or (isinstance(body.get("from"), str) and body["from"].startswith(OLLAMA)):
+        if body.get("adapters"):
+            raise RequestInvalid("adapters apply to a stored model: import the model first, then create one "
+                                 "from it with the adapters", param="adapters")
         return await _import(sys_, store, name, body, stream)
     spec = _spec(body)
     adapters = body.get("adapters") or None

@@ -149,11 +149,16 @@ def encode_prompt(
     expand: Callable[[str], str] = str,
 ) -> tuple[list[int], bool]:
     """The prompt's token ids, and whether it leaves the model inside a reasoning span; for a
-    ``truncate`` job that does not fit, its prompt's newest part that does (``_truncated``)."""
+    ``truncate`` job, a budget past what the prompt leaves is cut to it, and a prompt that does
+    not fit at all is cut to its newest part that does (``_truncated``)."""
     try:
         return _encoded(backend, job, special_tokens_in_content, expand)
-    except ContextOverflow:
-        if not job.truncate or (cut := _truncated(backend, job, special_tokens_in_content, expand)) is None:
+    except ContextOverflow as exc:
+        if not job.truncate:
+            raise
+        if exc.param == "max_tokens":  # the prompt fits: only its budget is cut
+            return _encoded(backend, attrs.evolve(job, clamp=True), special_tokens_in_content, expand)
+        if (cut := _truncated(backend, job, special_tokens_in_content, expand)) is None:
             raise
         return cut
 
@@ -161,27 +166,41 @@ def encode_prompt(
 def _truncated(backend: Backend, job: GenerationJob, special: bool,
                expand: Callable[[str], str]) -> tuple[list[int], bool] | None:
     """A truncating job's prompt cut to fit with room for its budget (at most half the window):
-    a chat's oldest messages dropped, its system messages and its last kept (Ollama's truncate);
-    a text prompt's start dropped.  None where even the shortest does not fit."""
-    window = backend.context_window
+    a chat's oldest messages dropped, its system messages and its last kept (Ollama's truncate;
+    the fewest that fit, found by halving, each try one rendering); a text prompt's start dropped
+    (its BOS kept).  None where even the shortest does not fit, or the prompt has images (which
+    image each message holds is the vision side's)."""
+    window, tok = backend.context_window, backend.tokenizer
     room = max(1, min(job.params.max_tokens, window // 2))
     if isinstance(job.prompt, TextPrompt):
         text = job.prompt.text[-window * 8:]  # no token is shorter than a character: enough to fill it
-        ids, in_reasoning = render_prompt(backend.tokenizer, attrs.evolve(job.prompt, text=text),
+        ids, in_reasoning = render_prompt(tok, attrs.evolve(job.prompt, text=text),
                                           special_tokens_in_content=special, expand=expand)
-        return ids[-(window - room):], in_reasoning
+        bos = ids[:1] if ids and ids[0] == tok.bos_id else []
+        return bos + ids[len(bos):][-(window - room - len(bos)):], in_reasoning
+    if job.prompt.images:
+        return None
     messages = list(job.prompt.messages)
     kept = [m for m in messages if m.get("role") == "system"]
     rest = [m for m in messages if m.get("role") != "system"]
-    while len(rest) > 1:
-        rest.pop(0)
-        shorter = attrs.evolve(job, prompt=attrs.evolve(job.prompt, messages=(*kept, *rest)),
+
+    def without(n: int) -> tuple[list[int], bool] | None:  # the prompt less its n oldest other messages
+        shorter = attrs.evolve(job, prompt=attrs.evolve(job.prompt, messages=(*kept, *rest[n:])),
                                params=attrs.evolve(job.params, max_tokens=room), truncate=False)
         try:
             return _encoded(backend, shorter, special, expand)
         except ContextOverflow:
-            continue
-    return None
+            return None
+
+    fits = {len(rest) - 1: without(len(rest) - 1)} if rest else {}
+    if not fits or fits[len(rest) - 1] is None:
+        return None
+    low, high = 0, len(rest) - 1  # without(low) does not fit; without(high) does
+    while high - low > 1:
+        mid = (low + high) // 2
+        fits[mid] = without(mid)
+        low, high = (low, mid) if fits[mid] is not None else (mid, high)
+    return fits[high]
 
 
 def _encoded(backend: Backend, job: GenerationJob, special_tokens_in_content: bool,
@@ -240,8 +259,8 @@ def prepare(
     if job.params.grammar is not None:  # compiled now: a schema it cannot enforce, or a budget
         # too small for its shortest finished output, is a 400
         backend.tokenizer.grammars.compile(job.params.grammar, budget=job.params.max_tokens)
-    if job.params.adapters:
-        check_adapters(getattr(backend, "adapters", ()), job.params.adapters, images is not None)
+    if chosen := job.params.adapters or getattr(backend, "carried", ()):  # a derived model's carried one too
+        check_adapters(getattr(backend, "adapters", ()), chosen, images is not None)
     vocab = backend.tokenizer.vocab_size
     if any(not 0 <= i < vocab for i, _ in job.params.logit_bias):
         raise RequestInvalid(

@@ -289,6 +289,7 @@ struct AttentionJob {
                        int64_t& st) {
       if constexpr (std::is_same_v<KT, uint8_t>) {
         (void)n, (void)d, (void)buf, (void)p, (void)h;
+        if (a.st[3] != 1) throw std::runtime_error("[attention] a row of blocks must be contiguous");
         (&a == &k ? kb : vb) = reinterpret_cast<const uint8_t*>(a.data) + b * a.st[0] + kvh * a.st[1];
         st = a.st[2];
         return;
