@@ -84,8 +84,8 @@ class Settings:
     # --reasoning-budget: the most tokens a model reasons before it is made to answer, where a
     # request names no budget of its own (None: no cap)
     reasoning_budget: int | None = None
-    # --context-shift: a prompt past a model's context loses its oldest messages (its system
-    # messages kept) and its budget is cut to what is left, instead of a 400, for every family
+    # --context-shift: instead of a 400, a budget past what the prompt leaves is cut to it, and a
+    # prompt past a model's context loses its oldest messages (its system messages kept)
     context_shift: bool = False
     # ``serve --distributed``: the one --model is sharded over the ranks of mlx.distributed.
     distributed: bool = False

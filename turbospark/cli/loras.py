@@ -25,9 +25,9 @@ def add_engine_arguments(s: argparse.ArgumentParser) -> None:
                    "answer, where a request sets no budget (Anthropic's thinking.budget_tokens, vLLM's "
                    "thinking_token_budget); default: no cap")
     s.add_argument("--context-shift", action="store_true",
-                   help="a prompt past a model's context loses its oldest messages (its system messages and its "
-                   "last kept) and its budget is cut to what is left, instead of a 400, in every API family "
-                   "(Ollama's truncate and shift ask it for one request)")
+                   help="instead of a 400, a budget past what the prompt leaves is cut to it, and a prompt past "
+                   "the model's context loses its oldest messages (its system messages and its last kept), in "
+                   "every API family (Ollama's truncate and shift ask it for one request)")
 
 
 def _positive(text: str) -> int:
