@@ -146,6 +146,11 @@ def test_an_adapter_of_another_model_is_refused_saying_why(tmp_path) -> None:
     with pytest.raises(AdapterError, match=r"adapter other: model\.layers\.0\.self_attn\.q_proj is 64 -> 64 in this "
                                            r"model, 64 -> 32 in the adapter"):
         attach(_tiny(), [read_adapter("other", folder)])
+    wide = _tiny()
+    wide.model.layers[0].self_attn.q_proj = __import__("mlx.nn", fromlist=["nn"]).Linear(48, 64, bias=False)
+    narrow = _adapter(wide, tmp_path / "narrow", keys=["self_attn.q_proj"], layers=4)
+    with pytest.raises(AdapterError, match=r"model\.layers\.0\.self_attn\.q_proj does not take 48 inputs"):
+        attach(_tiny(), [read_adapter("narrow", narrow)])
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "adapter_config.json").write_text(json.dumps({"fine_tune_type": "full"}))
     (tmp_path / "full" / "adapters.safetensors").write_bytes(b"")

@@ -1,7 +1,7 @@
 """LoRA and DoRA adapters beside a model's layers, chosen row by row in one batch (decision 0046).
 
-``attach`` puts every adapter of a model (``adapter_files.Adapter``) beside the products it
-touches, never into their weights: the base products run once for every row of a step, and each
+``attach`` puts every adapter of a model (an ``Adapter``, read by ``store/adapter_files.py``)
+beside the products it touches, never into their weights: the base products run once for every row of a step, and each
 product an adapter touches adds, for all adapters together,
 
     delta = ((x @ A) * S) @ B
@@ -115,7 +115,11 @@ class _Delta:
 
     def __init__(self, route: Route, modules: list[tuple[str, nn.Module]], ins: int) -> None:
         self.route = route
-        outs = [_outputs(m, ins) for _, m in modules]
+        try:
+            outs = [_outputs(m, ins) for _, m in modules]
+        except (ValueError, RuntimeError):  # its lora_a is not this module's input width
+            names = ", ".join(a.name for a in route.adapters if any(p in a.layers for p, _ in modules))
+            raise AdapterError(f"adapter {names}: {modules[0][0]} does not take {ins} inputs in this model") from None
         touched = [[a.layers.get(path) for a in route.adapters] for path, _ in modules]
         self.rank = max(t[0].shape[1] for ts in touched for t in ts if t is not None)
         K, R, M = len(route.adapters), self.rank, len(modules)
