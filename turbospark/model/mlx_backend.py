@@ -24,6 +24,9 @@ are thread-local): loading, the prefix cache, prefill and decode.
   new sequence starts from the longest cached prefix of its prompt.
 - What loading reads and measures (context window, defaults, fingerprint, KV bytes per token)
   is in ``mlx_load``.
+- LoRA adapters (``serve --lora``, a derived model's carried one) sit beside the layers; each
+  sequence's scales are set by its engine id, and its prefix-cache key is marked by its adapters
+  (``mlx_adapters``).  While one runs, the one-pass mixed step and speculation stand aside.
 """
 
 from __future__ import annotations
