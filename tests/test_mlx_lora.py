@@ -231,8 +231,9 @@ async def test_requests_with_and_without_adapters_share_the_batch_each_with_mlx_
     first = await complete("smol-pirate", prompt=story)
     again = await complete("smol-pirate", prompt=story)
     base = await complete(stored.name, prompt=story)
-    cached = [r["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) for r in (first, again, base)]
-    assert cached[0] == 0 and cached[1] > 0 and cached[2] == 0, cached
+    other = await complete("smol-dora", prompt=story)  # the base's and the LoRA's KV are not its
+    cached = [r["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) for r in (first, again, base, other)]
+    assert cached[0] == 0 and cached[1] > 0 and cached[2] == 0 and cached[3] == 0, cached
     bad = await client.post(server.url + "/v1/completions", json={"model": stored.name, "prompt": PROMPT,
                                                                    "lora": [{"id": 2}]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "lora"

@@ -199,8 +199,11 @@ class MlxBackend:
 
     # --- sequences -------------------------------------------------------------------------
 
-    def cached_prefix(self, prompt: list[int], images: Seen | None = None) -> int:
-        return self.prefix_cache.peek(images.key if images is not None else prompt)
+    def cached_prefix(self, prompt: list[int], images: Seen | None = None,
+                      adapters: tuple[tuple[int, float], ...] = ()) -> int:
+        if images is not None:
+            return self.prefix_cache.peek(images.key)
+        return self.prefix_cache.peek(marked(prompt, adapters or self.carried, self.adapters))
 
     def insert(self, seq: int, prompt: list[int], params: SamplingParams, images: Seen | None = None) -> int:
         if images is not None and self.vision is not None:  # its images are read first

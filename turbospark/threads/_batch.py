@@ -207,6 +207,8 @@ class Batch:
         try:
             if job.images is not None:  # the prompt as the cache knows it: its images' hashes in it
                 return int(self.backend.cached_prefix(job.ids, images=job.images))
+            if adapters := job.job.params.adapters:  # an adapter's KV is its own (``mlx_adapters.marked``)
+                return int(self.backend.cached_prefix(job.ids, adapters=adapters))
             return int(self.backend.cached_prefix(job.ids))
         except Exception:  # a report, never a reason to fail the job
             log.exception("model %s: looking up the prefix cache failed", self.backend.model_id)
