@@ -26,7 +26,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,29 +40,12 @@ PROMPTS = [
 ]
 
 
-def _decode(backend, prompts: list[list[int]], steps: int) -> float:  # type: ignore[no-untyped-def]
-    """Tokens a second of ``prompts`` decoding together (after all are read), greedy."""
-    from turbospark.model.backend import SamplingParams
-
-    for i, p in enumerate(prompts):
-        backend.insert(i, p, SamplingParams(max_tokens=steps + 8, temperature=0.0, speculative=False))
-    counts, began, start = dict.fromkeys(range(len(prompts)), 0), None, 0
-    while min(counts.values()) < steps:
-        out = backend.step()
-        if began is None and len(out.tokens) == len(prompts):
-            began, start = time.perf_counter(), sum(counts.values()) + len(prompts)
-        for seq in out.tokens:
-            counts[seq] += 1
-    rate = (sum(counts.values()) - start) / (time.perf_counter() - began)
-    for i in range(len(prompts)):
-        backend.remove(i, keep_cache=False)
-    return rate
-
-
 def child(path: Path, kind: str, context: int, steps: int, tokens: int) -> None:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
+    sys.path.insert(0, str(ROOT))
+    from benchmarks._engine import decode_rate
     from turbospark.kernels import ops
     from turbospark.model.backend import SamplingParams
     from turbospark.model.mlx_backend import MlxBackend
@@ -90,8 +72,8 @@ def child(path: Path, kind: str, context: int, steps: int, tokens: int) -> None:
         ends = [i for i, t in enumerate(out[:tokens]) if t in tok.stop_ids]
         answers.append(out[: ends[0] + 1] if ends else out[:tokens])  # the answer, to its end
     long = [[(j * 7) % 1000 + 1 for j in range(context)]]
-    one = _decode(backend, long, steps)
-    eight = _decode(backend, [[(j * 7 + i * 13) % 1000 + 1 for j in range(512)] for i in range(8)], steps)
+    one = decode_rate(backend, long, steps)
+    eight = decode_rate(backend, [[(j * 7 + i * 13) % 1000 + 1 for j in range(512)] for i in range(8)], steps)
     print(json.dumps({"nll": statistics.fmean(nll), "answers": answers, "per_1000": backend.kv_estimate(1000),
                       "one": one, "eight": eight, "kernels": backend.kernels}))
 

@@ -25,7 +25,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 
@@ -50,26 +49,8 @@ def _adapter(path: Path, folder: Path, seed: int) -> Path:
     return folder
 
 
-def _decode(backend, rows: int, context: int, steps: int, chosen) -> float:  # type: ignore[no-untyped-def]
-    """Tokens a second of ``rows`` sequences decoding together, ``chosen(i)`` each one's adapters."""
-    from turbospark.model.backend import SamplingParams
-
-    for i in range(rows):
-        prompt = [(j * 7 + i * 13) % 1000 + 1 for j in range(context)]
-        backend.insert(i, prompt, SamplingParams(max_tokens=steps + 8, temperature=0.0, speculative=False,
-                                                 adapters=chosen(i)))
-    counts = dict.fromkeys(range(rows), 0)
-    began = None
-    while min(counts.values()) < steps:
-        out = backend.step()
-        if began is None and len(out.tokens) == rows:
-            began, start = time.perf_counter(), sum(counts.values())
-        for seq in out.tokens:
-            counts[seq] += 1
-    elapsed = time.perf_counter() - began
-    for i in range(rows):
-        backend.remove(i, keep_cache=False)
-    return (sum(counts.values()) - start - rows) / elapsed
+def _prompts(rows: int, context: int) -> list[list[int]]:
+    return [[(j * 7 + i * 13) % 1000 + 1 for j in range(context)] for i in range(rows)]
 
 
 def main() -> None:
@@ -80,6 +61,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks._engine import decode_rate
     from turbospark.model.mlx_backend import MlxBackend
     from turbospark.store.adapter_files import read_adapters
     from turbospark.store.pull import pull
@@ -100,11 +82,11 @@ def main() -> None:
     results: dict[tuple[str, int], list[float]] = {(name, n): [] for name in configs for n in rows}
     for name, (backend, chosen) in configs.items():  # warm: every shape once
         for n in rows:
-            _decode(backend, n, args.context, 8, chosen)
+            decode_rate(backend, _prompts(n, args.context), 8, chosen)
     for _ in range(args.rounds):
         for n in rows:
             for name, (backend, chosen) in configs.items():
-                results[name, n].append(_decode(backend, n, args.context, args.steps, chosen))
+                results[name, n].append(decode_rate(backend, _prompts(n, args.context), args.steps, chosen))
     print(f"SmolLM2-135M-Instruct (Q4_1 blocks as 4-bit, the kernels), {args.context} tokens of context, "
           f"{args.steps} decode steps; medians of {args.rounds} rounds alternating\n{adapted.kernels}\n")
     print("| rows | " + " | ".join(configs) + " |")

@@ -100,41 +100,49 @@ def test_rows_of_one_batch_each_get_their_adapter_as_mlx_lm_applies_it(tmp_path,
     assert mx.abs(ours(x) - wanted[0]).max().item() <= tolerance  # rows outside a route: the base
 
 
-def test_a_gguf_lora_reads_as_the_mlx_adapter_it_was_written_from(tmp_path) -> None:
-    """llama.cpp's layout (PEFT's lora_A and lora_B, Q and K rows in its RoPE order, the scale
-    as alpha / rank) reads back as the mlx-lm adapter."""
+def _permute(rows: np.ndarray, heads: int) -> np.ndarray:  # llama.cpp's converter's Q/K row order
+    return rows.reshape(heads, 2, rows.shape[0] // heads // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
+def gguf_lora(folder: Path, target: Path, heads: tuple[int, int]) -> Path:
+    """The mlx-lm adapter at ``folder`` (scale 20, rank 8) as llama.cpp's ``convert_lora_to_gguf.py``
+    writes a LoRA: PEFT's lora_A and lora_B, Q and K rows in its RoPE order, alpha = scale * rank."""
     import gguf
 
-    from turbospark.store.gguf_tensors import unpermute
-
-    mlx = read_adapter("a", _adapter(_tiny(), tmp_path / "lora", layers=2, size=0.1))
-    writer = gguf.GGUFWriter(str(tmp_path / "lora.gguf"), "llama")
+    adapter = read_adapter("a", folder)
+    writer = gguf.GGUFWriter(str(target), "llama")
     writer.add_string("general.type", "adapter")
     writer.add_string("adapter.type", "lora")
-    writer.add_float32("adapter.lora.alpha", 20.0 * 8)  # scale 20, rank 8
+    writer.add_float32("adapter.lora.alpha", 20.0 * 8)
     names = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
              "mlp.down_proj": "ffn_down"}
-
-    def permute(rows: np.ndarray, heads: int) -> np.ndarray:  # llama.cpp's converter's
-        return rows.reshape(heads, 2, rows.shape[0] // heads // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
-
-    for path, (a, b, _) in mlx.layers.items():
+    for path, (a, b, _) in adapter.layers.items():
         layer, module = path.split(".")[2], path.split(".", 3)[3]
         peft_b = (b / 20.0).T
         if module in ("self_attn.q_proj", "self_attn.k_proj"):
-            peft_b = permute(peft_b, 4 if module == "self_attn.q_proj" else 2)
+            peft_b = _permute(peft_b, heads[0] if module == "self_attn.q_proj" else heads[1])
         writer.add_tensor(f"blk.{layer}.{names[module]}.weight.lora_a", np.ascontiguousarray(a.T))
         writer.add_tensor(f"blk.{layer}.{names[module]}.weight.lora_b", np.ascontiguousarray(peft_b))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    read = read_adapter("g", tmp_path / "lora.gguf", heads=(4, 2))
+    return target
+
+
+def test_a_gguf_lora_reads_as_the_mlx_adapter_it_was_written_from(tmp_path) -> None:
+    """llama.cpp's layout (PEFT's lora_A and lora_B, Q and K rows in its RoPE order, the scale
+    as alpha / rank) reads back as the mlx-lm adapter."""
+    from turbospark.store.gguf_tensors import unpermute
+
+    folder = _adapter(_tiny(), tmp_path / "lora", layers=2, size=0.1)
+    mlx = read_adapter("a", folder)
+    read = read_adapter("g", gguf_lora(folder, tmp_path / "lora.gguf", (4, 2)), heads=(4, 2))
     assert sorted(read.layers) == sorted(mlx.layers)
     for path, (a, b, _) in mlx.layers.items():
         assert np.allclose(read.layers[path][0], a) and np.allclose(read.layers[path][1], b, atol=1e-6), path
-    assert unpermute(permute(np.arange(16.0)[:, None], 2), 2)[:, 0].tolist() == list(range(16))
+    assert unpermute(_permute(np.arange(16.0)[:, None], 2), 2)[:, 0].tolist() == list(range(16))
 
 
 def test_an_adapter_of_another_model_is_refused_saying_why(tmp_path) -> None:

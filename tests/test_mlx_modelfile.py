@@ -5,6 +5,7 @@ and ``show`` prints its Modelfile back.  A base that is not in the store changes
 
 from __future__ import annotations
 
+import json
 import os
 from functools import partial
 from pathlib import Path
@@ -116,7 +117,7 @@ async def test_a_base_not_in_the_store_is_a_404_and_changes_nothing(client, stor
     assert caught.value.status_code == 404 and "no-such-base" in caught.value.error
     with pytest.raises(ollama.ResponseError) as caught:  # an adapter never uploaded
         await client.create(model="ghost", from_=BASE, adapters={"lora.gguf": "sha256:" + "0" * 64})
-    assert caught.value.status_code == 400
+    assert caught.value.status_code == 400 and "was never uploaded" in caught.value.error
     # a path on the server's machine is never read for a request: the adapter's files are uploaded
     raw = await httpx.AsyncClient().post(f"{client._client.base_url}/api/create", json={
         "model": "ghost", "modelfile": f"FROM {BASE}\nADAPTER /etc/passwd", "stream": False})
@@ -145,6 +146,15 @@ async def test_a_created_model_carries_its_adapter_to_every_request(client, stor
     assert r.response == _greedy(folder, 10) != base.response
     assert "\nADAPTER adapters.safetensors" not in (await client.show("pirate")).modelfile  # the folder's name
     assert "\nADAPTER " in (await client.show("pirate")).modelfile
+    # the same adapter as a GGUF LoRA, uploaded as a blob (no .gguf name: read by its magic)
+    from .test_mlx_lora import gguf_lora
+
+    config = json.loads((smollm2_store().path / "config.json").read_text())
+    lora = gguf_lora(folder, tmp_path / "pirate.gguf", (config["num_attention_heads"], config["num_key_value_heads"]))
+    done = await client.create(model="pirate-gguf", from_=BASE, adapters={"lora.gguf": await client.create_blob(lora)})
+    assert done.status == "success"
+    r = await client.generate(model="pirate-gguf", prompt=PROMPT, raw=True, options=options)
+    assert r.response == _greedy(folder, 10)
     monkeypatch.setenv("TURBOSPARK_HOME", str(tmp_path))
     assert models_main(["import", str(folder), "--base", BASE, "--name", "pirate2"]) == 0
     assert "imported pirate2" in capsys.readouterr().out

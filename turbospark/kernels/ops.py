@@ -83,9 +83,10 @@ def kv_blocks() -> mx.Dtype | None:
     return KV_BLOCKS.get(_kv_cache) if native is not None else None
 
 
-def kv_cache() -> str:
-    """The fused layers' KV cache type: "f32", "f16", "q8_0" or "q4_0"."""
-    return _kv_cache if native is not None else "f32"
+def kv_cache(asked: bool = False) -> str:
+    """The fused layers' KV cache type: "f32", "f16", "q8_0" or "q4_0" (``asked``: the one set,
+    whether or not the kernels are here to keep it)."""
+    return _kv_cache if native is not None or asked else "f32"
 
 
 def set_kv_cache(kind: str) -> None:

@@ -130,6 +130,8 @@ class MlxBackend:
             self.carried = tuple((i, 1.0) for i, a in enumerate(self.adapters) if not a.name)
             self._kv_size = kv_sizes(self.model)
             self.kernels += f"; KV cache {self._kv_size(1000) / 1e6:.1f} MB per 1,000 tokens"
+            if (asked := kernels_cache(asked=True)) in ("q8_0", "q4_0") and not half_kv(self.model):
+                self.kernels += f" (--kv-cache {asked} needs the kernels' fused layers, not here)"
         # a vision tower beside the language model: images read between steps (``mlx_vision``)
         self.vision = vision_side(path, self)
         self.draft_model: Any = None  # --draft-model: drafts come from it instead of prompt lookup

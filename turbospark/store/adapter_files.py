@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..model.mlx_adapters import Adapter, AdapterError
+from .blobs import is_gguf
 
 __all__ = ["read_adapter", "read_adapters"]
 
@@ -58,7 +59,7 @@ def read_adapter(name: str, path: Path, *, heads: tuple[int, int] | None = None)
     path = Path(path)
     if path.is_dir() and (path / "adapter_config.json").is_file():
         return _mlx(name, path)
-    if path.suffix == ".gguf" and path.is_file():
+    if path.is_file() and is_gguf(path):  # by its magic bytes (an uploaded blob has no .gguf name)
         return _gguf(name, path, heads)
     raise AdapterError(f"adapter {name}: {path} is neither an mlx-lm adapter directory (adapter_config.json and "
                        "adapters.safetensors) nor a GGUF LoRA file")

@@ -126,7 +126,7 @@ def check_file_name(name: object) -> PurePosixPath:
     return path
 
 
-def _is_gguf(path: Path) -> bool:
+def is_gguf(path: Path) -> bool:
     """A GGUF by its magic bytes, whatever its name (``FROM ./model.bin``)."""
     with path.open("rb") as f:
         return f.read(4) == b"GGUF"
@@ -138,7 +138,7 @@ def lay_out(blobs: BlobStore, files: object, work: Path) -> Path:
     under ``work`` with each blob hard-linked under its name (a Hugging Face or safetensors
     directory, as ``ollama create`` sends one)."""
     named = blobs.resolve(files)
-    ggufs = [n for n, blob in named.items() if n.suffix.lower() == ".gguf" or _is_gguf(blob)]
+    ggufs = [n for n, blob in named.items() if n.suffix.lower() == ".gguf" or is_gguf(blob)]
     if ggufs:
         if len(named) > 1:
             raise BlobError("files: a GGUF carries its tokenizer and config; send it alone")

@@ -84,8 +84,8 @@ def _carry(base: StoredModel, spec: ModelSpec, model_dir: Path) -> None:
     if source.is_dir():
         for name in ("adapter_config.json", "adapters.safetensors"):
             shutil.copy2(source / name, target / name)
-    else:
-        shutil.copy2(source, target / source.name)
+    else:  # a GGUF LoRA, under a GGUF's name (an uploaded blob has none)
+        shutil.copy2(source, target / (source.name if source.suffix == ".gguf" else "adapter.gguf"))
 
 
 def _link_or_copy(source: Path, target: Path) -> None:

@@ -14,7 +14,6 @@ the routes call it on a worker thread.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
@@ -96,10 +95,7 @@ class StoreShelf:
         if not adapters:
             return str(create_derived(self.store, name, spec).manifest.get("source_sha256", ""))
         with self.store.scratch() as work:
-            source = lay_out(self.blobs, adapters, work)
-            if source.is_file():  # a GGUF blob, under a GGUF's name
-                shutil.copy2(source, work / "adapter.gguf")
-                source = work / "adapter.gguf"
+            source = lay_out(self.blobs, adapters, work)  # a GGUF blob itself, or a folder of the files
             stored = create_derived(self.store, name, attrs.evolve(spec, adapter=str(source)))
         for blob in set(adapters.values()):
             self.blobs.remove(blob)

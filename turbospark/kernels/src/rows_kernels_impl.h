@@ -468,95 +468,6 @@ inline v8f row8(const uint16_t* p) { return from_f16(p); }
 inline float row1(const float* p, int e) { return p[e]; }
 inline float row1(const uint16_t* p, int e) { return half(p, e); }
 
-// The scores of G query heads that share their keys (grouped-query attention), each key row
-// read from memory once for all of them: out[g * ost + j] = sum_e q[g * qst + e] * k[j * kst + e].
-// Eight keys at a time (one sum each, reduced together); d a multiple of 8 takes the vector path.
-// E: the keys' type (float, or float16's bits); the sums are the same bits either way for the
-// same float32 values.
-template <class E>
-void dots_of(const float* q, int G, int64_t qst, const E* k, int64_t kst, int n, int d, float* out, int64_t ost) {
-  int j = 0;
-  if (d % 8 == 0) {
-    for (; j + 8 <= n; j += 8) {
-      const E* kj = k + j * kst;
-      for (int g = 0; g < G; ++g) {  // the eight key rows stay in L1 across the heads
-        const float* qg = q + g * qst;
-        v8f acc[8] = {};
-        for (int e = 0; e < d; e += 8) {
-          const v8f qv = load8(qg + e);
-          for (int t = 0; t < 8; ++t) acc[t] += qv * row8(kj + t * kst + e);
-        }
-        const v8f sums = hsum8(acc);
-        std::memcpy(out + g * ost + j, &sums, sizeof sums);
-      }
-    }
-  }
-  for (; j < n; ++j) {
-    const E* row = k + j * kst;
-    for (int g = 0; g < G; ++g) {
-      const float* qg = q + g * qst;
-      v8f acc = {};
-      int e = 0;
-      for (; e + 8 <= d; e += 8) acc += load8(qg + e) * row8(row + e);
-      float s = hsum_pairs(acc);
-      for (; e < d; ++e) s = std::fma(qg[e], row1(row, e), s);  // one rounding whatever the build contracts
-      out[g * ost + j] = s;
-    }
-  }
-}
-
-void dots(const float* q, int G, int64_t qst, const float* k, int64_t kst, int n, int d, float* out, int64_t ost) {
-  dots_of(q, G, qst, k, kst, n, d, out, ost);
-}
-
-void dots_h(const float* q, int G, int64_t qst, const uint16_t* k, int64_t kst, int n, int d, float* out, int64_t ost) {
-  dots_of(q, G, qst, k, kst, n, d, out, ost);
-}
-
-// acc[g * ast + e] += sum_j p[g * pst + j] * v[j * vst + e] for the G heads that share the values,
-// a block of value rows at a time (kept in L1 while each head's sum passes over it; rows whose
-// p is 0 skipped).  E: the values' type, as for dots_of.
-template <class E>
-void axpys_of(const float* p, int G, int64_t pst, const E* v, int64_t vst, int n, int d, float* acc, int64_t ast) {
-  constexpr int kBlock = 32;
-  for (int j0 = 0; j0 < n; j0 += kBlock) {
-    const int j1 = std::min(n, j0 + kBlock);
-    for (int g = 0; g < G; ++g) {
-      const float* pg = p + g * pst;
-      float* ag = acc + g * ast;
-      if (d == 64) {  // the usual head size: the sum stays in registers
-        v8f a[8];
-        for (int e = 0; e < 8; ++e) a[e] = load8(ag + 8 * e);
-        for (int j = j0; j < j1; ++j) {
-          if (pg[j] == 0.0f) continue;
-          const E* row = v + j * vst;
-          for (int e = 0; e < 8; ++e) a[e] += pg[j] * row8(row + 8 * e);
-        }
-        std::memcpy(ag, a, sizeof a);
-        continue;
-      }
-      for (int j = j0; j < j1; ++j) {
-        if (pg[j] == 0.0f) continue;
-        const E* row = v + j * vst;
-        int e = 0;
-        for (; e + 8 <= d; e += 8) {
-          v8f t = load8(ag + e) + pg[j] * row8(row + e);
-          std::memcpy(ag + e, &t, sizeof t);
-        }
-        for (; e < d; ++e) ag[e] = std::fma(pg[j], row1(row, e), ag[e]);
-      }
-    }
-  }
-}
-
-void axpys(const float* p, int G, int64_t pst, const float* v, int64_t vst, int n, int d, float* acc, int64_t ast) {
-  axpys_of(p, G, pst, v, vst, n, d, acc, ast);
-}
-
-void axpys_h(const float* p, int G, int64_t pst, const uint16_t* v, int64_t vst, int n, int d, float* acc, int64_t ast) {
-  axpys_of(p, G, pst, v, vst, n, d, acc, ast);
-}
-
 // Eight values of a KV cache row held in blocks of 32 (F 1: q8_0, F 2: q4_0; Isa::dots_b) from
 // value e (a multiple of 8), widened to float32: the integers times their block's float16 scale.
 template <int F>
@@ -586,69 +497,131 @@ inline v8f block8(const uint8_t* row, int e) {
   return x * half(&h, 0);
 }
 
-// dots_of and axpys_of over rows held in blocks (d a multiple of 32), each value widened as it
-// is read: the same sums as on the widened float32 rows.
+// Value e of a KV cache row held in blocks (F as for block8), alone.
 template <int F>
-void dots_blocks(const float* q, int G, int64_t qst, const uint8_t* k, int64_t kst, int n, int d, float* out,
-                 int64_t ost) {
+inline float block1(const uint8_t* row, int e) {
+  const uint8_t* blk = row + (e >> 5) * (F == 1 ? 34 : 18);
+  const int o = e & 31;
+  const float q = F == 1 ? float(static_cast<int8_t>(blk[2 + o])) : float(int((blk[2 + (o & 15)] >> (o >= 16 ? 4 : 0)) & 15) - 8);
+  uint16_t h;
+  std::memcpy(&h, blk, sizeof h);
+  return q * half(&h, 0);
+}
+
+// A row's eight values from e, and its value e: F 0 for float32 and float16 rows (E their type),
+// 1 or 2 for rows in blocks (E uint8_t).
+template <int F, class E>
+inline v8f values8(const E* row, int e) {
+  if constexpr (F == 0) return row8(row + e);
+  else return block8<F>(row, e);
+}
+
+template <int F, class E>
+inline float value1(const E* row, int e) {
+  if constexpr (F == 0) return row1(row, e);
+  else return block1<F>(row, e);
+}
+
+// The scores of G query heads that share their keys (grouped-query attention), each key row
+// read from memory once for all of them: out[g * ost + j] = sum_e q[g * qst + e] * k[j * kst + e].
+// Eight keys at a time (one sum each, reduced together); d a multiple of 8 takes the vector path.
+// E: the keys' type (float, or float16's bits, or a quantized cache's bytes with F its blocks'
+// kind); the sums are the same bits either way for the same float32 values.
+template <class E, int F = 0>
+void dots_of(const float* q, int G, int64_t qst, const E* k, int64_t kst, int n, int d, float* out, int64_t ost) {
   int j = 0;
-  for (; j + 8 <= n; j += 8) {
-    const uint8_t* kj = k + j * kst;
-    for (int g = 0; g < G; ++g) {
-      const float* qg = q + g * qst;
-      v8f acc[8] = {};
-      for (int e = 0; e < d; e += 8) {
-        const v8f qv = load8(qg + e);
-        for (int t = 0; t < 8; ++t) acc[t] += qv * block8<F>(kj + t * kst, e);
+  if (d % 8 == 0) {
+    for (; j + 8 <= n; j += 8) {
+      const E* kj = k + j * kst;
+      for (int g = 0; g < G; ++g) {  // the eight key rows stay in L1 across the heads
+        const float* qg = q + g * qst;
+        v8f acc[8] = {};
+        for (int e = 0; e < d; e += 8) {
+          const v8f qv = load8(qg + e);
+          for (int t = 0; t < 8; ++t) acc[t] += qv * values8<F>(kj + t * kst, e);
+        }
+        const v8f sums = hsum8(acc);
+        std::memcpy(out + g * ost + j, &sums, sizeof sums);
       }
-      const v8f sums = hsum8(acc);
-      std::memcpy(out + g * ost + j, &sums, sizeof sums);
     }
   }
   for (; j < n; ++j) {
+    const E* row = k + j * kst;
     for (int g = 0; g < G; ++g) {
       const float* qg = q + g * qst;
       v8f acc = {};
-      for (int e = 0; e < d; e += 8) acc += load8(qg + e) * block8<F>(k + j * kst, e);
-      out[g * ost + j] = hsum_pairs(acc);
+      int e = 0;
+      for (; e + 8 <= d; e += 8) acc += load8(qg + e) * values8<F>(row, e);
+      float s = hsum_pairs(acc);
+      for (; e < d; ++e) s = std::fma(qg[e], value1<F>(row, e), s);  // one rounding whatever the build contracts
+      out[g * ost + j] = s;
     }
   }
 }
 
-template <int F>
-void axpys_blocks(const float* p, int G, int64_t pst, const uint8_t* v, int64_t vst, int n, int d, float* acc,
-                  int64_t ast) {
+void dots(const float* q, int G, int64_t qst, const float* k, int64_t kst, int n, int d, float* out, int64_t ost) {
+  dots_of(q, G, qst, k, kst, n, d, out, ost);
+}
+
+void dots_h(const float* q, int G, int64_t qst, const uint16_t* k, int64_t kst, int n, int d, float* out, int64_t ost) {
+  dots_of(q, G, qst, k, kst, n, d, out, ost);
+}
+
+// acc[g * ast + e] += sum_j p[g * pst + j] * v[j * vst + e] for the G heads that share the values,
+// a block of value rows at a time (kept in L1 while each head's sum passes over it; rows whose
+// p is 0 skipped).  E and F: the values' type, as for dots_of.
+template <class E, int F = 0>
+void axpys_of(const float* p, int G, int64_t pst, const E* v, int64_t vst, int n, int d, float* acc, int64_t ast) {
   constexpr int kBlock = 32;
   for (int j0 = 0; j0 < n; j0 += kBlock) {
     const int j1 = std::min(n, j0 + kBlock);
     for (int g = 0; g < G; ++g) {
       const float* pg = p + g * pst;
       float* ag = acc + g * ast;
-      for (int e0 = 0; e0 < d; e0 += 64) {  // 64 values of the sum in registers
-        const int w = std::min(64, d - e0) / 8;
+      if (d == 64) {  // the usual head size: the sum stays in registers
         v8f a[8];
-        for (int e = 0; e < w; ++e) a[e] = load8(ag + e0 + 8 * e);
+        for (int e = 0; e < 8; ++e) a[e] = load8(ag + 8 * e);
         for (int j = j0; j < j1; ++j) {
           if (pg[j] == 0.0f) continue;
-          const uint8_t* row = v + j * vst;
-          for (int e = 0; e < w; ++e) a[e] += pg[j] * block8<F>(row, e0 + 8 * e);
+          const E* row = v + j * vst;
+          for (int e = 0; e < 8; ++e) a[e] += pg[j] * values8<F>(row, 8 * e);
         }
-        std::memcpy(ag + e0, a, sizeof(v8f) * w);
+        std::memcpy(ag, a, sizeof a);
+        continue;
+      }
+      for (int j = j0; j < j1; ++j) {
+        if (pg[j] == 0.0f) continue;
+        const E* row = v + j * vst;
+        int e = 0;
+        for (; e + 8 <= d; e += 8) {
+          v8f t = load8(ag + e) + pg[j] * values8<F>(row, e);
+          std::memcpy(ag + e, &t, sizeof t);
+        }
+        for (; e < d; ++e) ag[e] = std::fma(pg[j], value1<F>(row, e), ag[e]);
       }
     }
   }
 }
 
+void axpys(const float* p, int G, int64_t pst, const float* v, int64_t vst, int n, int d, float* acc, int64_t ast) {
+  axpys_of(p, G, pst, v, vst, n, d, acc, ast);
+}
+
+void axpys_h(const float* p, int G, int64_t pst, const uint16_t* v, int64_t vst, int n, int d, float* acc, int64_t ast) {
+  axpys_of(p, G, pst, v, vst, n, d, acc, ast);
+}
+
+// dots and axpys over rows held in blocks (Isa::dots_b): each value widened as it is read.
 void dots_b(int fmt, const float* q, int G, int64_t qst, const uint8_t* k, int64_t kst, int n, int d, float* out,
             int64_t ost) {
-  if (fmt == 1) return dots_blocks<1>(q, G, qst, k, kst, n, d, out, ost);
-  dots_blocks<2>(q, G, qst, k, kst, n, d, out, ost);
+  if (fmt == 1) return dots_of<uint8_t, 1>(q, G, qst, k, kst, n, d, out, ost);
+  dots_of<uint8_t, 2>(q, G, qst, k, kst, n, d, out, ost);
 }
 
 void axpys_b(int fmt, const float* p, int G, int64_t pst, const uint8_t* v, int64_t vst, int n, int d, float* acc,
              int64_t ast) {
-  if (fmt == 1) return axpys_blocks<1>(p, G, pst, v, vst, n, d, acc, ast);
-  axpys_blocks<2>(p, G, pst, v, vst, n, d, acc, ast);
+  if (fmt == 1) return axpys_of<uint8_t, 1>(p, G, pst, v, vst, n, d, acc, ast);
+  axpys_of<uint8_t, 2>(p, G, pst, v, vst, n, d, acc, ast);
 }
 
 template <class Src>
