@@ -150,6 +150,35 @@ async def test_reasoning_is_folded_and_tool_calls_are_cards(start_server) -> Non
     assert name == "get_weather" and json.loads(arguments) == {"city": "Oslo"}
 
 
+async def test_the_mcp_servers_are_listed_and_the_playground_runs_their_tools(start_server, tmp_path: Path) -> None:
+    from .test_mcp import CALL_ADD, demo, marks
+
+    server = await start_server([ScriptedBackend(script=CALL_ADD)], mcp_servers=(demo(tmp_path / "marks"),))
+
+    def drive(page):  # type: ignore[no-untyped-def]
+        page.goto(server.url)
+        conv = page.locator('[data-conversation="1"]')
+        conv.locator(".settings summary").click()
+        conv.locator(".mcp-server[value=demo]").check()
+        conv.locator(".max-tokens").fill("60")
+        conv.locator(".input").fill("What is 2 plus 3?")
+        conv.locator(".send").click()
+        answer = conv.locator("li.assistant[data-state=done]")
+        answer.wait_for()
+        card = answer.locator(".mcp-call").first
+        shot(page, "playground-mcp")
+        ran = (card.locator("strong").inner_text(), card.locator("code").inner_text(), card.locator(".tool-output").inner_text())
+        page.click("#tab-models")
+        row = page.locator('#mcp-servers tr[data-server="demo"]')
+        row.wait_for()
+        return ran, row.inner_text()
+
+    (name, arguments, output), row = await browse(server.url, drive)
+    assert name == "demo · add" and json.loads(arguments) == {"a": 2, "b": 3} and output == "5"
+    assert marks(tmp_path / "marks")[0] == "add 2 3"
+    assert row.split("\t")[:3] == ["demo", "stdio", "up"] and "shout" in row
+
+
 async def test_stop_closes_the_stream_and_the_server_counts_the_cancellation(start_server) -> None:
     backend = ScriptedBackend(script=SCRIPT, token_delay=0.05)
     server = await start_server([backend])

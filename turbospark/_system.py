@@ -10,6 +10,8 @@
     ├── images_actor        inbox: AttachImages/DetachImages, SubmitImage; image models' threads
     ├── pulls               inbox: Pull (with a model store); one job per model pulled
     ├── parser              inbox: ParseJson, DumpJson; JSON too big for the loop, in a child process
+    ├── mcp_server × server inbox: ListTools, CallTool; one per server of --mcp-config, owning its
+    │                       child process or connection (``actors/mcp.py``)
     └── resolver            inbox: Resolve, Unload, Running, Refresh, Adopt; notes (unbounded, never
         │                   dropped): Release, Abandon; owns the resolution slots, keep-alives and:
         └── models nursery (``System.models_scope``)
@@ -50,6 +52,7 @@ from .images.messages import ImageSpec
 from .actors.generation import QueueMessage, generation_queue
 from .actors.models import model_actor
 from .actors.pulls import Pull, pulls
+from .actors.mcp import McpServers, start_mcp_servers
 from .actors.parser import DumpJson, ParseJson, parser
 from .actors.observer import Event, Observer, ObserverMessage, ReadDepths, RenderMetrics, Subscribe, observer
 from .actors.resolution import Abandon, Adopt, Grant, Lifecycle, LoadedModel, Published, Refresh, Release, Resolve, Running, Unload
@@ -63,7 +66,7 @@ from .threads.model_thread import Limits
 from .model.backend import BackendSpec
 from .model.encoder import EncoderSpec
 from .audio.engines import AudioSpec
-from .actors.lifecycle import Loadable, loadable_for
+from .actors.lifecycle import Loadable, pinned_loadable
 from .actors.registry import Capability, ModelEntry, Registry
 
 __all__ = [
@@ -103,6 +106,8 @@ class System:
     jobs: weakref.WeakSet[GenerationJob] = attrs.field(factory=weakref.WeakSet)
     #: the error every request gets once the server can serve nothing more (``fail``)
     failure: list[TurboSparkError] = attrs.field(factory=list)
+    #: the MCP servers' actors (serve --mcp-config), by name
+    mcp: McpServers = attrs.field(factory=McpServers)
 
     @property
     def registry(self) -> Registry:
@@ -289,7 +294,7 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
             partial(generation_queue, queue_recv, obs.emit, max_queue=settings.max_queue)
         )
 
-        pinned = [_pinned(spec) for spec in backends]
+        pinned = [pinned_loadable(spec) for spec in backends]
         scopes: list[trio.CancelScope] = []
         audio_send = None
         if library is not tuple or any(p.kind in _AUDIO_TASK for p in pinned):
@@ -345,6 +350,7 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
             await nursery.start(pulls, pulls_recv, lambda name, report: spec.shelf.pull(name, report))
         parse_send, parse_recv = trio.open_memory_channel[ParseJson | DumpJson](64)
         await nursery.start(parser, parse_recv)
+        mcp = await start_mcp_servers(nursery, settings.mcp_servers, obs.emit)
         task_status.started(
             System(
                 settings=settings,
@@ -361,6 +367,7 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
                 pulls=pulls_send,
                 parser=parse_send,
                 audio_catalogue=spec.audio_catalogue or {},
+                mcp=mcp,
             )
         )
 
@@ -373,22 +380,6 @@ RESOLVER_INBOX = 1024
 QUEUE_INBOX = 1024
 
 _AUDIO_TASK: dict[str, Any] = {"speech-to-text": "speech_to_text", "text-to-speech": "text_to_speech"}
-_AUDIO_KIND = {task: kind for kind, task in _AUDIO_TASK.items()}
-
-
-def _pinned(spec: BackendSpec | EncoderSpec | AudioSpec | ImageSpec | Loadable) -> Loadable:
-    """A model handed to ``serve``, as the resolver loads it at start and keeps it."""
-    if isinstance(spec, Loadable):
-        return attrs.evolve(spec, pinned=True)
-    if isinstance(spec, EncoderSpec):
-        return loadable_for(spec, "embedding")
-    if isinstance(spec, AudioSpec):
-        return loadable_for(spec, _AUDIO_KIND[spec.task])
-    if isinstance(spec, ImageSpec):
-        return loadable_for(spec, "text-to-image")
-    return loadable_for(spec)
-
-
 def embedding_queue(settings: Settings) -> int:
     """Embedding jobs allowed to wait per model (and held by its thread at once): ``max_queue``, or
     a forward pass's worth of single-input requests if more (what batching is for)."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import attrs
 
 from .turns.guardrails import Guardrails
+from .wire.mcp_config import McpServerSpec
 
 __all__ = ["DEFAULT_ORIGINS", "Settings"]
 
@@ -110,6 +111,8 @@ class Settings:
     special_tokens_in_content: bool = False
     # Vision: fetch http(s) image URLs (never from loopback or private addresses); off: data: URLs only.
     image_urls: bool = False
+    # MCP servers the server runs (serve --mcp-config): each an actor, its tools offered on request.
+    mcp_servers: tuple[McpServerSpec, ...] = ()
 
 
 def _physical_memory() -> int:

@@ -7,6 +7,7 @@
     ├── Forbidden (403)              an Origin or Host this server does not answer
     ├── ModelNotFound (404)          several models attached, none answers to the name
     ├── NotFound (404)               something else the request names is unknown
+    ├── McpUnavailable (424)         an MCP server a request uses cannot list its tools now
     ├── Rejected (503, retryable)    capacity refusals, answered before any expensive work
     │   ├── QueueFull                the model's generation queue is at --max-queue
     │   └── ResolutionBusy           every model-resolution slot is taken
@@ -34,6 +35,7 @@ __all__ = [
     "GenerationFailed",
     "ModelInUse",
     "ModelLoadFailed",
+    "McpUnavailable",
     "ModelNotFound",
     "NoModel",
     "NotFound",
@@ -150,6 +152,20 @@ class NotFound(TurboSparkError):
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.param, self.code = param, code
+
+
+class McpUnavailable(TurboSparkError):
+    """An MCP server a request uses is down (starting, or restarting after it died): OpenAI's
+    424 for a tool list it could not retrieve."""
+
+    status = 424
+    type = "external_connector_error"
+    param = "tools"
+    retryable = True
+
+    def __init__(self, server: str, reason: str | None) -> None:
+        super().__init__(f"Error retrieving tool list from MCP server '{server}': {reason or 'it is starting'}; "
+                         "it is started again with a backoff")
 
 
 class ModelInUse(TurboSparkError):

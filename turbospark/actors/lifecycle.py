@@ -26,7 +26,10 @@ from typing import Any, Literal
 
 import attrs
 
+from ..audio.engines import AudioSpec
 from ..errors import RequestInvalid
+from ..images.messages import ImageSpec
+from ..model.encoder import EncoderSpec
 from .registry import Capability, ModelEntry, alias_for
 
 __all__ = [
@@ -110,6 +113,18 @@ def loadable_for(spec: Any, kind: Kind = "generation") -> Loadable:
         id=spec.id, make=spec.make, capabilities=frozenset({capability}), context_window=0, size=0,
         pinned=True, kind=kind, bare=True, card=ModelCard(format="", capabilities=(capability,)),
     )
+
+
+def pinned_loadable(spec: Any) -> Loadable:
+    """A model handed to ``serve`` (a ``Loadable``, or a backend, encoder, audio or image spec), as
+    the resolver loads it at start and keeps it."""
+    if isinstance(spec, Loadable):
+        return attrs.evolve(spec, pinned=True)
+    if isinstance(spec, EncoderSpec):
+        return loadable_for(spec, "embedding")
+    if isinstance(spec, AudioSpec):
+        return loadable_for(spec, "speech-to-text" if spec.task == "speech_to_text" else "text-to-speech")
+    return loadable_for(spec, "text-to-image" if isinstance(spec, ImageSpec) else "generation")
 
 
 def described(pinned: Loadable, known: Loadable | None) -> Loadable:

@@ -37,14 +37,10 @@ from ..messages import (
     RequestStarted,
 )
 from ..audio.messages import (
-    AudioBusyEvent,
-    AudioModelsChanged,
-    AudioRequest,
-    AudioWorkBegan,
-    AudioWorkEnded,
-    JobsChanged,
+    AudioBusyEvent, AudioModelsChanged, AudioRequest, AudioWorkBegan, AudioWorkEnded, JobsChanged,
 )
 from ._image_metrics import IMAGE_EVENTS, ImageMetrics
+from ._mcp_metrics import McpCalled, McpMetrics
 from ._events_file import EVENTS_FILE_QUEUE, event_to_json, events_writer
 from ._latency import Latency
 from ._mailbox import answer
@@ -73,6 +69,7 @@ Event = (
     | JobsChanged  # and the image jobs' (IMAGE_EVENTS)
     | ModelLoaded
     | ModelUnloaded
+    | McpCalled
 )
 
 
@@ -232,7 +229,7 @@ class _Metrics:
         self.model_loaded = Gauge(
             "turbospark_model_loaded", "1 while a model is loaded, 0 once unloaded", ["model"], registry=reg
         )
-        self.images = ImageMetrics(reg)
+        self.images, self.mcp = ImageMetrics(reg), McpMetrics(reg)
         self._sizes: dict[str, int] = {}
         self._depths: dict[str, int] = {}
         self._running: dict[str, int] = {}
@@ -277,8 +274,8 @@ class _Metrics:
             if event.outcome == "cancelled":
                 self.audio_cancellations.labels(event.phase).inc()
             self.audio_seconds.labels(event.endpoint).inc(event.audio_seconds)
-        elif isinstance(event, IMAGE_EVENTS):
-            self.images.record(event)
+        elif isinstance(event, (*IMAGE_EVENTS, McpCalled)):
+            (self.mcp if isinstance(event, McpCalled) else self.images).record(event)
         elif isinstance(event, AudioModelsChanged):
             self.audio_models.set(event.loaded)
         elif isinstance(event, JobsChanged):

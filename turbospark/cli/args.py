@@ -11,7 +11,7 @@ from .. import __version__
 from ..config import Settings
 from ..turns.guardrails import Guardrails
 from ..web.origins import parse_origins
-from .loras import add_engine_arguments, lora_pairs
+from .loras import add_engine_arguments, engine_settings
 
 __all__ = ["build_parser", "settings_from"]
 
@@ -330,7 +330,6 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
             parser.error("TURBOSPARK_API_KEY is set but blank: give it a key or unset it")
     if args.shard is not None and not args.distributed:
         parser.error("--shard splits a --distributed model: add --distributed (scripts/serve-distributed)")
-    loras = lora_pairs(parser, args)
     if args.draft_model is not None:
         if args.distributed:
             parser.error("--draft-model does not combine with --distributed (the draft would run on rank 0 alone)")
@@ -382,10 +381,7 @@ def settings_from(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
         **({"kv_budget": args.kv_budget_mb << 20} if args.kv_budget_mb else {}),
         prompt_cache_dir=args.prompt_cache_dir,
         draft_model=args.draft_model,
-        loras=tuple(loras),
-        kv_cache=args.kv_cache,
-        reasoning_budget=args.reasoning_budget,
-        context_shift=args.context_shift,
+        **engine_settings(parser, args),
         **({"prompt_cache_bytes": args.prompt_cache_size} if args.prompt_cache_size else {}),
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,

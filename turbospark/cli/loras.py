@@ -1,14 +1,18 @@
 """``serve``'s engine choices: ``--lora NAME=PATH`` (LoRA adapters of the first ``--model``,
-``model/mlx_adapters.py``), ``--kv-cache``, ``--reasoning-budget`` and ``--context-shift``."""
+``model/mlx_adapters.py``), ``--kv-cache``, ``--reasoning-budget``, ``--context-shift`` and
+``--mcp-config`` (the MCP servers the server runs, ``actors/mcp.py``)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
+from typing import Any
 
 from ..model.scripted import SCRIPTED_ID
+from ..wire.mcp_config import read_mcp_config
 
-__all__ = ["add_engine_arguments", "lora_pairs"]
+__all__ = ["add_engine_arguments", "engine_settings", "lora_pairs"]
 
 
 def add_engine_arguments(s: argparse.ArgumentParser) -> None:
@@ -28,6 +32,22 @@ def add_engine_arguments(s: argparse.ArgumentParser) -> None:
                    help="instead of a 400, a budget past what the prompt leaves is cut to it, and a prompt past "
                    "the model's context loses its oldest messages (its system messages and its last kept), in "
                    "every API family (Ollama's truncate and shift ask it for one request)")
+    s.add_argument("--mcp-config", type=Path, metavar="FILE",
+                   help="MCP servers to run, in the mcpServers JSON of Claude Desktop, Cursor and LM Studio "
+                   "({\"mcpServers\": {NAME: {\"command\", \"args\", \"env\"} or {\"url\", \"headers\"}}}); their "
+                   "tools serve OpenAI's Responses mcp tool and Anthropic's mcp_servers, and GET /v1/mcp/tools "
+                   "lists them (also TURBOSPARK_MCP_CONFIG)")
+
+
+def engine_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """The ``Settings`` fields of the engine choices, checked (the parser's error where one is wrong)."""
+    mcp = args.mcp_config or os.environ.get("TURBOSPARK_MCP_CONFIG") or None
+    try:
+        servers = read_mcp_config(mcp) if mcp else ()
+    except ValueError as exc:
+        parser.error(f"--mcp-config: {exc}")
+    return {"loras": lora_pairs(parser, args), "kv_cache": args.kv_cache, "reasoning_budget": args.reasoning_budget,
+            "context_shift": args.context_shift, "mcp_servers": servers}
 
 
 def _positive(text: str) -> int:

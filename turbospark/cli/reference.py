@@ -37,6 +37,7 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("TURBOSPARK_KV_CACHE", "the fused layers' KV cache: `f16` (the default with the kernels, as llama.cpp's; "
      "decision 0035), `q8_0` or `q4_0` (llama.cpp's blocks: 0.53x and 0.28x the bytes, decision 0047; "
      "`serve --kv-cache` sets it too), or `float32` (`TURBOSPARK_KERNELS_EXACT=1` keeps float32 too)"),
+    ("TURBOSPARK_MCP_CONFIG", "the MCP servers' `mcpServers` file, when `--mcp-config` is not given (decision 0049)"),
     ("TURBOSPARK_KERNELS_ISA", "the CPU kernels' instruction set, one of those this CPU runs (`avx2+avx512vnni`, "
      "`avx2+vnni`, `avx2+fma`, `portable`, `neon`; default: the best); another turns the kernels off and the "
      "startup line says why. `scripts/test` runs the kernels' tests on each (decision 0040)"),

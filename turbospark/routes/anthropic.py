@@ -8,28 +8,37 @@ of the turn driver (``_turn``): with tools offered, text streams as the model wr
 ``count_tokens`` renders the same prompt with the model's tokenizer, off the model thread: no
 queue, no generation.  A prompt too long for the model, from Claude Code, is answered with the
 flags that leave Claude Code's own system prompt and tools out (``CLAUDE_CODE_HINT``).
+``mcp_servers`` (Anthropic's MCP connector) name servers of ``serve --mcp-config``: the model's
+calls to their tools are run by the server (``_mcp``), each an ``mcp_tool_use`` block and its
+``mcp_tool_result``, until the model answers.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
+from typing import Any
 
+import attrs
 import trio
 from quart import Blueprint, Response, g, request
 
 from ..errors import ContextOverflow, RequestInvalid, TurboSparkError
 from ..messages import RequestRouted, Started
 from ..threads.prompt import count_prompt
+from ..turns.mcp_uses import anthropic_uses, offer
 from ..turns.sampling import adapters_chosen
+from ..turns.structured import grammar_for
 from ..web.app import exception_body, json_response, system
 from ..wire.anthropic import MessagesRequest
 from ..web.bodies import read_json
 from ..wire.codec import structure
 from ._images import fetch_images
 from ._openai import DEGRADATION_HEADER, degradation, stream_response
+from ._mcp import McpLoop, listings_of
 from ._turn import RETRIES_HEADER, TurnPlan, framed, open_turn
 from .anthropic_events import MessageStream
 from .anthropic_request import default_max_tokens, normalise, plan, sampling_params, unhonoured
@@ -95,7 +104,11 @@ async def messages() -> Response:
     body = structure(normalise(await read_json()), MessagesRequest)
     entry = await sys_.resolve(body.model, "chat")
     sys_.emit(RequestRouted(g.record.id, body.model, entry.id, body.stream))
-    p = plan(body, sys_.settings.system_prompt, "vision" in entry.capabilities, sys_.settings.image_urls)
+    uses = anthropic_uses(body.mcp_servers, body.tools, sys_.mcp.names)
+    listings = await listings_of(sys_.mcp, uses) if uses else {}
+    mcp = offer(uses, {name: listing.tools for name, listing in listings.items()})
+    p = plan(body, sys_.settings.system_prompt, "vision" in entry.capabilities, sys_.settings.image_urls,
+             mcp_tools=mcp.tools)
     await fetch_images(p.messages)  # http(s) image URLs, where --image-urls allows them
     p.labels += unhonoured(body)
     asked = body.max_tokens or default_max_tokens(entry.context_window)
@@ -104,6 +117,8 @@ async def messages() -> Response:
     began: list[Started] = []
     turn_plan = TurnPlan(entry.id, p.prompt, params, call_required=p.call_required, parallel=p.parallel, clamp=True)
     claude_code = _from_claude_code()
+    if mcp:
+        return await _with_mcp(turn_plan, mcp, p, body, entry, claude_code)
     with _hinting(claude_code):  # a refused prompt is a 400, streamed or not: nothing was sent
         turn = await open_turn(turn_plan, request_id=g.record.id, guardrails=sys_.settings.guardrails,
                                on_started=began.append)
@@ -124,3 +139,35 @@ async def messages() -> Response:
     if header := degradation(p.labels, p.images):
         response.headers[DEGRADATION_HEADER] = header
     return response
+
+
+async def _with_mcp(turn_plan: TurnPlan, mcp: Any, p: Any, body: MessagesRequest, entry: Any, claude_code: bool) -> Response:
+    """A message whose turns may call the MCP servers' tools (``_mcp.McpLoop``)."""
+    sys_ = system()
+
+    def replan(messages: tuple[Any, ...], tools: tuple[dict[str, Any], ...], required: bool) -> TurnPlan:
+        params = attrs.evolve(turn_plan.params, grammar=grammar_for(tools=tools, call_required=required))
+        return attrs.evolve(turn_plan, prompt=attrs.evolve(turn_plan.prompt, messages=messages, tools=tools),
+                            params=params, call_required=required)
+
+    message = MessageStream("msg_" + secrets.token_hex(12), body.model or entry.id, p.cache_marked, mcp=mcp.routes)
+    loop = McpLoop(turn_plan, mcp, sys_.mcp, replan, g.record.id, sys_.settings.guardrails)
+    with _hinting(claude_code):
+        await loop.start()
+    if body.stream:
+        response = stream_response(loop.frames(
+            message, keepalive=sys_.settings.keepalive_interval,
+            error=lambda exc: message.error(exception_body(_for_client(exc, claude_code), "anthropic"))))
+    else:
+        with _hinting(claude_code):
+            async for _ in loop.frames(message, keepalive=math.inf, error=_raise):
+                pass
+        assert message.result is not None
+        response = json_response(message.result)
+    if header := degradation(p.labels, p.images):
+        response.headers[DEGRADATION_HEADER] = header
+    return response
+
+
+def _raise(exc: TurboSparkError) -> list[bytes]:
+    raise exc  # a message sent whole: nothing was sent yet

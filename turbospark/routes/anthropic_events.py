@@ -10,6 +10,11 @@ calls in the order the model wrote them) and returns the frames to send; ``whole
 same blocks from the events collected.  A retried turn says so in ``usage.retries``; usage counts
 every attempt.
 
+With MCP servers (``mcp``: the model-side names the server runs, ``routes/_mcp``) a call to one
+of their tools is an ``mcp_tool_use`` block (``server_name``), and its outcome an
+``mcp_tool_result`` block after it (``ran``), both in the assistant's content as Anthropic's MCP
+connector writes them; the blocks streamed are kept (``blocks``) for a response sent whole.
+
 Usage splits the prompt into disjoint parts from the prefix cache: ``cache_read_input_tokens``
 were reused; when the request marks anything with ``cache_control`` the rest was written to the
 cache (``cache_creation_input_tokens``), otherwise it is plain ``input_tokens``.
@@ -17,11 +22,14 @@ cache (``cache_creation_input_tokens``), otherwise it is plain ``input_tokens``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
+from ..actors.mcp import McpListing, McpOutcome
 from ..messages import Started, ToolCall
+from ..turns.mcp_uses import McpRoute, McpUse
 from ..turns.turn_events import (
     ArgumentsDelta, CallEnd, CallStart, Collected, Finish, Reasoning, Text, TurnEvent, Usage,
     arguments_object,
@@ -62,6 +70,10 @@ def _tool_id(call_id: str) -> str:
     return "toolu_" + call_id.removeprefix("call_")
 
 
+def _mcp_id(call_id: str) -> str:
+    return "mcptoolu_" + call_id.removeprefix("call_")
+
+
 def _usage(u: Usage, cache_marked: bool) -> dict[str, Any]:
     return usage(u.prompt_tokens, u.cached_tokens, u.completion_tokens, cache_marked, u.retries)
 
@@ -77,6 +89,9 @@ class MessageStream:
     index: int = 0
     open: str | None = None  # the type of the block being streamed
     finish: Finish | None = None
+    mcp: Mapping[str, McpRoute] = attrs.field(factory=dict)  # the MCP tools offered, by model-side name
+    blocks: list[dict[str, Any]] = attrs.field(factory=list)  # with ``mcp``: every block streamed, as sent whole
+    result: dict[str, Any] | None = None  # the final message, once ``end``ed
 
     def envelope(self, content: list[dict[str, Any]], stop_reason: str | None,
                  stop_sequence: str | None, usage: dict[str, Any]) -> dict[str, Any]:
@@ -128,11 +143,17 @@ class MessageStream:
             out = [] if self.open == "text" else self._open("text", {"type": "text", "text": ""})
             return [*out, self._delta({"type": "text_delta", "text": event.text})]
         if isinstance(event, CallStart):
+            route = self.mcp.get(event.name)
             block = {"type": "tool_use", "id": _tool_id(event.id), "name": event.name, "input": {}}
-            return self._open("tool_use", block)
+            if route is not None:
+                block = {"type": "mcp_tool_use", "id": _mcp_id(event.id), "name": route.tool,
+                         "server_name": route.label, "input": {}}
+            return self._open(block["type"], block)
         if isinstance(event, ArgumentsDelta):
             return [self._delta({"type": "input_json_delta", "partial_json": event.text})]
         if isinstance(event, CallEnd):
+            if self.mcp:
+                self.blocks[-1]["input"] = arguments_object(event.call.arguments)
             return self.close()
         if isinstance(event, Finish):
             self.finish = event
@@ -140,8 +161,20 @@ class MessageStream:
             return self.end(event)
         return []
 
+    def listed(self, use: McpUse, listing: McpListing) -> list[bytes]:
+        return []  # the connector lists nothing in the message
+
+    def ran(self, call: ToolCall, route: McpRoute, outcome: McpOutcome, approval: str | None = None) -> list[bytes]:
+        """An MCP call's outcome, as the ``mcp_tool_result`` block after its ``mcp_tool_use``."""
+        text = outcome.text if outcome.error is None else outcome.error
+        block = {"type": "mcp_tool_result", "tool_use_id": _mcp_id(call.id), "is_error": outcome.error is not None,
+                 "content": [{"type": "text", "text": text}]}
+        return [*self._open("mcp_tool_result", block), *self.close()]
+
     def end(self, u: Usage) -> list[bytes]:
         assert self.finish is not None
+        self.result = self.envelope(self.blocks, stop_reason(self.finish), self.finish.stop_sequence,
+                                    _usage(u, self.cache_marked))
         out = self.close()
         out.append(_sse.event("message_delta", {
             "type": "message_delta",
@@ -170,10 +203,15 @@ class MessageStream:
     def _open(self, kind: str, block: dict[str, Any]) -> list[bytes]:
         out = self.close()
         self.open = kind
+        if self.mcp:  # kept for a response sent whole (the one-turn path builds it from ``whole``)
+            self.blocks.append({k: (list(v) if isinstance(v, list) else v) for k, v in block.items()})
         out.append(_sse.event("content_block_start", {
             "type": "content_block_start", "index": self.index, "content_block": block,
         }))
         return out
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
+        if self.mcp and delta["type"] in ("text_delta", "thinking_delta"):
+            key = delta["type"].removesuffix("_delta")
+            self.blocks[-1][key] += delta[key]
         return _sse.event("content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta})

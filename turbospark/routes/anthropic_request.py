@@ -3,7 +3,9 @@
 The request is normalised as the reference does (a first ``system`` message promoted when there
 is no top-level ``system``; any other role rewritten to ``user`` where it stands), then
 translated block by block into the conversation the chat template renders (``tool_use`` → the
-assistant's ``tool_calls``, ``tool_result`` → tool turns, ``thinking`` → ``reasoning_content``),
+assistant's ``tool_calls``, ``tool_result`` → tool turns, ``thinking`` → ``reasoning_content``; the
+MCP connector's ``mcp_tool_use`` and ``mcp_tool_result`` in an assistant's turn → its calls and,
+after them, their tool turns),
 its client tools into the chat shape, ``tool_choice`` and ``thinking``/``output_config.effort``
 into the core's, and its sampling fields into ``SamplingParams``.  What is accepted but not
 honoured is named as labels for the degradation header.  Plain functions: no Trio, no Quart.
@@ -32,7 +34,7 @@ __all__ = [
 # output_config.effort as the template's reasoning_effort
 _EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "xhigh"}
 _USER_BLOCKS = {"text", "image", "tool_result", "document"}
-_ASSISTANT_BLOCKS = {"text", "tool_use", "thinking", "redacted_thinking"}
+_ASSISTANT_BLOCKS = {"text", "tool_use", "thinking", "redacted_thinking", "mcp_tool_use", "mcp_tool_result"}
 
 
 @attrs.define
@@ -73,18 +75,18 @@ def normalise(raw: Any) -> Any:
     return {**raw, "messages": messages}
 
 
-def plan(body: CountTokensRequest, default_system: str | None, vision: bool = False, remote: bool = False) -> Plan:
+def plan(body: CountTokensRequest, default_system: str | None, vision: bool = False, remote: bool = False,
+         mcp_tools: Sequence[dict[str, Any]] = ()) -> Plan:
     """What makes up the prompt (``count_tokens`` takes no more than this).  A ``vision``
     model's user messages keep their images (``turns.images``); ``Plan.images`` counts those
-    dropped (every image for other models, a tool result's for a vision model)."""
+    dropped (every image for other models, a tool result's for a vision model).  ``mcp_tools``:
+    the tools of the MCP servers ``mcp_servers`` names, as function tools (``turns.mcp_uses``)."""
     labels: list[str] = []
-    if body.mcp_servers:
-        raise RequestInvalid("mcp_servers is not supported: this server cannot connect to MCP servers")
     messages, urls = _conversation(body, labels, vision)
     messages = apply_default_system(messages, default_system)
     images = check_images(urls, remote and vision) - image_parts(messages)
     choice, parallel = _tool_choice(body.tool_choice)
-    tools, required = select_tools(_tools(body), choice)
+    tools, required = select_tools((*_tools(body), *mcp_tools), choice)
     if body.context_management:
         labels.append("context_management")
     return Plan(messages, tools, required, parallel, _effort(body), images, labels, _marked(attrs.asdict(body)))
@@ -203,23 +205,35 @@ def _conversation(
             elif kind == "document":
                 if "document_blocks" not in labels:
                     labels.append("document_blocks")
-            elif kind == "tool_use":
+            elif kind in ("tool_use", "mcp_tool_use"):
                 if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
-                    raise RequestInvalid(f"{at}: a tool_use block needs an id and a name")
+                    raise RequestInvalid(f"{at}: a {kind} block needs an id and a name")
                 calls.append({"id": block["id"], "type": "function",
                               "function": {"name": block["name"], "arguments": block.get("input") or {}}})
+            elif kind == "mcp_tool_result":  # the server ran a call this turn made: its result, then the turn goes on
+                if texts or calls:
+                    out.append(_said(m.role, texts, calls, reasoning))
+                    texts, calls, reasoning = [], [], []
+                out.append(_tool_result(block, at, urls))
             elif kind == "thinking" and isinstance(block.get("thinking"), str):
                 reasoning.append(block["thinking"])
         out.extend(results)
         seen = vision and any(kind == "image" for kind, _ in parts)
         if texts or calls or seen:
-            msg: TemplateMessage = {"role": m.role, "content": with_images(parts, where) if seen else "\n".join(texts)}
-            if calls:
-                msg["tool_calls"] = calls
-            if reasoning:
-                msg["reasoning_content"] = "\n".join(reasoning)
+            msg = _said(m.role, texts, calls, reasoning)
+            if seen:
+                msg["content"] = with_images(parts, where)
             out.append(msg)
     return out, urls
+
+
+def _said(role: str, texts: list[str], calls: list[dict[str, Any]], reasoning: list[str]) -> TemplateMessage:
+    msg: TemplateMessage = {"role": role, "content": "\n".join(texts)}
+    if calls:
+        msg["tool_calls"] = calls
+    if reasoning:
+        msg["reasoning_content"] = "\n".join(reasoning)
+    return msg
 
 
 # --- tools and reasoning ---------------------------------------------------------------------
@@ -231,6 +245,8 @@ def _tools(body: CountTokensRequest) -> tuple[dict[str, Any], ...]:
     server = []
     for i, tool in enumerate(body.tools or ()):
         kind = tool.get("type", "custom")
+        if kind == "mcp_toolset":
+            continue  # narrows an MCP server of mcp_servers (turns.mcp_uses)
         if kind != "custom":
             server.append(f"{tool.get('name', '?')} ({kind})")
             continue

@@ -9,18 +9,26 @@ and at the end ``response.completed`` (or ``response.failed``), every event numb
 ``response.function_call_arguments.delta`` pieces) and returns the frames to send; ``whole``
 builds the same items from the events collected.  The final object goes to ``keep`` (the route
 stores it); a retried turn says so in ``usage.retries``.
+
+With MCP tools (``mcp``: the model-side names the server runs, ``routes/_mcp``) there are three
+items more: ``mcp_list_tools`` (``listed``), ``mcp_call`` (its arguments streamed as
+``response.mcp_call_arguments.delta``, then ``response.mcp_call.in_progress`` until ``ran``
+completes or fails it) and ``mcp_approval_request`` (a call that waits for the user's
+``mcp_approval_response``, sent whole).
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 
+from ..actors.mcp import McpListing, McpOutcome
 from ..messages import ToolCall
+from ..turns.mcp_uses import McpRoute, McpUse
 from ..turns.turn_events import (
     ArgumentsDelta, CallEnd, CallStart, Collected, Finish, Reasoning, Retried, Text, TurnEvent, Usage,
 )
@@ -76,6 +84,21 @@ def _call_item(call: ToolCall, status: str = "completed") -> dict[str, Any]:
     }
 
 
+def _mcp_call_item(call: ToolCall, route: McpRoute, outcome: McpOutcome | None = None,
+                   approval: str | None = None) -> dict[str, Any]:
+    status = "in_progress" if outcome is None else "completed" if outcome.error is None else "failed"
+    return {
+        "id": f"mcp_{call.id}", "type": "mcp_call", "server_label": route.label, "name": route.tool,
+        "arguments": call.arguments, "output": outcome.text if outcome is not None and outcome.error is None else None,
+        "error": outcome.error if outcome is not None else None, "approval_request_id": approval, "status": status,
+    }
+
+
+def _approval_item(call: ToolCall, route: McpRoute) -> dict[str, Any]:
+    return {"id": f"mcpr_{call.id}", "type": "mcp_approval_request", "server_label": route.label,
+            "name": route.tool, "arguments": call.arguments}
+
+
 @attrs.define
 class ResponseStream:
     """One response being built: its envelope, its items, and (streaming) its events."""
@@ -90,6 +113,9 @@ class ResponseStream:
     open: dict[str, Any] | None = None  # the item being streamed
     open_text: str = ""
     finish: Finish | None = None
+    mcp: Mapping[str, McpRoute] = attrs.field(factory=dict)  # the MCP tools offered, by model-side name
+    calling: dict[str, int] = attrs.field(factory=dict)  # an MCP call running: its output index, by call id
+    result: dict[str, Any] | None = None  # the final object
 
     def envelope(self, status: str, usage: dict[str, Any] | None = None,
                  finished: Finish | None = None, error: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -119,7 +145,7 @@ class ResponseStream:
     def final(self, u: Usage) -> dict[str, Any]:
         """The finished response object (what is stored and sent whole), handed to ``keep``."""
         assert self.finish is not None
-        final = self.envelope(status(self.finish), usage(u), self.finish)
+        final = self.result = self.envelope(status(self.finish), usage(u), self.finish)
         if self.keep is not None:
             self.keep(final)
         return final
@@ -175,13 +201,24 @@ class ResponseStream:
             return self.reasoning(event.text)
         if isinstance(event, CallStart):
             out = self.close()
-            self.open = _call_item(ToolCall(event.index, event.id, event.name, ""), "in_progress")
+            call, route = ToolCall(event.index, event.id, event.name, ""), self.mcp.get(event.name)
             self.open_text = ""
+            if route is not None and route.approval:
+                self.open = _approval_item(call, route)  # sent whole at its end
+                return out
+            if route is not None:
+                self.open = _mcp_call_item(call, route)
+                return [*out, self.event("response.output_item.added", output_index=self._index(), item=self.open),
+                        self.event("response.mcp_call.in_progress", item_id=self.open["id"], output_index=self._index())]
+            self.open = _call_item(call, "in_progress")
             return [*out, self.event("response.output_item.added", output_index=self._index(), item=self.open)]
         if isinstance(event, ArgumentsDelta):
             assert self.open is not None
             self.open_text += event.text
-            return [self.event("response.function_call_arguments.delta", item_id=self.open["id"],
+            if self.open["type"] == "mcp_approval_request":
+                return []
+            kind = "mcp_call_arguments" if self.open["type"] == "mcp_call" else "function_call_arguments"
+            return [self.event(f"response.{kind}.delta", item_id=self.open["id"],
                                output_index=self._index(), delta=event.text)]
         if isinstance(event, CallEnd):
             return self.call(event.call)
@@ -224,7 +261,21 @@ class ResponseStream:
         return out
 
     def call(self, call: ToolCall) -> list[bytes]:
-        """A call's end: its arguments done, its item done (its deltas went before)."""
+        """A call's end: its arguments done, its item done (its deltas went before).  An MCP
+        call's item stays in progress until ``ran``; an approval request goes out whole."""
+        route = self.mcp.get(call.name)
+        if route is not None:
+            index, self.open = self._index(), None
+            if route.approval:
+                item = _approval_item(call, route)
+                self.output.append(item)
+                return [self.event("response.output_item.added", output_index=index, item=item),
+                        self.event("response.output_item.done", output_index=index, item=item)]
+            item = _mcp_call_item(call, route)
+            self.output.append(item)
+            self.calling[call.id] = index
+            return [self.event("response.mcp_call_arguments.done", item_id=item["id"], output_index=index,
+                               arguments=call.arguments)]
         index, item = self._index(), _call_item(call)
         self.open = None
         self.output.append(item)
@@ -233,6 +284,33 @@ class ResponseStream:
                        arguments=call.arguments),
             self.event("response.output_item.done", output_index=index, item=item),
         ]
+
+    def listed(self, use: McpUse, listing: McpListing) -> list[bytes]:
+        """An ``mcp_list_tools`` item: the tools of ``use``'s server it may offer."""
+        index, item_id = self._index(), new_id("mcpl")
+        item = {"id": item_id, "type": "mcp_list_tools", "server_label": use.label, "tools": []}
+        out = [self.event("response.output_item.added", output_index=index, item=dict(item)),
+               self.event("response.mcp_list_tools.in_progress", item_id=item_id, output_index=index)]
+        item["tools"] = [t.wire() for t in listing.tools if use.offers(t.name)]
+        item["error"] = None if listing.state == "up" else f"the MCP server is {listing.state}: {listing.error}"
+        self.output.append(item)
+        kind = "completed" if listing.state == "up" else "failed"
+        return [*out, self.event(f"response.mcp_list_tools.{kind}", item_id=item_id, output_index=index),
+                self.event("response.output_item.done", output_index=index, item=item)]
+
+    def ran(self, call: ToolCall, route: McpRoute, outcome: McpOutcome, approval: str | None = None) -> list[bytes]:
+        """An MCP call's outcome; a call approved in an earlier response is added here whole."""
+        out = []
+        index = self.calling.pop(call.id, None)
+        if index is None:
+            index = self._index()
+            self.output.append(_mcp_call_item(call, route, approval=approval))
+            out += [self.event("response.output_item.added", output_index=index, item=self.output[index]),
+                    self.event("response.mcp_call.in_progress", item_id=f"mcp_{call.id}", output_index=index)]
+        item = self.output[index] = _mcp_call_item(call, route, outcome, approval)
+        kind = "completed" if outcome.error is None else "failed"
+        return [*out, self.event(f"response.mcp_call.{kind}", item_id=item["id"], output_index=index),
+                self.event("response.output_item.done", output_index=index, item=item)]
 
     def close(self) -> list[bytes]:
         """Close the open item: its done events, then it joins the output."""

@@ -4,8 +4,11 @@ Input items become a conversation (``message``, ``function_call``, ``function_ca
 ``reasoning`` items are accepted and not re-rendered), after the stored conversation a
 ``previous_response_id`` continues; ``instructions`` lead it.  Flat function tools, ``tool_choice``,
 ``text.format`` and ``reasoning.effort`` become the core's tools, grammar and template switches.
-``said`` turns a response's output items back into the assistant's turn, for the conversation
-stored with it.  Plain functions: no Trio, no Quart.
+``said`` turns a response's output items back into the assistant's turns (and the MCP calls' tool
+turns), for the conversation stored with it.  MCP items in the input (``mcp_list_tools``,
+``mcp_call``, ``mcp_approval_request``) join the conversation as the calls and results they
+were; an ``mcp_approval_response`` that declines tells the model so, one that approves is kept
+in ``Plan.approvals`` for the route to run.  Plain functions: no Trio, no Quart.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from ..errors import RequestInvalid
 from ..messages import ChatPrompt
 from ..turns.chat import TemplateMessage, apply_default_system, image_urls, text_of, tool_call
 from ..turns.images import openai_parts, with_images
+from ..turns.mcp_uses import DECLINED, tool_message
 from ..turns.structured import Grammar, check_images, function_tools, grammar_for, select_tools
 from ..wire.openai import ResponsesRequest
 
@@ -36,14 +40,20 @@ class Plan:
     call_required: bool
     grammar: Grammar | None
     images: int
+    #: the request's ``mcp_approval_response`` items: (approval_request_id, approve)
+    approvals: tuple[tuple[str, bool], ...] = ()
+    #: the MCP items its input carried, by id (approval requests, listings)
+    mcp_items: dict[str, dict[str, Any]] = attrs.field(factory=dict)
 
 
 def plan(body: ResponsesRequest, history: Sequence[TemplateMessage], default_system: str | None,
-         vision: bool = False, remote: bool = False) -> Plan:
+         vision: bool = False, remote: bool = False, mcp_tools: Sequence[dict[str, Any]] = ()) -> Plan:
     """The request after ``history`` (the stored conversation it continues, if any).  A
-    ``vision`` model's messages keep their images (``turns.images``); others' drop them."""
-    new, urls = _items(body.input, vision)
-    if not new and not history:
+    ``vision`` model's messages keep their images (``turns.images``); others' drop them.
+    ``mcp_tools``: the MCP servers' tools offered, as function tools (``turns.mcp_uses``)."""
+    mcp: dict[str, Any] = {"approvals": [], "items": {}}
+    new, urls = _items(body.input, vision, mcp)
+    if not new and not history and not mcp["approvals"]:
         raise RequestInvalid("input must hold at least one message or item", param="input")
     images = check_images(urls, remote and vision)
     conversation = [*history, *new]
@@ -51,42 +61,61 @@ def plan(body: ResponsesRequest, history: Sequence[TemplateMessage], default_sys
         messages = [{"role": "system", "content": body.instructions}, *conversation]
     else:
         messages = apply_default_system(conversation, default_system)
-    tools, required = select_tools(_tools(body), _tool_choice(body.tool_choice))
+    tools, required = select_tools((*_tools(body), *mcp_tools), _tool_choice(body.tool_choice))
     schema, any_object = _format(body)
     grammar = grammar_for(
         json_schema=schema, json_object=any_object, tools=tools, call_required=required,
         parallel=body.parallel_tool_calls is True,
     )
-    return Plan(conversation, ChatPrompt(tuple(messages), tools, _effort(body)), required, grammar, 0 if vision else images)
+    return Plan(conversation, ChatPrompt(tuple(messages), tools, _effort(body)), required, grammar,
+                0 if vision else images, tuple(mcp["approvals"]), mcp["items"])
 
 
 def unhonoured(body: ResponsesRequest) -> list[str]:
     """The fields accepted but not honoured, for the degradation header."""
     labels = ["truncation"] if body.truncation == "auto" else []
     return labels + [
-        name for name in ("include", "background", "max_tool_calls", "top_logprobs", "prompt", "conversation")
+        name for name in ("include", "background", "top_logprobs", "prompt", "conversation")
         if getattr(body, name)
     ]
 
 
 def said(output: Sequence[Mapping[str, Any]]) -> list[TemplateMessage]:
-    """A response's output as the assistant's turn, for the conversation it continues."""
-    text = "".join(
-        part["text"] for item in output if item["type"] == "message" for part in item["content"]
-    )
-    reasoning = "".join(
-        part["text"] for item in output if item["type"] == "reasoning" for part in item["content"]
-    )
-    calls = [
-        tool_call({"id": item["call_id"], "function": {"name": item["name"], "arguments": item["arguments"]}})
-        for item in output if item["type"] == "function_call"
-    ]
-    turn: TemplateMessage = {"role": "assistant", "content": text}
-    if calls:
-        turn["tool_calls"] = calls
-    if reasoning:
-        turn["reasoning_content"] = reasoning
-    return [turn] if text or calls else []
+    """A response's output as the assistant's turns, for the conversation it continues: its
+    text, reasoning and calls, each MCP call's result after the turn that made it."""
+    out: list[TemplateMessage] = []
+    turn: TemplateMessage | None = None
+    results: list[TemplateMessage] = []
+
+    def current() -> TemplateMessage:
+        nonlocal turn
+        if results:  # the calls' results close the turn that made them
+            out.extend(results)
+            results.clear()
+            turn = None
+        if turn is None:
+            turn = {"role": "assistant", "content": ""}
+            out.append(turn)
+        return turn
+
+    for item in output:
+        kind = item["type"]
+        if kind == "message":
+            current()["content"] += "".join(part["text"] for part in item["content"])
+        elif kind == "reasoning":
+            t = current()
+            t["reasoning_content"] = t.get("reasoning_content", "") + "".join(p["text"] for p in item["content"])
+        elif kind in ("function_call", "mcp_call", "mcp_approval_request"):
+            call_id = item["call_id"] if kind == "function_call" else item["id"].split("_", 1)[1]
+            if kind == "mcp_call" and item.get("approval_request_id"):  # its call is an earlier turn's
+                results.append(tool_message(call_id, item["output"], item["error"]))
+                continue
+            current().setdefault("tool_calls", []).append(
+                tool_call({"id": call_id, "function": {"name": item["name"], "arguments": item["arguments"]}}))
+            if kind == "mcp_call":
+                results.append(tool_message(call_id, item["output"], item["error"]))
+    out.extend(results)
+    return [t for t in out if t["role"] != "assistant" or t["content"] or t.get("tool_calls")]
 
 
 # --- input items -----------------------------------------------------------------------------
@@ -107,8 +136,11 @@ def _text(content: Any, where: str) -> tuple[str, list[str]]:
     return text, image_urls(content)
 
 
-def _items(items: str | list[dict[str, Any]], vision: bool = False) -> tuple[list[TemplateMessage], list[str]]:
-    """The input as template messages, and the image URLs it carried."""
+def _items(items: str | list[dict[str, Any]], vision: bool = False,
+           mcp: dict[str, Any] | None = None) -> tuple[list[TemplateMessage], list[str]]:
+    """The input as template messages, and the image URLs it carried; ``mcp`` gathers its
+    approvals and MCP items."""
+    mcp = {"approvals": [], "items": {}} if mcp is None else mcp
     if isinstance(items, str):
         return [{"role": "user", "content": items}], []
     out: list[TemplateMessage] = []
@@ -153,6 +185,24 @@ def _items(items: str | list[dict[str, Any]], vision: bool = False) -> tuple[lis
             out.append({"role": "tool", "tool_call_id": call_id, "content": output})
         elif kind == "reasoning":
             continue  # the model's earlier reasoning: not part of what it is shown again
+        elif kind in ("mcp_list_tools", "mcp_call", "mcp_approval_request"):
+            if not isinstance(item.get("id"), str) or "_" not in item["id"]:
+                raise RequestInvalid(f"{where}: an {kind} item needs its id", param="input")
+            mcp["items"][item["id"]] = item
+            if kind != "mcp_list_tools":
+                if not isinstance(item.get("name"), str) or not isinstance(item.get("arguments"), str):
+                    raise RequestInvalid(f"{where}: an {kind} item needs string name and arguments", param="input")
+                out.extend(said([{"output": None, "error": None, **item}]))
+        elif kind == "mcp_approval_response":
+            request_id, approve = item.get("approval_request_id"), item.get("approve")
+            if not isinstance(request_id, str) or not request_id.startswith("mcpr_") or not isinstance(approve, bool):
+                raise RequestInvalid(
+                    f"{where}: an mcp_approval_response needs approval_request_id (an mcp_approval_request's id) "
+                    "and approve (true or false)", param="input",
+                )
+            mcp["approvals"].append((request_id, approve))
+            if not approve:
+                out.append(tool_message(request_id.split("_", 1)[1], DECLINED, None))
         else:
             raise RequestInvalid(f"{where}.type {kind!r} is not a supported input item", param="input")
     return out, images
@@ -166,6 +216,8 @@ def _tools(body: ResponsesRequest) -> tuple[dict[str, Any], ...]:
     nested = []
     for i, tool in enumerate(body.tools or ()):
         kind = tool.get("type", "function")
+        if kind == "mcp":
+            continue  # the MCP servers' tools: turns.mcp_uses
         if kind != "function":
             raise RequestInvalid(
                 f"tools[{i}].type {kind!r} is not supported: this server runs function tools only",
@@ -177,8 +229,10 @@ def _tools(body: ResponsesRequest) -> tuple[dict[str, Any], ...]:
 
 
 def _tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
+    if isinstance(choice, dict) and choice.get("type") in ("function", "mcp") and "name" in choice:
         return {"type": "function", "function": {"name": choice["name"]}}
+    if isinstance(choice, dict) and choice.get("type") == "mcp":
+        return "required"  # a call to one of the server's tools: every tool offered is one
     return choice
 
 

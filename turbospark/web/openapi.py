@@ -135,6 +135,8 @@ def _routes() -> tuple[Route, ...]:
         Route("post", "/api/pull", "Pull a catalogue model (NDJSON progress)", "ollama",
               raw_body="application/json", streams=ndjson),
         Route("get", "/api/catalogue", "The models /api/pull can fetch", "ollama", returns=_object("models")),
+        Route("get", "/v1/mcp/tools", "The MCP servers the server runs (serve --mcp-config): state and tools",
+              returns=_LIST),
         Route("get", "/status/feed", "Live status snapshots (SSE; ?interval=seconds)", success="text/event-stream"),
         Route("get", "/ui/{name}", "The web page's files (GET / with Accept: text/html is the page)", success="text/javascript"),
         Route("get", "/slots", "llama.cpp's slots: the prefix cache's places", "openai", returns={"type": "array"}),

@@ -2,6 +2,7 @@
 // /api/pull with progress), load and unload (keep_alive), delete, and import: a GGUF file from
 // this computer (uploaded as Ollama's client does, /api/blobs then /api/create with files) or a
 // model from Ollama's store on the server's machine (/api/ollama/models, /api/create from ollama:).
+// Beside them, the MCP servers the server runs and their tools (/v1/mcp/tools).
 import { api, bytes, el, errorText, json, lines, postJSON } from "./api.js";
 
 const message = () => document.getElementById("models-message");
@@ -18,7 +19,17 @@ export function startModels() {
   refresh();
 }
 
+async function refreshServers() {
+  const servers = (await json("/v1/mcp/tools")).data;
+  document.getElementById("mcp-none").hidden = servers.length > 0;
+  document.querySelector("#mcp-servers tbody").replaceChildren(...servers.map((s) => el("tr", { "data-server": s.name },
+    el("th", { scope: "row" }, s.name), el("td", {}, s.transport),
+    el("td", { class: "state", title: s.error || "" }, s.state + (s.error ? `: ${s.error}` : "")),
+    el("td", {}, ...s.tools.map((t) => el("span", { class: "tool", title: t.description }, t.name, " "))))));
+}
+
 async function refresh() {
+  refreshServers().catch(() => {});
   try {
     const [tags, ps, catalogue] = await Promise.all([json("/api/tags"), json("/api/ps"), json("/api/catalogue")]);
     const running = new Map(ps.models.map((m) => [m.model, m]));

@@ -1,8 +1,10 @@
-// Playground: conversations side by side, each streaming from /v1/chat/completions.
+// Playground: conversations side by side, each streaming from /v1/chat/completions; with MCP servers
+// ticked in its settings, from /v1/responses, whose mcp tools the server runs (each call shown).
 import { el, errorText, events, json, onStatus, postJSON } from "./api.js";
 import { speak } from "./mic.js";
 
 let chatModels = [];
+let mcpServers = [];
 let count = 0;
 const conversations = [];
 
@@ -22,6 +24,11 @@ export async function startPlayground() {
   } catch (err) {
     chatModels = [];
   }
+  try {
+    mcpServers = (await json("/v1/mcp/tools")).data;
+  } catch (err) {
+    mcpServers = [];
+  }
   addConversation(false);
 }
 
@@ -32,6 +39,12 @@ function addConversation(focus) {
   node.dataset.conversation = n;
   const select = node.querySelector(".model");
   for (const id of chatModels) select.append(el("option", { value: id }, id));
+  const mcp = node.querySelector(".mcp");
+  mcp.hidden = mcpServers.length === 0;
+  for (const s of mcpServers) {
+    mcp.append(el("label", { title: s.tools.map((t) => t.name).join(", ") },
+      el("input", { type: "checkbox", class: "mcp-server", value: s.name }), ` ${s.name} (${s.tools.length} tools, ${s.state}) `));
+  }
   document.getElementById("conversations").append(node);
   conversations.push(new Conversation(node));
   if (focus) node.querySelector(".input").focus();
@@ -102,6 +115,25 @@ class Conversation {
     return body;
   }
 
+  mcpChosen() {
+    return [...this.node.querySelectorAll(".mcp-server:checked")].map((box) => box.value);
+  }
+
+  // The same conversation as a Responses request, its mcp tools run by the server.
+  responsesRequest(servers) {
+    const chat = this.request();
+    const part = (p) => p.type === "image_url" ? { type: "input_image", image_url: p.image_url.url } : { type: "input_text", text: p.text };
+    const body = {
+      model: chat.model, stream: true, temperature: chat.temperature, max_output_tokens: chat.max_tokens,
+      input: chat.messages.filter((m) => m.role !== "tool" && (m.content || "").length).map((m) =>
+        ({ role: m.role, content: typeof m.content === "string" ? m.content : m.content.map(part) })),
+      tools: servers.map((name) => ({ type: "mcp", server_label: name, require_approval: "never" })),
+    };
+    for (const t of chat.tools || []) body.tools.push({ type: "function", ...t.function });
+    if (chat.response_format) body.text = { format: { type: "json_schema", name: "answer", schema: chat.response_format.json_schema.schema } };
+    return body;
+  }
+
   async send() {
     const input = this.node.querySelector(".input");
     const text = input.value.trim();
@@ -111,9 +143,10 @@ class Conversation {
       ? [...images.map((url) => ({ type: "image_url", image_url: { url } })), { type: "text", text }]
       : text;
     let body;
+    const servers = this.mcpChosen();
     try {
       this.messages.push({ role: "user", content });
-      body = this.request();
+      body = servers.length ? this.responsesRequest(servers) : this.request();
     } catch (err) {
       this.messages.pop();
       this.log.append(el("li", { role: "alert" }, `The JSON schema or tools do not parse: ${err.message}`));
@@ -131,12 +164,15 @@ class Conversation {
     this.busy(true);
     const began = performance.now();
     try {
-      const response = await postJSON("/v1/chat/completions", body, this.controller.signal);
+      const path = servers.length ? "/v1/responses" : "/v1/chat/completions";
+      const response = await postJSON(path, body, this.controller.signal);
       if (!response.ok) throw new Error(errorText(await response.json(), response.status));
       for await (const { event, data } of events(response)) {
         if (data === "[DONE]") break;
         if (event === "error") throw new Error(errorText(data, 0));
-        answer.chunk(data, began);
+        if (event === "response.failed") throw new Error(errorText(data.response, 0));
+        if (servers.length) answer.responseEvent(event, data, began);
+        else answer.chunk(data, began);
       }
       answer.finish(began, "done");
       this.messages.push(answer.message());
@@ -187,6 +223,26 @@ class Answer {
       if (d.content) this.text.append(d.content);
       if (reasoning) { this.reasoning.hidden = false; this.reasoningText.append(reasoning); }
       for (const call of d.tool_calls || []) this.toolCall(call);
+    }
+    this.log.scrollTop = this.log.scrollHeight;
+  }
+
+  // A Responses stream's event: text, reasoning, the MCP calls the server ran, the usage.
+  responseEvent(event, data, began) {
+    if (event === "response.output_text.delta" || event === "response.reasoning_text.delta") {
+      if (this.first === null) this.first = performance.now();
+      this.pieces++;
+      this.stats.textContent = `streaming… ${this.pieces} pieces, first after ${Math.round(this.first - began)} ms`;
+      if (event === "response.output_text.delta") this.text.append(data.delta);
+      else { this.reasoning.hidden = false; this.reasoningText.append(data.delta); }
+    } else if (event === "response.output_item.done" && data.item.type === "mcp_call") {
+      const item = data.item;
+      this.tools.append(el("div", { class: "tool-card mcp-call", role: "group", "data-status": item.status },
+        el("strong", {}, `${item.server_label} · ${item.name}`), el("br"), el("code", {}, item.arguments), el("br"),
+        el("span", { class: "tool-output" }, item.error === null ? item.output : `Error: ${item.error}`)));
+    } else if (event === "response.completed") {
+      const u = data.response.usage;
+      this.usage = { prompt_tokens: u.input_tokens, completion_tokens: u.output_tokens };
     }
     this.log.scrollTop = this.log.scrollHeight;
   }

@@ -1,0 +1,197 @@
+"""MCP tools run by the server within one response, for every API family that offers them.
+
+A route that offers MCP tools (``turns/mcp_uses``) runs its turns through an ``McpLoop``: the
+model's calls to MCP tools are executed here, through the servers' actors, their results join the
+conversation, and the model is asked again, until it answers (text, or calls that are the
+client's own), a call waits for the user's approval, or ``max_calls`` calls have run (the last
+turn is then offered no MCP tool).  The family's framer (its ``*_events`` module) frames each
+turn's events as usual, and three things more: the tools listed (``listed``), a call's outcome
+(``ran``), and the usage of every turn added up, fed once at the end.
+
+``start`` runs the calls a request approves (an ``mcp_approval_response``) and opens the first
+turn, so a refusal is still an HTTP error; ``frames`` is the body (streamed, or drained for a
+response sent whole: ``error`` then raises).  A client that leaves cancels the call that runs
+(``McpServers.call``), like the generation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+from typing import Any, Protocol
+
+import attrs
+
+from ..actors.mcp import McpListing, McpOutcome, McpServers
+from ..errors import GenerationFailed, McpUnavailable, TurboSparkError
+from ..messages import ChatPrompt, ToolCall
+from ..turns.chat import TemplateMessage, tool_call
+from ..turns.guardrails import Guardrails
+from ..turns.mcp_uses import McpOffer, McpRoute, McpUse, tool_message
+from ..turns.turn_events import CallEnd, Error, Reasoning, Text, TurnEvent, Usage
+from ._turn import Framer, Turn, TurnPlan, _frames, open_turn
+
+__all__ = ["Approved", "MAX_CALLS", "McpFramer", "McpLoop", "listings_of"]
+
+log = logging.getLogger("turbospark")
+
+#: MCP calls one response runs at most, where the request sets no bound (``max_tool_calls``).
+MAX_CALLS = 8
+
+
+class McpFramer(Framer, Protocol):
+    def listed(self, use: McpUse, listing: McpListing) -> list[bytes]: ...
+
+    def ran(self, call: ToolCall, route: McpRoute, outcome: McpOutcome, approval: str | None = None) -> list[bytes]: ...
+
+
+@attrs.frozen
+class Approved:
+    """A call the user answered: ``approve`` runs it; ``approval`` is the request's id."""
+
+    call: ToolCall
+    route: McpRoute
+    approval: str
+    approve: bool
+
+
+#: ``replan(messages, tools_offered, call_required)``: the route's plan for a later turn
+Replan = Callable[[tuple[TemplateMessage, ...], tuple[dict[str, Any], ...], bool], TurnPlan]
+
+
+async def listings_of(servers: McpServers, uses: Sequence[McpUse]) -> dict[str, McpListing]:
+    """The used servers' tools; one that is down is a 424 (``McpUnavailable``), as OpenAI's."""
+    listings = await servers.listings(sorted({u.server for u in uses}))
+    for listing in listings:
+        if listing.state != "up":
+            raise McpUnavailable(listing.server, listing.error)
+    return {listing.server: listing for listing in listings}
+
+
+@attrs.define
+class McpLoop:
+    plan: TurnPlan
+    offer: McpOffer
+    servers: McpServers
+    replan: Replan
+    request_id: int
+    guardrails: Guardrails
+    listed: Sequence[tuple[McpUse, McpListing]] = ()  # the listings the response shows
+    approved: Sequence[Approved] = ()
+    max_calls: int = MAX_CALLS
+    turn: Turn | None = None
+    outcomes: list[McpOutcome] = attrs.field(factory=list)
+
+    async def start(self) -> None:
+        """Run the approved calls, then open the first turn (its refusal raised here)."""
+        results = []
+        for one in self.approved:
+            outcome = await self._run(one.call, one.route) if one.approve else McpOutcome("declined")
+            self.outcomes.append(outcome)
+            if one.approve:
+                results.append(tool_message(one.call.id, outcome.text, outcome.error))
+        if results:
+            assert isinstance(self.plan.prompt, ChatPrompt)
+            self.plan = attrs.evolve(self.plan, prompt=attrs.evolve(
+                self.plan.prompt, messages=(*self.plan.prompt.messages, *results)))
+        self.turn = await open_turn(self.plan, request_id=self.request_id, guardrails=self.guardrails)
+
+    def frames(self, framer: McpFramer, *, keepalive: float,
+               error: Callable[[TurboSparkError], list[bytes]]) -> AsyncIterator[bytes]:
+        """The response's body: every turn's frames and every call's, then the usage once."""
+
+        async def guarded() -> AsyncIterator[bytes]:
+            try:
+                async with aclosing(body()) as frames:
+                    async for frame in frames:
+                        yield frame
+            except TurboSparkError as exc:
+                yield b"".join(error(exc))
+            except Exception:  # a bug: logged with an id the client sees
+                failure = GenerationFailed.new()
+                log.exception("an MCP response failed (error id %s)", failure.error_id)
+                yield b"".join(error(failure))
+
+        async def body() -> AsyncIterator[bytes]:
+            assert self.turn is not None
+            first = [*framer.opening()]
+            for use, listing in self.listed:
+                first += framer.listed(use, listing)
+            for one, outcome in zip(self.approved, self.outcomes):
+                if one.approve:
+                    first += framer.ran(one.call, one.route, outcome, one.approval)
+            yield b"".join(first)
+            turn, made, usage = self.turn, 0, None
+            messages = turn.plan.prompt.messages if isinstance(turn.plan.prompt, ChatPrompt) else ()
+            while True:
+                said: list[TurnEvent] = []
+                async with aclosing(turn.batches(keepalive)) as batches:
+                    async for batch in batches:
+                        out: list[bytes] = []
+                        for event in batch:
+                            if isinstance(event, Error):
+                                yield b"".join([*out, *error(event.error)])
+                                return
+                            if isinstance(event, Usage):
+                                usage = _added(usage, event)
+                                continue
+                            if isinstance(event, CallEnd | Text | Reasoning):
+                                said.append(event)
+                            out += _frames(framer, event)
+                        if out:
+                            yield b"".join(out)
+                calls = [e.call for e in said if isinstance(e, CallEnd)]
+                runnable = [c for c in calls if c.name in self.offer.routes and not self.offer.routes[c.name].approval]
+                results = []
+                for call in runnable:
+                    route = self.offer.routes[call.name]
+                    outcome = await self._run(call, route)
+                    yield b"".join(framer.ran(call, route, outcome))
+                    results.append(tool_message(call.id, outcome.text, outcome.error))
+                made += len(runnable)
+                if not runnable or len(runnable) < len(calls):
+                    break  # answered; or calls wait for the client or for approval
+                messages = (*messages, _assistant(said), *results)
+                tools = turn.plan.prompt.tools if isinstance(turn.plan.prompt, ChatPrompt) else ()
+                if made >= self.max_calls:
+                    tools = tuple(t for t in tools or () if t["function"]["name"] not in self.offer.routes)
+                try:
+                    turn = await open_turn(self.replan(messages, tuple(tools or ()), False), request_id=self.request_id,
+                                           guardrails=self.guardrails, context=turn.context)
+                except TurboSparkError as exc:
+                    yield b"".join(error(exc))
+                    return
+            assert usage is not None
+            yield b"".join(framer.feed(usage))
+
+        return guarded()
+
+    async def _run(self, call: ToolCall, route: McpRoute) -> McpOutcome:
+        try:
+            arguments = json.loads(call.arguments or "{}")
+        except json.JSONDecodeError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            return McpOutcome("failed", error="the call's arguments are not a JSON object")
+        return await self.servers.call(route.server, route.tool, arguments)
+
+
+def _assistant(said: Sequence[TurnEvent]) -> TemplateMessage:
+    """A turn's text, reasoning and calls as the assistant's message the next turn reads."""
+    turn: TemplateMessage = {"role": "assistant", "content": "".join(e.text for e in said if isinstance(e, Text))}
+    reasoning = "".join(e.text for e in said if isinstance(e, Reasoning))
+    if reasoning:
+        turn["reasoning_content"] = reasoning
+    turn["tool_calls"] = [
+        tool_call({"id": e.call.id, "function": {"name": e.call.name, "arguments": e.call.arguments}})
+        for e in said if isinstance(e, CallEnd)
+    ]
+    return turn
+
+
+def _added(a: Usage | None, b: Usage) -> Usage:
+    if a is None:
+        return b
+    return Usage(*(x + y for x, y in zip(attrs.astuple(a), attrs.astuple(b))))
