@@ -136,7 +136,7 @@ def test_anthropics_connector_names_servers_and_toolsets_narrow_them() -> None:
     (only,) = anthropic_uses(servers, [{"type": "mcp_toolset", "mcp_server_name": "demo", "default_config":
                                         {"enabled": False}, "configs": {"add": {"enabled": True}}}], ["demo"])
     assert (only.offers("add"), only.offers("slow")) == (True, False)
-    with pytest.raises(RequestInvalid, match="names no configured MCP server"):
+    with pytest.raises(RequestInvalid, match="reaches only the MCP servers it was started with"):
         anthropic_uses([{"type": "url", "url": "https://x", "name": "elsewhere"}], None, ["demo"])
 
 
@@ -384,3 +384,67 @@ async def test_a_server_that_is_down_is_a_424_naming_it(start_server, client, tm
     assert "'gone'" in r.json()["error"]["message"] and "no-such-program" in r.json()["error"]["message"]
     (listed,) = (await client.get(f"{server.url}/v1/mcp/tools")).json()["data"]
     assert listed["state"] == "down" and listed["tools"] == []
+
+
+# --- a request's own servers (serve --mcp-urls) ---------------------------------------------------
+
+
+@pytest.fixture
+async def http_demo(tmp_path: Path):
+    """The demo server over streamable HTTP on a free loopback port: (url, marks file)."""
+    import socket
+    import subprocess
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    path = tmp_path / "http-marks"
+    child = subprocess.Popen([sys.executable, str(DEMO), "--http", str(port)], env={**os.environ, "MCP_DEMO_MARKS": str(path)},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with trio.fail_after(30):
+            while True:
+                try:
+                    await (await trio.open_tcp_stream("127.0.0.1", port)).aclose()
+                    break
+                except OSError:
+                    await trio.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp", path
+    finally:
+        child.kill()
+        child.wait()
+
+
+async def test_a_requests_own_server_url_needs_mcp_urls_and_a_public_address(start_server, client, http_demo) -> None:
+    url, _ = http_demo
+    remote = {"type": "mcp", "server_label": "mine", "server_url": url, "require_approval": "never"}
+    closed = await start_server([ScriptedBackend(script=CALL_ADD)])
+    r = await client.post(f"{closed.url}/v1/responses", json=responses_body(tools=[remote]))
+    assert r.status_code == 400 and "serve --mcp-urls" in r.json()["error"]["message"]
+    opened = await start_server([ScriptedBackend(script=CALL_ADD)], mcp_urls=True)
+    r = await client.post(f"{opened.url}/v1/responses", json=responses_body(tools=[remote]))
+    assert r.status_code == 400 and "loopback, private or reserved" in r.json()["error"]["message"]
+    many = [{**remote, "server_label": f"s{i}"} for i in range(5)]
+    r = await client.post(f"{opened.url}/v1/responses", json=responses_body(tools=many))
+    assert r.status_code == 400 and "at most 4" in r.json()["error"]["message"]
+
+
+async def test_a_requests_own_server_serves_that_request_only(start_server, client, http_demo, monkeypatch) -> None:
+    from turbospark.routes import _images
+
+    monkeypatch.setattr(_images, "_public", lambda address: True)  # the test's server is on loopback
+    url, path = http_demo
+    server = await start_server([ScriptedBackend(script=CALL_ADD)], mcp_urls=True)
+    remote = {"type": "mcp", "server_label": "mine", "server_url": url, "require_approval": "never"}
+    for _ in range(2):
+        r = await client.post(f"{server.url}/v1/responses", json=responses_body(tools=[remote], max_tool_calls=1))
+        out = r.json()["output"]
+        assert [i["type"] for i in out] == ["mcp_list_tools", "mcp_call", "message"]
+        assert out[1]["server_label"] == "mine" and out[1]["output"] == "5"
+    assert marks(path) == ["add 2 3", "add 2 3"]
+    assert (await client.get(f"{server.url}/v1/mcp/tools")).json()["data"] == []  # nobody else sees it
+    connector = [{"type": "url", "url": url, "name": "mine", "authorization_token": "t"}]
+    r = await client.post(f"{server.url}/v1/messages", headers={"anthropic-beta": "mcp-client-2025-04-04"}, json={
+        "model": "scripted", "max_tokens": 40, "messages": [{"role": "user", "content": "2 plus 3?"}],
+        "mcp_servers": connector})
+    assert [b["type"] for b in r.json()["content"]][:2] == ["mcp_tool_use", "mcp_tool_result"]

@@ -350,7 +350,7 @@ async def run_system(spec: SystemSpec, *, task_status: trio.TaskStatus[System] =
             await nursery.start(pulls, pulls_recv, lambda name, report: spec.shelf.pull(name, report))
         parse_send, parse_recv = trio.open_memory_channel[ParseJson | DumpJson](64)
         await nursery.start(parser, parse_recv)
-        mcp = await start_mcp_servers(nursery, settings.mcp_servers, obs.emit)
+        mcp = await start_mcp_servers(nursery, settings.mcp_servers, obs.emit, remotes=settings.mcp_urls)
         task_status.started(
             System(
                 settings=settings,

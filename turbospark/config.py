@@ -113,6 +113,8 @@ class Settings:
     image_urls: bool = False
     # MCP servers the server runs (serve --mcp-config): each an actor, its tools offered on request.
     mcp_servers: tuple[McpServerSpec, ...] = ()
+    # A request's own MCP servers by URL (public addresses only); off: configured servers only.
+    mcp_urls: bool = False
 
 
 def _physical_memory() -> int:

@@ -18,6 +18,9 @@ connection (the official ``mcp`` SDK, on anyio, so on Trio).
   error; every call is counted (``McpCalled``: server, outcome, seconds).
 - **No child outlives the server.**  The actor's scope ends at shutdown; the SDK's stdio transport
   closes the child's stdin, waits, then terminates its process tree.
+
+A request's own servers (``serve --mcp-urls``: an HTTP URL on a public address) are the same actor,
+started by ``mcp_remotes`` for as long as the request holds the ``OpenRemote``'s lifeline.
 """
 
 from __future__ import annotations
@@ -31,19 +34,21 @@ from functools import partial
 from typing import Any
 
 import attrs
+import httpx2
 import trio
 
 from ..wire.mcp_config import McpServerSpec
 from ._mailbox import answer, call
 
 __all__ = [
-    "CallTool", "ListTools", "McpCalled", "McpListing", "McpOutcome", "McpServers", "McpTool", "mcp_server",
-    "start_mcp_servers",
+    "CallTool", "ListTools", "McpCalled", "McpListing", "McpOutcome", "McpServers", "McpTool", "OpenRemote",
+    "mcp_remotes", "mcp_server", "start_mcp_servers",
 ]
 
 log = logging.getLogger("turbospark")
 
 STARTUP_S = 20.0  # the first connection's bound before the server starts without it
+REMOTE_STARTUP_S = 10.0  # the same for a request's own server (the request waits for it)
 PING_S = 10.0  # how often a connected server is asked for its tools (and how soon a dead one is noticed)
 BACKOFF_S = (1.0, 60.0)  # the first reconnection's wait, and the longest
 
@@ -108,6 +113,16 @@ class CallTool:
     lifeline: trio.MemorySendChannel[None]  # blocks until the asker leaves (see the module's note)
 
 
+@attrs.frozen
+class OpenRemote:
+    """Start an actor for ``spec`` (a request's server); ``reply`` gets its inbox once it has
+    tried to connect.  It lives until the asker closes ``lifeline``'s receive end."""
+
+    spec: McpServerSpec
+    reply: trio.MemorySendChannel[trio.MemorySendChannel[Any]]
+    lifeline: trio.MemorySendChannel[None]
+
+
 McpMessage = ListTools | CallTool
 Connect = Callable[[McpServerSpec], Any]  # an async context manager of a connected client
 
@@ -115,7 +130,6 @@ Connect = Callable[[McpServerSpec], Any]  # an async context manager of a connec
 @asynccontextmanager
 async def connect(spec: McpServerSpec) -> AsyncIterator[Any]:
     """The SDK's client for ``spec``, connected and initialised."""
-    import httpx2
     from mcp import Client, StdioServerParameters
     from mcp.client.streamable_http import streamable_http_client
 
@@ -126,9 +140,27 @@ async def connect(spec: McpServerSpec) -> AsyncIterator[Any]:
             yield client
         return
     assert spec.url is not None
-    async with httpx2.AsyncClient(headers=dict(spec.headers), timeout=httpx2.Timeout(30.0, read=300.0)) as http, \
+    transport = _Pinned(spec.address) if spec.address is not None else None
+    async with httpx2.AsyncClient(headers=dict(spec.headers), timeout=httpx2.Timeout(30.0, read=300.0),
+                                  transport=transport) as http, \
             Client(streamable_http_client(spec.url, http_client=http)) as client:
         yield client
+
+
+class _Pinned(httpx2.AsyncBaseTransport):
+    """Every request to one checked address, its host kept for ``Host`` and TLS's server name."""
+
+    def __init__(self, address: str) -> None:
+        self.address, self.inner = address, httpx2.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        host = request.url.host
+        request.url = request.url.copy_with(host=self.address)
+        request.extensions = {**request.extensions, "sni_hostname": host}
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 @attrs.define
@@ -145,11 +177,12 @@ class _Link:
 
 
 async def mcp_server(spec: McpServerSpec, inbox: trio.MemoryReceiveChannel[McpMessage], emit: Callable[[object], None],
-                     *, connector: Connect = connect, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+                     *, connector: Connect = connect, startup: float = STARTUP_S,
+                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """The actor of one MCP server (see the module's note)."""
     link = _Link(spec)
     async with trio.open_nursery() as nursery:
-        await nursery.start(_connection, link, connector)
+        await nursery.start(_connection, link, connector, startup)
         task_status.started()
         async with inbox:
             async for msg in inbox:
@@ -160,12 +193,12 @@ async def mcp_server(spec: McpServerSpec, inbox: trio.MemoryReceiveChannel[McpMe
         nursery.cancel_scope.cancel()
 
 
-async def _connection(link: _Link, connector: Connect, *, task_status: trio.TaskStatus[None]) -> None:
+async def _connection(link: _Link, connector: Connect, startup: float, *, task_status: trio.TaskStatus[None]) -> None:
     spec, wait, ready = link.spec, BACKOFF_S[0], False
     while True:
         link.lost = trio.Event()
         try:
-            with trio.CancelScope(deadline=trio.current_time() + STARTUP_S) as handshake:
+            with trio.CancelScope(deadline=trio.current_time() + startup) as handshake:
                 async with connector(spec) as client:
                     listed = await client.list_tools()
                     handshake.deadline = math.inf
@@ -179,7 +212,7 @@ async def _connection(link: _Link, connector: Connect, *, task_status: trio.Task
                         task_status.started()
                     await _watch(client, link)
             if handshake.cancelled_caught:
-                link.error = f"it did not answer within {STARTUP_S:.0f} s"
+                link.error = f"it did not answer within {startup:.0f} s"
         except Exception as exc:  # noqa: BLE001 - whatever ends the connection, it is tried again
             link.error = _reason(exc)
         link.client, link.state = None, "down"
@@ -274,9 +307,27 @@ def _reason(exc: BaseException) -> str:
 
 @attrs.frozen
 class McpServers:
-    """The handles routes use: each configured server's inbox, by name."""
+    """The handles routes use: each configured server's inbox, by name; ``remotes``: the
+    supervisor of requests' own servers (``serve --mcp-urls``), None when they are not allowed."""
 
     inboxes: Mapping[str, trio.MemorySendChannel[McpMessage]] = attrs.field(factory=dict)
+    remotes: trio.MemorySendChannel[OpenRemote] | None = None
+
+    async def opened(self, specs: Sequence[McpServerSpec], scope: Any) -> McpServers:
+        """These handles and a request's own servers, started for as long as ``scope`` (the
+        request's exit stack) is open."""
+        if not specs:
+            return self
+        assert self.remotes is not None
+        inboxes = dict(self.inboxes)
+        for spec in specs:
+            reply_send, reply_recv = trio.open_memory_channel[trio.MemorySendChannel[McpMessage]](1)
+            life_send, life_recv = trio.open_memory_channel[None](0)
+            scope.callback(life_recv.close)
+            with reply_recv:
+                await self.remotes.send(OpenRemote(spec, reply_send, life_send))
+                inboxes[spec.name] = await reply_recv.receive()
+        return attrs.evolve(self, inboxes=inboxes)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -307,16 +358,41 @@ class McpServers:
                 return McpOutcome("failed", error=f"MCP server {server!r} stopped")
 
 
+async def mcp_remotes(inbox: trio.MemoryReceiveChannel[OpenRemote], emit: Callable[[object], None],
+                      *, connector: Connect = connect, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """The supervisor of requests' own servers: one ``mcp_server`` each, while its asker holds on."""
+    async with trio.open_nursery() as nursery:
+        task_status.started()
+        async with inbox:
+            async for msg in inbox:
+                nursery.start_soon(_remote, msg, emit, connector)
+        nursery.cancel_scope.cancel()
+
+
+async def _remote(msg: OpenRemote, emit: Callable[[object], None], connector: Connect) -> None:
+    send, recv = trio.open_memory_channel[McpMessage](64)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_lifeline, msg.lifeline, nursery.cancel_scope)
+        await nursery.start(partial(mcp_server, msg.spec, recv, emit, connector=connector, startup=REMOTE_STARTUP_S))
+        answer(msg.reply, send)
+
+
 async def start_mcp_servers(nursery: trio.Nursery, specs: Sequence[McpServerSpec],
-                            emit: Callable[[object], None], connector: Connect = connect) -> McpServers:
-    """Start one actor per server, all at once; back when each has tried its first connection."""
+                            emit: Callable[[object], None], connector: Connect = connect,
+                            remotes: bool = False) -> McpServers:
+    """Start one actor per server, all at once; back when each has tried its first connection.
+    ``remotes``: also the supervisor of requests' own servers."""
+    remote_send = None
+    if remotes:
+        remote_send, remote_recv = trio.open_memory_channel[OpenRemote](64)
+        await nursery.start(partial(mcp_remotes, remote_recv, emit, connector=connector))
     inboxes = {}
     async with trio.open_nursery() as starting:
         for spec in specs:
             send, recv = trio.open_memory_channel[McpMessage](64)
             inboxes[spec.name] = send
             starting.start_soon(_start_one, nursery, partial(mcp_server, spec, recv, emit, connector=connector))
-    return McpServers(inboxes)
+    return McpServers(inboxes, remote_send)
 
 
 async def _start_one(nursery: trio.Nursery, actor: Any) -> None:

@@ -1,6 +1,6 @@
 """``serve``'s engine choices: ``--lora NAME=PATH`` (LoRA adapters of the first ``--model``,
 ``model/mlx_adapters.py``), ``--kv-cache``, ``--reasoning-budget``, ``--context-shift`` and
-``--mcp-config`` (the MCP servers the server runs, ``actors/mcp.py``)."""
+``--mcp-config`` and ``--mcp-urls`` (the MCP servers the server runs, ``actors/mcp.py``)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,10 @@ def add_engine_arguments(s: argparse.ArgumentParser) -> None:
                    "({\"mcpServers\": {NAME: {\"command\", \"args\", \"env\"} or {\"url\", \"headers\"}}}); their "
                    "tools serve OpenAI's Responses mcp tool and Anthropic's mcp_servers, and GET /v1/mcp/tools "
                    "lists them (also TURBOSPARK_MCP_CONFIG)")
+    s.add_argument("--mcp-urls", action="store_true",
+                   help="let a request reach its own MCP server by URL (OpenAI's server_url, Anthropic's mcp_servers "
+                   "url), over streamable HTTP, on public addresses only, at most 4 per request, for the request's "
+                   "time; off: only the servers of --mcp-config, by name")
 
 
 def engine_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
@@ -47,7 +51,7 @@ def engine_settings(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     except ValueError as exc:
         parser.error(f"--mcp-config: {exc}")
     return {"loras": lora_pairs(parser, args), "kv_cache": args.kv_cache, "reasoning_budget": args.reasoning_budget,
-            "context_shift": args.context_shift, "mcp_servers": servers}
+            "context_shift": args.context_shift, "mcp_servers": servers, "mcp_urls": args.mcp_urls}
 
 
 def _positive(text: str) -> int:

@@ -21,19 +21,24 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import attrs
+import trio
 
+from .._scope import current_scope
 from ..actors.mcp import McpListing, McpOutcome, McpServers
-from ..errors import GenerationFailed, McpUnavailable, TurboSparkError
+from ..errors import GenerationFailed, McpUnavailable, RequestInvalid, TurboSparkError
 from ..messages import ChatPrompt, ToolCall
 from ..turns.chat import TemplateMessage, tool_call
 from ..turns.guardrails import Guardrails
 from ..turns.mcp_uses import McpOffer, McpRoute, McpUse, tool_message
 from ..turns.turn_events import CallEnd, Error, Reasoning, Text, TurnEvent, Usage
+from ..wire.mcp_config import McpServerSpec
+from . import _images
 from ._turn import Framer, Turn, TurnPlan, _frames, open_turn
 
-__all__ = ["Approved", "MAX_CALLS", "McpFramer", "McpLoop", "listings_of"]
+__all__ = ["Approved", "MAX_CALLS", "McpFramer", "McpLoop", "listings_of", "servers_for"]
 
 log = logging.getLogger("turbospark")
 
@@ -59,6 +64,33 @@ class Approved:
 
 #: ``replan(messages, tools_offered, call_required)``: the route's plan for a later turn
 Replan = Callable[[tuple[TemplateMessage, ...], tuple[dict[str, Any], ...], bool], TurnPlan]
+
+
+async def servers_for(servers: McpServers, uses: Sequence[McpUse], param: str) -> McpServers:
+    """The servers a request uses: the configured ones, and its own (``serve --mcp-urls``), each
+    on a public address checked here, started for as long as the request lasts."""
+    specs = []
+    for use in uses:
+        if use.url is not None:
+            address = await _public_address(use.url, use.label, param)
+            specs.append(McpServerSpec(use.server, url=use.url, headers=dict(use.headers), address=address))
+    return await servers.opened(specs, current_scope())
+
+
+async def _public_address(url: str, label: str, param: str) -> str:
+    """The address ``url``'s host resolves to, every one of them public (as image URLs are)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    with trio.move_on_after(_images.FETCH_S):
+        try:
+            addresses = await _images._resolve(host, parts.port or (443 if parts.scheme == "https" else 80))
+        except OSError:
+            raise RequestInvalid(f"the MCP server {label!r}: its host {host!r} was not found", param=param) from None
+        if not addresses or not all(_images._public(a) for a in addresses):
+            raise RequestInvalid(f"the MCP server {label!r}: its host {host!r} is a loopback, private or reserved "
+                                 "address; this server reaches public addresses only", param=param)
+        return addresses[0]
+    raise RequestInvalid(f"the MCP server {label!r}: resolving {host!r} took over {_images.FETCH_S:g} s", param=param)
 
 
 async def listings_of(servers: McpServers, uses: Sequence[McpUse]) -> dict[str, McpListing]:

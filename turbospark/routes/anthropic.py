@@ -38,7 +38,7 @@ from ..web.bodies import read_json
 from ..wire.codec import structure
 from ._images import fetch_images
 from ._openai import DEGRADATION_HEADER, degradation, stream_response
-from ._mcp import McpLoop, listings_of
+from ._mcp import McpLoop, listings_of, servers_for
 from ._turn import RETRIES_HEADER, TurnPlan, framed, open_turn
 from .anthropic_events import MessageStream
 from .anthropic_request import default_max_tokens, normalise, plan, sampling_params, unhonoured
@@ -104,8 +104,9 @@ async def messages() -> Response:
     body = structure(normalise(await read_json()), MessagesRequest)
     entry = await sys_.resolve(body.model, "chat")
     sys_.emit(RequestRouted(g.record.id, body.model, entry.id, body.stream))
-    uses = anthropic_uses(body.mcp_servers, body.tools, sys_.mcp.names)
-    listings = await listings_of(sys_.mcp, uses) if uses else {}
+    uses = anthropic_uses(body.mcp_servers, body.tools, sys_.mcp.names, remote=sys_.settings.mcp_urls)
+    servers = await servers_for(sys_.mcp, uses, "mcp_servers")
+    listings = await listings_of(servers, uses) if uses else {}
     mcp = offer(uses, {name: listing.tools for name, listing in listings.items()})
     p = plan(body, sys_.settings.system_prompt, "vision" in entry.capabilities, sys_.settings.image_urls,
              mcp_tools=mcp.tools)
@@ -118,7 +119,7 @@ async def messages() -> Response:
     turn_plan = TurnPlan(entry.id, p.prompt, params, call_required=p.call_required, parallel=p.parallel, clamp=True)
     claude_code = _from_claude_code()
     if mcp:
-        return await _with_mcp(turn_plan, mcp, p, body, entry, claude_code)
+        return await _with_mcp(turn_plan, mcp, p, body, entry, claude_code, servers)
     with _hinting(claude_code):  # a refused prompt is a 400, streamed or not: nothing was sent
         turn = await open_turn(turn_plan, request_id=g.record.id, guardrails=sys_.settings.guardrails,
                                on_started=began.append)
@@ -141,7 +142,8 @@ async def messages() -> Response:
     return response
 
 
-async def _with_mcp(turn_plan: TurnPlan, mcp: Any, p: Any, body: MessagesRequest, entry: Any, claude_code: bool) -> Response:
+async def _with_mcp(turn_plan: TurnPlan, mcp: Any, p: Any, body: MessagesRequest, entry: Any, claude_code: bool,
+                    servers: Any) -> Response:
     """A message whose turns may call the MCP servers' tools (``_mcp.McpLoop``)."""
     sys_ = system()
 
@@ -151,7 +153,7 @@ async def _with_mcp(turn_plan: TurnPlan, mcp: Any, p: Any, body: MessagesRequest
                             params=params, call_required=required)
 
     message = MessageStream("msg_" + secrets.token_hex(12), body.model or entry.id, p.cache_marked, mcp=mcp.routes)
-    loop = McpLoop(turn_plan, mcp, sys_.mcp, replan, g.record.id, sys_.settings.guardrails)
+    loop = McpLoop(turn_plan, mcp, servers, replan, g.record.id, sys_.settings.guardrails)
     with _hinting(claude_code):
         await loop.start()
     if body.stream:

@@ -26,6 +26,7 @@ import attrs
 from quart import Blueprint, Response, g
 
 from ..errors import NotFound, RequestInvalid, TurboSparkError
+from ..actors.mcp import McpServers
 from ..messages import ToolCall
 from ..messages import RequestRouted
 from ..turns.chat import TemplateMessage
@@ -38,7 +39,7 @@ from ..web.bodies import json_answer, read_body
 from ..wire.openai import ResponsesRequest
 from ._images import fetch_images
 from ._openai import DEGRADATION_HEADER, degradation, sampling_params, stream_response
-from ._mcp import MAX_CALLS, Approved, McpLoop, listings_of
+from ._mcp import MAX_CALLS, Approved, McpLoop, listings_of, servers_for
 from ._turn import RETRIES_HEADER, TurnPlan, framed, open_turn
 from .openai_responses_events import ResponseStream, new_id
 from .openai_responses_request import DEFAULT_MAX_OUTPUT, plan, said, unhonoured
@@ -63,8 +64,9 @@ async def create_response() -> Response:
                 param="previous_response_id", code="previous_response_not_found",
             )
         history = stored.messages
-    uses = responses_uses(body.tools, sys_.mcp.names)
-    listings = await listings_of(sys_.mcp, uses) if uses else {}
+    uses = responses_uses(body.tools, sys_.mcp.names, remote=sys_.settings.mcp_urls)
+    servers = await servers_for(sys_.mcp, uses, "tools")
+    listings = await listings_of(servers, uses) if uses else {}
     mcp = offer(uses, {name: listing.tools for name, listing in listings.items()})
     p = plan(body, history, sys_.settings.system_prompt, "vision" in entry.capabilities, sys_.settings.image_urls,
              mcp_tools=mcp.tools)
@@ -85,7 +87,7 @@ async def create_response() -> Response:
     turn_plan = TurnPlan(entry.id, p.prompt, params, call_required=p.call_required,
                          parallel=body.parallel_tool_calls is not False)
     if mcp or p.approvals:
-        return await _with_mcp(body, turn_plan, p, mcp, resp, stored, listings)
+        return await _with_mcp(body, turn_plan, p, mcp, resp, stored, listings, servers)
     turn = await open_turn(turn_plan, request_id=g.record.id, guardrails=sys_.settings.guardrails)
     if body.stream:
         response = stream_response(framed(
@@ -120,7 +122,7 @@ async def delete_response(response_id: str) -> Response:
 
 
 async def _with_mcp(body: ResponsesRequest, turn_plan: TurnPlan, p: Any, mcp: McpOffer, resp: ResponseStream,
-                    stored: StoredResponse | None, listings: dict[str, Any]) -> Response:
+                    stored: StoredResponse | None, listings: dict[str, Any], servers: McpServers) -> Response:
     """A response whose turns may call MCP tools (``_mcp.McpLoop``)."""
     sys_ = system()
     earlier = {**_items_of(stored), **p.mcp_items}
@@ -134,7 +136,7 @@ async def _with_mcp(body: ResponsesRequest, turn_plan: TurnPlan, p: Any, mcp: Mc
         return attrs.evolve(turn_plan, prompt=prompt, params=params, call_required=required)
 
     loop = McpLoop(
-        turn_plan, mcp, sys_.mcp, replan, g.record.id, sys_.settings.guardrails,
+        turn_plan, mcp, servers, replan, g.record.id, sys_.settings.guardrails,
         listed=[(use, listings[use.server]) for use in mcp.uses if use.label not in listed],
         approved=[_approved(request_id, approve, earlier, mcp) for request_id, approve in p.approvals],
         max_calls=body.max_tool_calls or MAX_CALLS,

@@ -2,8 +2,10 @@
 
 A request names configured servers: OpenAI Responses' ``{"type": "mcp", "server_label",
 "allowed_tools", "require_approval"}`` tools (``responses_uses``) and Anthropic's ``mcp_servers``
-with their ``mcp_toolset`` tools (``anthropic_uses``).  A server is always one of ``serve
---mcp-config``'s, by name; a request never starts a process, and a ``server_url`` is refused.
+with their ``mcp_toolset`` tools (``anthropic_uses``).  A server is one of ``serve
+--mcp-config``'s, by name (a request never starts a process), or, only where ``serve --mcp-urls``
+allows it, an HTTP URL the request gives (OpenAI's ``server_url``, Anthropic's ``url``), at most
+``MAX_REMOTE`` of them; the route checks its address (``routes/_mcp``).
 ``offer`` joins the uses with the servers' listings: the function tools shown to the model (each
 server's tools under their own names, a name two servers share prefixed with its label) and, by
 the name the model calls, where each call goes (``McpRoute``).  Plain functions: no Trio.
@@ -13,15 +15,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import attrs
 
 from ..errors import RequestInvalid
 
-__all__ = ["DECLINED", "McpOffer", "McpRoute", "McpUse", "anthropic_uses", "offer", "responses_uses", "tool_message"]
+__all__ = ["DECLINED", "MAX_REMOTE", "McpOffer", "McpRoute", "McpUse", "anthropic_uses", "offer", "responses_uses", "tool_message"]
 
 #: What the model is told of a call the user declined.
 DECLINED = "The user declined to run this tool call."
+#: A request's own servers (serve --mcp-urls), at most.
+MAX_REMOTE = 4
 
 
 @attrs.frozen
@@ -36,6 +41,8 @@ class McpUse:
     denied: frozenset[str] = frozenset()
     approval: str = "never"
     flipped: frozenset[str] = frozenset()
+    url: str | None = None  # a request's own server (serve --mcp-urls)
+    headers: tuple[tuple[str, str], ...] = ()
 
     def offers(self, tool: str) -> bool:
         return tool not in self.denied and (self.allowed is None or tool in self.allowed)
@@ -64,8 +71,9 @@ class McpOffer:
         return bool(self.uses)
 
 
-def responses_uses(tools: Sequence[Mapping[str, Any]] | None, configured: Sequence[str]) -> tuple[McpUse, ...]:
-    """The ``mcp`` tools of a Responses request."""
+def responses_uses(tools: Sequence[Mapping[str, Any]] | None, configured: Sequence[str],
+                   remote: bool = False) -> tuple[McpUse, ...]:
+    """The ``mcp`` tools of a Responses request; ``remote``: ``server_url`` is allowed."""
     out: list[McpUse] = []
     for i, tool in enumerate(tools or ()):
         if tool.get("type") != "mcp":
@@ -74,26 +82,27 @@ def responses_uses(tools: Sequence[Mapping[str, Any]] | None, configured: Sequen
         label = tool.get("server_label")
         if not isinstance(label, str) or not label:
             raise RequestInvalid(f"{where}.server_label must be a non-empty string", param="tools")
-        if tool.get("server_url") is not None or tool.get("connector_id") is not None:
-            raise RequestInvalid(
-                f"{where}: this server reaches only the MCP servers it was started with (serve --mcp-config); "
-                f"name one by server_label without server_url ({_known(configured)})", param="tools",
-            )
-        if label not in configured:
-            raise RequestInvalid(f"{where}.server_label {label!r} names no configured MCP server ({_known(configured)})",
+        if tool.get("connector_id") is not None:
+            raise RequestInvalid(f"{where}: connectors are OpenAI's own; name an MCP server ({_known(configured)})",
                                  param="tools")
+        url, headers = tool.get("server_url"), dict(tool.get("headers") or {})
+        if isinstance(tool.get("authorization"), str):
+            headers["Authorization"] = f"Bearer {tool['authorization']}"
+        _check_server(label, url, headers, configured, remote, where, "tools")
         if any(u.label == label for u in out):
             raise RequestInvalid(f"{where}: the MCP server {label!r} is named twice", param="tools")
         approval, flipped = _approval(tool, where)
-        out.append(McpUse(label, label, _allowed(tool.get("allowed_tools"), where), approval=approval, flipped=flipped))
-    return tuple(out)
+        out.append(McpUse(label, label, _allowed(tool.get("allowed_tools"), where), approval=approval,
+                          flipped=flipped, url=url, headers=tuple(headers.items())))
+    return _bounded(out, "tools")
 
 
 def anthropic_uses(servers: Sequence[Mapping[str, Any]] | None, tools: Sequence[Mapping[str, Any]] | None,
-                   configured: Sequence[str]) -> tuple[McpUse, ...]:
+                   configured: Sequence[str], remote: bool = False) -> tuple[McpUse, ...]:
     """Anthropic's MCP connector: ``mcp_servers`` entries (``{"type": "url", "url", "name",
-    "tool_configuration"}``) name configured servers by ``name`` (their ``url`` is not reached);
-    an ``mcp_toolset`` tool (``mcp_server_name``, ``default_config``, ``configs``) narrows one."""
+    "authorization_token", "tool_configuration"}``) name configured servers by ``name`` (their
+    ``url`` is then not reached), or, with ``remote``, a server at ``url``; an ``mcp_toolset``
+    tool (``mcp_server_name``, ``default_config``, ``configs``) narrows one."""
     toolsets = {t.get("mcp_server_name"): t for t in tools or () if t.get("type") == "mcp_toolset"}
     out: list[McpUse] = []
     for i, server in enumerate(servers or ()):
@@ -101,11 +110,10 @@ def anthropic_uses(servers: Sequence[Mapping[str, Any]] | None, tools: Sequence[
         name = server.get("name") if isinstance(server, Mapping) else None
         if not isinstance(name, str) or not name:
             raise RequestInvalid(f"{where}.name must be a non-empty string", param="mcp_servers")
-        if name not in configured:
-            raise RequestInvalid(
-                f"{where}.name {name!r} names no configured MCP server: this server reaches only those it was started "
-                f"with, by name (serve --mcp-config; {_known(configured)})", param="mcp_servers",
-            )
+        url = None if name in configured else server.get("url")  # a configured server's url is not reached
+        headers = {"Authorization": f"Bearer {server['authorization_token']}"} \
+            if url is not None and isinstance(server.get("authorization_token"), str) else {}
+        _check_server(name, url, headers, configured, remote, where, "mcp_servers")
         config = server.get("tool_configuration") or {}
         allowed = _allowed(config.get("allowed_tools"), f"{where}.tool_configuration")
         if config.get("enabled") is False:
@@ -114,10 +122,10 @@ def anthropic_uses(servers: Sequence[Mapping[str, Any]] | None, tools: Sequence[
         toolset = toolsets.pop(name, None)
         if toolset is not None:
             allowed, denied = _toolset(toolset, allowed)
-        out.append(McpUse(name, name, allowed, denied))
+        out.append(McpUse(name, name, allowed, denied, url=url, headers=tuple(headers.items())))
     if toolsets:
         raise RequestInvalid(f"an mcp_toolset names {next(iter(toolsets))!r}, which is not in mcp_servers", param="tools")
-    return tuple(out)
+    return _bounded(out, "mcp_servers")
 
 
 def offer(uses: Sequence[McpUse], listings: Mapping[str, Iterable[Any]]) -> McpOffer:
@@ -140,6 +148,32 @@ def offer(uses: Sequence[McpUse], listings: Mapping[str, Iterable[Any]]) -> McpO
 def tool_message(call_id: str, output: str | None, error: str | None) -> dict[str, Any]:
     """A call's result as the tool turn the model reads next."""
     return {"role": "tool", "tool_call_id": call_id, "content": output if error is None else f"Error: {error}"}
+
+
+def _check_server(name: str, url: Any, headers: Mapping[str, Any], configured: Sequence[str], remote: bool,
+                  where: str, param: str) -> None:
+    if url is None:
+        if name not in configured:
+            raise RequestInvalid(f"{where}: {name!r} names no configured MCP server ({_known(configured)})", param=param)
+        return
+    if not remote:
+        raise RequestInvalid(
+            f"{where}: this server reaches only the MCP servers it was started with (serve --mcp-config), by name "
+            f"({_known(configured)}); a request's own server URL needs serve --mcp-urls", param=param,
+        )
+    if name in configured:
+        raise RequestInvalid(f"{where}: {name!r} is a configured MCP server's name; give yours another", param=param)
+    parts = urlsplit(url) if isinstance(url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise RequestInvalid(f"{where}: an MCP server's URL must be http(s) with a host", param=param)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+        raise RequestInvalid(f"{where}.headers must be an object of strings", param=param)
+
+
+def _bounded(uses: list[McpUse], param: str) -> tuple[McpUse, ...]:
+    if sum(u.url is not None for u in uses) > MAX_REMOTE:
+        raise RequestInvalid(f"at most {MAX_REMOTE} MCP servers by URL in one request", param=param)
+    return tuple(uses)
 
 
 def _known(configured: Sequence[str]) -> str:

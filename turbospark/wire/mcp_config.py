@@ -44,6 +44,9 @@ class McpServerSpec:
     url: str | None = None
     headers: Mapping[str, str] = attrs.field(factory=dict)
     timeout: float = CALL_TIMEOUT_S
+    #: a request's server (``serve --mcp-urls``): the public address its host was checked to have,
+    #: which every connection goes to (the name cannot be rebound in between)
+    address: str | None = None
 
     @property
     def transport(self) -> str:
