@@ -448,3 +448,12 @@ async def test_a_requests_own_server_serves_that_request_only(start_server, clie
         "model": "scripted", "max_tokens": 40, "messages": [{"role": "user", "content": "2 plus 3?"}],
         "mcp_servers": connector})
     assert [b["type"] for b in r.json()["content"]][:2] == ["mcp_tool_use", "mcp_tool_result"]
+
+
+async def test_a_stream_keeps_alive_while_a_tool_runs(start_server, client, tmp_path: Path) -> None:
+    slow = '<tool_call>\n{"name": "slow", "arguments": {"seconds": 1}}\n</tool_call>'
+    server = await start_server([ScriptedBackend(script=slow)], mcp_servers=(demo(tmp_path / "m"),),
+                                keepalive_interval=0.2)
+    r = await client.post(f"{server.url}/v1/responses", json=responses_body(max_tool_calls=1, stream=True))
+    during = r.text.split("response.mcp_call_arguments.done", 1)[1].split("response.mcp_call.completed", 1)[0]
+    assert during.count(": keepalive") >= 3  # about one per 0.2 s of the tool's second

@@ -29,16 +29,16 @@ import json
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import aclosing
 from functools import partial
 from typing import Any
 
 import attrs
-import httpx2
 import trio
 
 from ..wire.mcp_config import McpServerSpec
 from ._mailbox import answer, call
+from ._mcp_client import connect
 
 __all__ = [
     "CallTool", "ListTools", "McpCalled", "McpListing", "McpOutcome", "McpServers", "McpTool", "OpenRemote",
@@ -125,42 +125,6 @@ class OpenRemote:
 
 McpMessage = ListTools | CallTool
 Connect = Callable[[McpServerSpec], Any]  # an async context manager of a connected client
-
-
-@asynccontextmanager
-async def connect(spec: McpServerSpec) -> AsyncIterator[Any]:
-    """The SDK's client for ``spec``, connected and initialised."""
-    from mcp import Client, StdioServerParameters
-    from mcp.client.streamable_http import streamable_http_client
-
-    if spec.command is not None:
-        target: Any = StdioServerParameters(command=spec.command, args=list(spec.args), env=dict(spec.env) or None,
-                                            cwd=spec.cwd)
-        async with Client(target) as client:
-            yield client
-        return
-    assert spec.url is not None
-    transport = _Pinned(spec.address) if spec.address is not None else None
-    async with httpx2.AsyncClient(headers=dict(spec.headers), timeout=httpx2.Timeout(30.0, read=300.0),
-                                  transport=transport) as http, \
-            Client(streamable_http_client(spec.url, http_client=http)) as client:
-        yield client
-
-
-class _Pinned(httpx2.AsyncBaseTransport):
-    """Every request to one checked address, its host kept for ``Host`` and TLS's server name."""
-
-    def __init__(self, address: str) -> None:
-        self.address, self.inner = address, httpx2.AsyncHTTPTransport()
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        host = request.url.host
-        request.url = request.url.copy_with(host=self.address)
-        request.extensions = {**request.extensions, "sni_hostname": host}
-        return await self.inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 @attrs.define
@@ -348,14 +312,30 @@ class McpServers:
 
     async def call(self, server: str, name: str, arguments: Mapping[str, Any]) -> McpOutcome:
         """Run one tool; leaving (cancellation) cancels it on the server."""
+        async with aclosing(self.running(server, name, arguments)) as running:
+            async for outcome in running:
+                if outcome is not None:
+                    return outcome
+        raise AssertionError("a call ends with its outcome")
+
+    async def running(self, server: str, name: str, arguments: Mapping[str, Any],
+                      tick: float = math.inf) -> AsyncIterator[McpOutcome | None]:
+        """``call``, with None after every ``tick`` seconds it runs (a stream's keep-alive), then
+        its outcome.  Leaving (cancellation, or closing this iterator) cancels it on the server."""
         reply_send, reply_recv = trio.open_memory_channel[McpOutcome](1)
         life_send, life_recv = trio.open_memory_channel[None](0)
         with reply_recv, life_recv:
             await self.inboxes[server].send(CallTool(name, arguments, reply_send, life_send))
-            try:
-                return await reply_recv.receive()
-            except trio.EndOfChannel:  # the actor stopped (shutdown)
-                return McpOutcome("failed", error=f"MCP server {server!r} stopped")
+            while True:
+                outcome: McpOutcome | None = None
+                with trio.move_on_after(tick):
+                    try:
+                        outcome = await reply_recv.receive()
+                    except trio.EndOfChannel:  # the actor stopped (shutdown)
+                        outcome = McpOutcome("failed", error=f"MCP server {server!r} stopped")
+                yield outcome  # never inside the deadline's scope
+                if outcome is not None:
+                    return
 
 
 async def mcp_remotes(inbox: trio.MemoryReceiveChannel[OpenRemote], emit: Callable[[object], None],

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
@@ -120,7 +121,11 @@ class McpLoop:
         """Run the approved calls, then open the first turn (its refusal raised here)."""
         results = []
         for one in self.approved:
-            outcome = await self._run(one.call, one.route) if one.approve else McpOutcome("declined")
+            outcome = McpOutcome("declined")
+            if one.approve:
+                async with aclosing(self._run(one.call, one.route)) as running:
+                    async for outcome in running:  # noqa: B007 - the last is the outcome (no ticks: no deadline)
+                        pass
             self.outcomes.append(outcome)
             if one.approve:
                 results.append(tool_message(one.call.id, outcome.text, outcome.error))
@@ -179,8 +184,10 @@ class McpLoop:
                 results = []
                 for call in runnable:
                     route = self.offer.routes[call.name]
-                    outcome = await self._run(call, route)
-                    yield b"".join(framer.ran(call, route, outcome))
+                    async with aclosing(self._run(call, route, keepalive)) as running:
+                        async for outcome in running:  # a keep-alive tick while the tool runs, then its outcome
+                            yield b"".join(framer.tick() if outcome is None else framer.ran(call, route, outcome))
+                    assert outcome is not None
                     results.append(tool_message(call.id, outcome.text, outcome.error))
                 made += len(runnable)
                 if not runnable or len(runnable) < len(calls):
@@ -200,14 +207,18 @@ class McpLoop:
 
         return guarded()
 
-    async def _run(self, call: ToolCall, route: McpRoute) -> McpOutcome:
+    async def _run(self, call: ToolCall, route: McpRoute, tick: float = math.inf) -> AsyncIterator[McpOutcome | None]:
+        """``McpServers.call``: None every ``tick`` seconds the tool runs, then its outcome."""
         try:
             arguments = json.loads(call.arguments or "{}")
         except json.JSONDecodeError:
             arguments = None
         if not isinstance(arguments, dict):
-            return McpOutcome("failed", error="the call's arguments are not a JSON object")
-        return await self.servers.call(route.server, route.tool, arguments)
+            yield McpOutcome("failed", error="the call's arguments are not a JSON object")
+            return
+        async with aclosing(self.servers.running(route.server, route.tool, arguments, tick)) as running:
+            async for outcome in running:
+                yield outcome
 
 
 def _assistant(said: Sequence[TurnEvent]) -> TemplateMessage:
