@@ -29,6 +29,7 @@ TEXT = ("The quick brown fox jumps over the lazy dog. A local server answers spe
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--words", action="store_true", help="also print each word's lateness, run by run")
     args = parser.parse_args()
     import httpx
     import mlx_whisper
@@ -81,6 +82,8 @@ def main() -> None:
                     if e["type"].endswith("completed"):
                         break
                 sender.join()
+                if args.words:
+                    print(" ".join(f"{t:.2f}" for t in late[-len(ends):]))
         lat = np.array(late)
         print(f"{len(ends)} words, {args.runs} runs: from a word's end to its delta, median {np.median(lat):.2f} s, "
               f"p90 {np.percentile(lat, 90):.2f} s, max {lat.max():.2f} s; {before} of {len(lat)} before the commit")
