@@ -457,3 +457,21 @@ async def test_a_stream_keeps_alive_while_a_tool_runs(start_server, client, tmp_
     r = await client.post(f"{server.url}/v1/responses", json=responses_body(max_tool_calls=1, stream=True))
     during = r.text.split("response.mcp_call_arguments.done", 1)[1].split("response.mcp_call.completed", 1)[0]
     assert during.count(": keepalive") >= 3  # about one per 0.2 s of the tool's second
+
+
+def test_a_tools_output_is_read_as_text_and_cut_where_it_is_huge() -> None:
+    from types import SimpleNamespace as NS
+
+    from turbospark.actors import mcp as actor
+
+    def result(*content, structured=None, error=False):
+        return NS(content=list(content), structured_content=structured, is_error=error)
+
+    text = NS(type="text", text="It is sunny.")
+    image = NS(type="image", mime_type="image/png")
+    assert actor._outcome(result(text, image)).text == "It is sunny.\n[image: image/png]"
+    assert actor._outcome(result(structured={"t": 21})).text == '{"t": 21}'
+    failed = actor._outcome(result(NS(type="text", text="no such city"), error=True))
+    assert (failed.outcome, failed.error) == ("error", "no such city")
+    huge = actor._outcome(result(NS(type="text", text="x" * (actor.MAX_OUTPUT_CHARS + 5))))
+    assert len(huge.text) < actor.MAX_OUTPUT_CHARS + 100 and huge.text.endswith("characters]")

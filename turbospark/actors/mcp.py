@@ -51,6 +51,7 @@ STARTUP_S = 20.0  # the first connection's bound before the server starts withou
 REMOTE_STARTUP_S = 10.0  # the same for a request's own server (the request waits for it)
 PING_S = 10.0  # how often a connected server is asked for its tools (and how soon a dead one is noticed)
 BACKOFF_S = (1.0, 60.0)  # the first reconnection's wait, and the longest
+MAX_OUTPUT_CHARS = 200_000  # of a tool's output the model reads (beyond it, cut and said so)
 
 
 @attrs.frozen
@@ -256,6 +257,8 @@ def _outcome(result: Any) -> McpOutcome:
     text = "\n".join(parts)
     if not parts and result.structured_content is not None:
         text = json.dumps(result.structured_content, ensure_ascii=False)
+    if len(text) > MAX_OUTPUT_CHARS:
+        text = text[:MAX_OUTPUT_CHARS] + f"\n[the output was cut at {MAX_OUTPUT_CHARS:,} characters]"
     if result.is_error:
         return McpOutcome("error", text, text or "the tool failed")
     return McpOutcome("ok", text)

@@ -143,12 +143,16 @@ async def _with_mcp(body: ResponsesRequest, turn_plan: TurnPlan, p: Any, mcp: Mc
     )
     await loop.start()
     if body.stream:
-        return stream_response(loop.frames(resp, keepalive=sys_.settings.keepalive_interval,
-                                           error=lambda exc: resp.error(exception_body(exc, "openai"))))
-    async for _ in loop.frames(resp, keepalive=math.inf, error=_raise):
-        pass
-    assert resp.result is not None
-    return json_response(resp.result)
+        response = stream_response(loop.frames(resp, keepalive=sys_.settings.keepalive_interval,
+                                               error=lambda exc: resp.error(exception_body(exc, "openai"))))
+    else:
+        async for _ in loop.frames(resp, keepalive=math.inf, error=_raise):
+            pass
+        assert resp.result is not None
+        response = json_response(resp.result)
+    if header := degradation(unhonoured(body), p.images):
+        response.headers[DEGRADATION_HEADER] = header
+    return response
 
 
 def _raise(exc: TurboSparkError) -> list[bytes]:
