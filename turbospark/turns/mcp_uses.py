@@ -147,7 +147,7 @@ def offer(uses: Sequence[McpUse], listings: Mapping[str, Iterable[Any]]) -> McpO
 
 def tool_message(call_id: str, output: str | None, error: str | None) -> dict[str, Any]:
     """A call's result as the tool turn the model reads next."""
-    return {"role": "tool", "tool_call_id": call_id, "content": output if error is None else f"Error: {error}"}
+    return {"role": "tool", "tool_call_id": call_id, "content": (output or "") if error is None else f"Error: {error}"}
 
 
 def _check_server(name: str, url: Any, headers: Mapping[str, Any], configured: Sequence[str], remote: bool,
