@@ -38,7 +38,6 @@ import trio
 
 from ..wire.mcp_config import McpServerSpec
 from ._mailbox import answer, call
-from ._mcp_client import connect
 
 __all__ = [
     "CallTool", "ListTools", "McpCalled", "McpListing", "McpOutcome", "McpServers", "McpTool", "OpenRemote",
@@ -126,6 +125,13 @@ class OpenRemote:
 
 McpMessage = ListTools | CallTool
 Connect = Callable[[McpServerSpec], Any]  # an async context manager of a connected client
+
+
+def connect(spec: McpServerSpec) -> Any:
+    """The SDK's client for ``spec`` (``_mcp_client``, imported once a server is configured)."""
+    from ._mcp_client import connect as sdk_connect
+
+    return sdk_connect(spec)
 
 
 @attrs.define
