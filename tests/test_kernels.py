@@ -31,7 +31,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from mlx_lm.models.activations import swiglu
 
@@ -73,12 +73,22 @@ def rounding_of_x(x: mx.array, w: mx.array) -> np.ndarray:
     return np.broadcast_to(step, (*step.shape[:2], 32)).reshape(xf.shape) @ np.abs(np.array(w.astype(mx.float32))).T
 
 
-def check_close(got: mx.array, want: mx.array, x: mx.array, w: mx.array, tol: float, more: np.ndarray | float = 0.0) -> None:
+def check_close(got: mx.array, want: mx.array, x: mx.array, w: mx.array, tol: float, more: np.ndarray | float = 0.0,
+                b: mx.array | None = None) -> None:
+    """``got`` within ``tol`` (relative to |x| @ |w|, plus ``more``) of MLX's ``want``, or, where
+    MLX's own half-precision product strays further, of the exact product (x @ w.T + b in float64:
+    MLX's bfloat16 quantized matmul is now and then 2e-2 off it, ten times the kernels)."""
     assert got.shape == want.shape and got.dtype == want.dtype
-    size = np.abs(np.array(x.astype(mx.float32))) @ np.abs(np.array(w.astype(mx.float32))).T
-    err = np.abs(np.array(got.astype(mx.float32)) - np.array(want.astype(mx.float32)))
+    xf, wf = np.array(x.astype(mx.float32)), np.array(w.astype(mx.float32))
+    size = np.abs(xf) @ np.abs(wf).T
+    mine = np.array(got.astype(mx.float32))
+    err = np.abs(mine - np.array(want.astype(mx.float32)))
+    product = xf.astype(np.float64) @ wf.astype(np.float64).T
+    if b is not None:
+        product = product + np.array(b.astype(mx.float32)).astype(np.float64)
+    exact = np.abs(mine - product.reshape(err.shape))
     bound = tol * size.reshape(err.shape) + (np.reshape(more, err.shape) if np.ndim(more) else more) * 1.001 + 1e-6
-    worst = float((err / bound).max())
+    worst = float((np.minimum(err, exact) / bound).max())
     assert worst <= 1, f"off by {worst:.2f}x the tolerance"
 
 
@@ -104,7 +114,7 @@ def test_float_weights_equal_mlx_matmul(isa, shape, dtype, bias, batch, seed) ->
     b = mx.random.normal((n,)).astype(dtype) if bias else None
     want = mx.addmm(b, x, w.T) if bias else x @ w.T
     got = kernels.linear(x, w, b)
-    check_close(got, want, x, w, TOLERANCE[dtype])
+    check_close(got, want, x, w, TOLERANCE[dtype], b=b)
 
 
 @needs_kernels
@@ -112,6 +122,7 @@ def test_float_weights_equal_mlx_matmul(isa, shape, dtype, bias, batch, seed) ->
 @given(shape=shapes, bits=st.sampled_from([4, 8]), group=st.sampled_from([32, 64, 128]),
        dtype=st.sampled_from([mx.float32, mx.bfloat16, mx.float16]), bias=st.booleans(),
        seed=st.integers(0, 2**16))
+@example(shape=(11, 5, 16), bits=8, group=32, dtype=mx.bfloat16, bias=False, seed=289)  # MLX's own 2e-2 off
 def test_quantized_weights_equal_mlx_quantized_matmul(isa, activations, shape, bits, group, dtype, bias, seed) -> None:
     rows, out_fours, groups = shape[0], shape[1], shape[2] // 8 % 5 + 1
     k, n = group * groups, 4 * out_fours + seed % 4
@@ -127,7 +138,7 @@ def test_quantized_weights_equal_mlx_quantized_matmul(isa, activations, shape, b
     more = 0.0
     if kernels.x_in_8_bits() and k % 64 == 0:
         more = rounding_of_x(x, w)
-    check_close(got, want, x, w, TOLERANCE[dtype] * (1 if dtype == mx.float32 else 2) * (2 if bias else 1), more)
+    check_close(got, want, x, w, TOLERANCE[dtype] * (1 if dtype == mx.float32 else 2) * (2 if bias else 1), more, b=b)
 
 
 SPLIT = """
