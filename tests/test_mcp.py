@@ -475,3 +475,33 @@ def test_a_tools_output_is_read_as_text_and_cut_where_it_is_huge() -> None:
     assert (failed.outcome, failed.error) == ("error", "no such city")
     huge = actor._outcome(result(NS(type="text", text="x" * (actor.MAX_OUTPUT_CHARS + 5))))
     assert len(huge.text) < actor.MAX_OUTPUT_CHARS + 100 and huge.text.endswith("characters]")
+
+
+def test_serve_names_its_mcp_servers_at_startup_and_leaves_no_child_on_sigint(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+
+    tag = f"tag-{uuid.uuid4().hex}"
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {
+        "demo": {"command": sys.executable, "args": [str(DEMO), tag]},
+        "gone": {"command": str(tmp_path / "no-such-program")}}}))
+    proc = subprocess.Popen([sys.executable, "-m", "turbospark", "serve", "--port", "0", "--model", "scripted",
+                             "--mcp-config", str(config)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        said = []
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            said.append(line.rstrip())
+            if line.startswith("  mcp: gone"):
+                break
+        assert "  mcp: demo (stdio): 4 tools (add, shout, slow, broken)" in said
+        assert said[-1].startswith("  mcp: gone (stdio): down: ") and "no-such-program" in said[-1]
+        assert len(children(tag)) == 1
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+        assert children(tag) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -71,6 +71,14 @@ async def _run(
                 images = [e.id for e in server.system.registry.entries if "text_to_image" in e.capabilities]
                 print(f"  images: {', '.join(images) or 'none (import a Diffusers pipeline: docs/images.md)'}",
                       file=sys.stderr)  # fmt: skip
+                if settings.mcp_servers:  # each has tried its first connection by now
+                    for one in await server.system.mcp.listings():
+                        said = f"{len(one.tools)} tools ({', '.join(t.name for t in one.tools) or 'none'})" \
+                            if one.state == "up" else f"{one.state}: {one.error} (trying again with a backoff)"
+                        print(f"  mcp: {one.server} ({one.transport}): {said}", file=sys.stderr)
+                if settings.mcp_urls:
+                    print("  mcp urls: a request's own MCP server, on public addresses only (--mcp-urls)",
+                          file=sys.stderr)
                 if "mlx.core" in sys.modules:
                     print(f"  blas: {describe_blas()}", file=sys.stderr)
                 for entry in server.system.registry.entries:
