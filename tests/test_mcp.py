@@ -505,3 +505,19 @@ def test_serve_names_its_mcp_servers_at_startup_and_leaves_no_child_on_sigint(tm
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_wrong_mcp_config_stops_serve_with_one_line(tmp_path: Path, capsys) -> None:
+    from turbospark.cli.args import build_parser, settings_from
+
+    parser = build_parser()
+    for text, words in [("{", "is not JSON"), ('{"mcpServers": {"x": {"type": "sse", "url": "http://h/sse"}}}',
+                                                "SSE servers are not supported")]:
+        path = tmp_path / "mcp.json"
+        path.write_text(text)
+        with pytest.raises(SystemExit) as stopped:
+            settings_from(parser.parse_args(["serve", "--mcp-config", str(path)]), parser)
+        assert stopped.value.code == 2 and words in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        settings_from(parser.parse_args(["serve", "--mcp-config", str(tmp_path / "missing.json")]), parser)
+    assert "cannot read" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """``serve``'s engine choices: ``--lora NAME=PATH`` (LoRA adapters of the first ``--model``,
-``model/mlx_adapters.py``), ``--kv-cache``, ``--reasoning-budget``, ``--context-shift`` and
-``--mcp-config`` and ``--mcp-urls`` (the MCP servers the server runs, ``actors/mcp.py``)."""
+``model/mlx_adapters.py``), ``--kv-cache``, ``--reasoning-budget``, ``--context-shift``, and the MCP
+servers the server runs (``--mcp-config``, ``--mcp-urls``: ``actors/mcp.py``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ __all__ = ["add_engine_arguments", "engine_settings", "lora_pairs"]
 
 
 def add_engine_arguments(s: argparse.ArgumentParser) -> None:
-    """``--lora``, ``--kv-cache``, ``--reasoning-budget`` and ``--context-shift``."""
+    """``--lora``, ``--kv-cache``, ``--reasoning-budget``, ``--context-shift``, ``--mcp-config`` and
+    ``--mcp-urls``."""
     s.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                    help="a LoRA or DoRA adapter of the first --model (an mlx-lm adapter directory or a GGUF "
                    "LoRA), served as the model NAME beside it and as llama.cpp's lora id (in order); "
