@@ -23,7 +23,7 @@ from turbospark.errors import RequestInvalid
 from turbospark.model.backend import BackendSpec
 from turbospark.model.scripted import ScriptedBackend
 from turbospark.server import serve
-from turbospark.turns.mcp_uses import anthropic_uses, offer, responses_uses
+from turbospark.turns.mcp_uses import DECLINED, anthropic_uses, offer, responses_uses
 from turbospark.wire.mcp_config import McpServerSpec, parse_mcp_config, read_mcp_config
 
 from ._support import raw_post, read_until, sse_events, wait_for
@@ -55,6 +55,11 @@ def marks(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
+def stored_turns(server, response_id: str) -> tuple[dict, ...]:
+    """The conversation a stored response continues (what its follow-up's prompt starts with)."""
+    return server.system.responses.get(response_id).messages
+
+
 def mcp_tool(**extra):
     return {"type": "mcp", "server_label": "demo", "require_approval": "never", **extra}
 
@@ -74,7 +79,6 @@ def test_the_mcp_servers_file_of_claude_desktop_and_cursor_reads_as_specs(tmp_pa
         "files", "stdio", "npx", ("-y", "@modelcontextprotocol/server-filesystem", "/tmp"), {"A": "1"})
     assert (search.transport, search.url, dict(search.headers), search.timeout) == (
         "http", "https://example.com/mcp", {"Authorization": "Bearer x"}, 5.0)
-    assert files.describe() == "npx -y @modelcontextprotocol/server-filesystem /tmp"
 
 
 @pytest.mark.parametrize("servers, words", [
@@ -256,7 +260,10 @@ async def test_approval_runs_nothing_until_approved_then_continues(mcp_server, c
     declined = await client.post(f"{server.url}/v1/responses", json=responses_body(
         tools=[tool], previous_response_id=first["id"], max_tool_calls=1,
         input=[{"type": "mcp_approval_response", "approve": False, "approval_request_id": asked["id"]}]))
-    assert declined.status_code == 200 and marks(path) == []
+    assert marks(path) == []  # declined: not run, and the model was told so before it went on
+    assert [i["type"] for i in declined.json()["output"]] == ["mcp_approval_request"]  # it asked again
+    told = stored_turns(server, declined.json()["id"])
+    assert {"role": "tool", "tool_call_id": asked["id"].split("_", 1)[1], "content": DECLINED} in told
     approved = (await client.post(f"{server.url}/v1/responses", json=responses_body(
         tools=[{**tool, "require_approval": "never"}], previous_response_id=first["id"], max_tool_calls=1,
         input=[{"type": "mcp_approval_response", "approve": True, "approval_request_id": asked["id"]}]))).json()

@@ -73,7 +73,6 @@ class McpListing:
 
     server: str
     transport: str
-    target: str
     state: str
     tools: tuple[McpTool, ...] = ()
     error: str | None = None
@@ -144,7 +143,7 @@ class _Link:
     lost: trio.Event = attrs.field(factory=trio.Event)
 
     def listing(self) -> McpListing:
-        return McpListing(self.spec.name, self.spec.transport, self.spec.describe(), self.state, self.tools, self.error)
+        return McpListing(self.spec.name, self.spec.transport, self.state, self.tools, self.error)
 
 
 async def mcp_server(spec: McpServerSpec, inbox: trio.MemoryReceiveChannel[McpMessage], emit: Callable[[object], None],

@@ -8,9 +8,12 @@ turn is then offered no MCP tool).  The family's framer (its ``*_events`` module
 turn's events as usual, and three things more: the tools listed (``listed``), a call's outcome
 (``ran``), and the usage of every turn added up, fed once at the end.
 
-``start`` runs the calls a request approves (an ``mcp_approval_response``) and opens the first
-turn, so a refusal is still an HTTP error; ``frames`` is the body (streamed, or drained for a
-response sent whole: ``error`` then raises).  A client that leaves cancels the call that runs
+``prepared`` is what a route asks first: the servers a request uses (its own started, where
+``serve --mcp-urls`` allows), their tools (one down is a 424) and the offer.  ``start`` runs the
+calls a request approves (an ``mcp_approval_response``) and opens the first turn, so a refusal is
+still an HTTP error; ``frames`` is the body streamed, ``whole`` the same drained for a response
+sent whole (an error raised: nothing was sent).  A later turn is the first one's plan with the
+conversation so far, no call forced, and ``text_format`` (a Responses ``text.format``'s grammar).  A client that leaves cancels the call that runs
 (``McpServers.call``), like the generation.
 """
 
@@ -33,13 +36,14 @@ from ..errors import GenerationFailed, McpUnavailable, RequestInvalid, TurboSpar
 from ..messages import ChatPrompt, ToolCall
 from ..turns.chat import TemplateMessage, tool_call
 from ..turns.guardrails import Guardrails
-from ..turns.mcp_uses import McpOffer, McpRoute, McpUse, tool_message
+from ..model.constraint import Grammar
+from ..turns.mcp_uses import McpOffer, McpRoute, McpUse, offer, tool_message
 from ..turns.turn_events import CallEnd, Error, Reasoning, Text, TurnEvent, Usage
 from ..wire.mcp_config import McpServerSpec
 from . import _images
 from ._turn import Framer, Turn, TurnPlan, _frames, open_turn
 
-__all__ = ["Approved", "MAX_CALLS", "McpFramer", "McpLoop", "listings_of", "servers_for"]
+__all__ = ["Approved", "MAX_CALLS", "McpFramer", "McpLoop", "prepared"]
 
 log = logging.getLogger("turbospark")
 
@@ -63,11 +67,17 @@ class Approved:
     approve: bool
 
 
-#: ``replan(messages, tools_offered, call_required)``: the route's plan for a later turn
-Replan = Callable[[tuple[TemplateMessage, ...], tuple[dict[str, Any], ...], bool], TurnPlan]
+async def prepared(servers: McpServers, uses: Sequence[McpUse],
+                   param: str) -> tuple[McpServers, dict[str, McpListing], McpOffer]:
+    """The servers a request uses, their listings and what is offered to the model."""
+    if not uses:
+        return servers, {}, offer((), {})
+    servers = await _servers_for(servers, uses, param)
+    listings = await _listings_of(servers, uses)
+    return servers, listings, offer(uses, {name: listing.tools for name, listing in listings.items()})
 
 
-async def servers_for(servers: McpServers, uses: Sequence[McpUse], param: str) -> McpServers:
+async def _servers_for(servers: McpServers, uses: Sequence[McpUse], param: str) -> McpServers:
     """The servers a request uses: the configured ones, and its own (``serve --mcp-urls``), each
     on a public address checked here, started for as long as the request lasts."""
     specs = []
@@ -94,7 +104,7 @@ async def _public_address(url: str, label: str, param: str) -> str:
     raise RequestInvalid(f"the MCP server {label!r}: resolving {host!r} took over {_images.FETCH_S:g} s", param=param)
 
 
-async def listings_of(servers: McpServers, uses: Sequence[McpUse]) -> dict[str, McpListing]:
+async def _listings_of(servers: McpServers, uses: Sequence[McpUse]) -> dict[str, McpListing]:
     """The used servers' tools; one that is down is a 424 (``McpUnavailable``), as OpenAI's."""
     listings = await servers.listings(sorted({u.server for u in uses}))
     for listing in listings:
@@ -108,12 +118,12 @@ class McpLoop:
     plan: TurnPlan
     offer: McpOffer
     servers: McpServers
-    replan: Replan
     request_id: int
     guardrails: Guardrails
     listed: Sequence[tuple[McpUse, McpListing]] = ()  # the listings the response shows
     approved: Sequence[Approved] = ()
     max_calls: int = MAX_CALLS
+    text_format: Grammar | None = None  # the grammar later turns keep (a Responses text.format)
     turn: Turn | None = None
     outcomes: list[McpOutcome] = attrs.field(factory=list)
 
@@ -197,7 +207,7 @@ class McpLoop:
                 if made >= self.max_calls:
                     tools = tuple(t for t in tools or () if t["function"]["name"] not in self.offer.routes)
                 try:
-                    turn = await open_turn(self.replan(messages, tuple(tools or ()), False), request_id=self.request_id,
+                    turn = await open_turn(self._later(messages, tuple(tools or ())), request_id=self.request_id,
                                            guardrails=self.guardrails, context=turn.context)
                 except TurboSparkError as exc:
                     yield b"".join(error(exc))
@@ -206,6 +216,18 @@ class McpLoop:
             yield b"".join(framer.feed(usage))
 
         return guarded()
+
+    async def whole(self, framer: McpFramer) -> None:
+        """The body drained, for a response sent whole: its framer holds the result."""
+        async with aclosing(self.frames(framer, keepalive=math.inf, error=_raise)) as frames:
+            async for _ in frames:
+                pass
+
+    def _later(self, messages: tuple[TemplateMessage, ...], tools: tuple[dict[str, Any], ...]) -> TurnPlan:
+        prompt = self.plan.prompt
+        assert isinstance(prompt, ChatPrompt)
+        return attrs.evolve(self.plan, prompt=attrs.evolve(prompt, messages=messages, tools=tools),
+                            params=attrs.evolve(self.plan.params, grammar=self.text_format), call_required=False)
 
     async def _run(self, call: ToolCall, route: McpRoute, tick: float = math.inf) -> AsyncIterator[McpOutcome | None]:
         """``McpServers.call``: None every ``tick`` seconds the tool runs, then its outcome."""
@@ -219,6 +241,10 @@ class McpLoop:
         async with aclosing(self.servers.running(route.server, route.tool, arguments, tick)) as running:
             async for outcome in running:
                 yield outcome
+
+
+def _raise(exc: TurboSparkError) -> list[bytes]:
+    raise exc
 
 
 def _assistant(said: Sequence[TurnEvent]) -> TemplateMessage:

@@ -15,30 +15,27 @@ calls to their tools are run by the server (``_mcp``), each an ``mcp_tool_use`` 
 
 from __future__ import annotations
 
-import math
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
-import attrs
 import trio
 from quart import Blueprint, Response, g, request
 
 from ..errors import ContextOverflow, RequestInvalid, TurboSparkError
 from ..messages import RequestRouted, Started
 from ..threads.prompt import count_prompt
-from ..turns.mcp_uses import anthropic_uses, offer
+from ..turns.mcp_uses import anthropic_uses
 from ..turns.sampling import adapters_chosen
-from ..turns.structured import grammar_for
 from ..web.app import exception_body, json_response, system
 from ..wire.anthropic import MessagesRequest
 from ..web.bodies import read_json
 from ..wire.codec import structure
 from ._images import fetch_images
 from ._openai import DEGRADATION_HEADER, degradation, stream_response
-from ._mcp import McpLoop, listings_of, servers_for
+from ._mcp import McpLoop, prepared
 from ._turn import RETRIES_HEADER, TurnPlan, framed, open_turn
 from .anthropic_events import MessageStream
 from .anthropic_request import default_max_tokens, normalise, plan, sampling_params, unhonoured
@@ -105,9 +102,7 @@ async def messages() -> Response:
     entry = await sys_.resolve(body.model, "chat")
     sys_.emit(RequestRouted(g.record.id, body.model, entry.id, body.stream))
     uses = anthropic_uses(body.mcp_servers, body.tools, sys_.mcp.names, remote=sys_.settings.mcp_urls)
-    servers = await servers_for(sys_.mcp, uses, "mcp_servers")
-    listings = await listings_of(servers, uses) if uses else {}
-    mcp = offer(uses, {name: listing.tools for name, listing in listings.items()})
+    servers, _, mcp = await prepared(sys_.mcp, uses, "mcp_servers")
     p = plan(body, sys_.settings.system_prompt, "vision" in entry.capabilities, sys_.settings.image_urls,
              mcp_tools=mcp.tools)
     await fetch_images(p.messages)  # http(s) image URLs, where --image-urls allows them
@@ -147,13 +142,8 @@ async def _with_mcp(turn_plan: TurnPlan, mcp: Any, p: Any, body: MessagesRequest
     """A message whose turns may call the MCP servers' tools (``_mcp.McpLoop``)."""
     sys_ = system()
 
-    def replan(messages: tuple[Any, ...], tools: tuple[dict[str, Any], ...], required: bool) -> TurnPlan:
-        params = attrs.evolve(turn_plan.params, grammar=grammar_for(tools=tools, call_required=required))
-        return attrs.evolve(turn_plan, prompt=attrs.evolve(turn_plan.prompt, messages=messages, tools=tools),
-                            params=params, call_required=required)
-
     message = MessageStream("msg_" + secrets.token_hex(12), body.model or entry.id, p.cache_marked, mcp=mcp.routes)
-    loop = McpLoop(turn_plan, mcp, servers, replan, g.record.id, sys_.settings.guardrails)
+    loop = McpLoop(turn_plan, mcp, servers, g.record.id, sys_.settings.guardrails)
     with _hinting(claude_code):
         await loop.start()
     if body.stream:
@@ -162,14 +152,9 @@ async def _with_mcp(turn_plan: TurnPlan, mcp: Any, p: Any, body: MessagesRequest
             error=lambda exc: message.error(exception_body(_for_client(exc, claude_code), "anthropic"))))
     else:
         with _hinting(claude_code):
-            async for _ in loop.frames(message, keepalive=math.inf, error=_raise):
-                pass
+            await loop.whole(message)
         assert message.result is not None
         response = json_response(message.result)
     if header := degradation(p.labels, p.images):
         response.headers[DEGRADATION_HEADER] = header
     return response
-
-
-def _raise(exc: TurboSparkError) -> list[bytes]:
-    raise exc  # a message sent whole: nothing was sent yet

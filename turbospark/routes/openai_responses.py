@@ -18,28 +18,25 @@ approvals a request answers first; the response's output holds every step.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-import attrs
 
 from quart import Blueprint, Response, g
 
-from ..errors import NotFound, RequestInvalid, TurboSparkError
+from ..errors import NotFound, RequestInvalid
 from ..actors.mcp import McpServers
 from ..messages import ToolCall
 from ..messages import RequestRouted
 from ..turns.chat import TemplateMessage
 from ..turns.conversations import StoredResponse
-from ..turns.mcp_uses import McpOffer, offer, responses_uses
-from ..turns.structured import grammar_for
+from ..turns.mcp_uses import McpOffer, responses_uses
 from ..turns.sampling import adapters_chosen
 from ..web.app import exception_body, json_response, system
 from ..web.bodies import json_answer, read_body
 from ..wire.openai import ResponsesRequest
 from ._images import fetch_images
 from ._openai import DEGRADATION_HEADER, degradation, sampling_params, stream_response
-from ._mcp import MAX_CALLS, Approved, McpLoop, listings_of, servers_for
+from ._mcp import MAX_CALLS, Approved, McpLoop, prepared
 from ._turn import RETRIES_HEADER, TurnPlan, framed, open_turn
 from .openai_responses_events import ResponseStream, new_id
 from .openai_responses_request import DEFAULT_MAX_OUTPUT, plan, said, unhonoured
@@ -65,9 +62,7 @@ async def create_response() -> Response:
             )
         history = stored.messages
     uses = responses_uses(body.tools, sys_.mcp.names, remote=sys_.settings.mcp_urls)
-    servers = await servers_for(sys_.mcp, uses, "tools")
-    listings = await listings_of(servers, uses) if uses else {}
-    mcp = offer(uses, {name: listing.tools for name, listing in listings.items()})
+    servers, listings, mcp = await prepared(sys_.mcp, uses, "tools")
     p = plan(body, history, sys_.settings.system_prompt, "vision" in entry.capabilities, sys_.settings.image_urls,
              mcp_tools=mcp.tools)
     await fetch_images(p.prompt.messages)  # http(s) image URLs, where --image-urls allows them
@@ -128,35 +123,25 @@ async def _with_mcp(body: ResponsesRequest, turn_plan: TurnPlan, p: Any, mcp: Mc
     earlier = {**_items_of(stored), **p.mcp_items}
     listed = {item["server_label"] for item in earlier.values() if item["type"] == "mcp_list_tools"}
 
-    def replan(messages: tuple[Any, ...], tools: tuple[dict[str, Any], ...], required: bool) -> TurnPlan:
-        # a later turn: no call forced; text.format's grammar, where the request set one, still holds
-        fmt = p.grammar if p.grammar is not None and p.grammar.what == "response_format" else None
-        params = attrs.evolve(turn_plan.params, grammar=grammar_for(tools=tools, call_required=required) or fmt)
-        prompt = attrs.evolve(turn_plan.prompt, messages=messages, tools=tools)
-        return attrs.evolve(turn_plan, prompt=prompt, params=params, call_required=required)
-
     loop = McpLoop(
-        turn_plan, mcp, servers, replan, g.record.id, sys_.settings.guardrails,
+        turn_plan, mcp, servers, g.record.id, sys_.settings.guardrails,
         listed=[(use, listings[use.server]) for use in mcp.uses if use.label not in listed],
         approved=[_approved(request_id, approve, earlier, mcp) for request_id, approve in p.approvals],
         max_calls=body.max_tool_calls or MAX_CALLS,
+        # a later turn forces no call; text.format's grammar, where the request set one, still holds
+        text_format=p.grammar if p.grammar is not None and p.grammar.what == "response_format" else None,
     )
     await loop.start()
     if body.stream:
         response = stream_response(loop.frames(resp, keepalive=sys_.settings.keepalive_interval,
                                                error=lambda exc: resp.error(exception_body(exc, "openai"))))
     else:
-        async for _ in loop.frames(resp, keepalive=math.inf, error=_raise):
-            pass
+        await loop.whole(resp)
         assert resp.result is not None
         response = json_response(resp.result)
     if header := degradation(unhonoured(body), p.images):
         response.headers[DEGRADATION_HEADER] = header
     return response
-
-
-def _raise(exc: TurboSparkError) -> list[bytes]:
-    raise exc  # a response sent whole: nothing was sent yet
 
 
 def _items_of(stored: StoredResponse | None) -> dict[str, dict[str, Any]]:

@@ -52,12 +52,6 @@ class McpServerSpec:
     def transport(self) -> str:
         return "stdio" if self.command is not None else "http"
 
-    def describe(self) -> str:
-        """What it runs or reaches, for the startup line and the web page (never its env or headers)."""
-        if self.command is not None:
-            return " ".join((self.command, *self.args))
-        return str(self.url)
-
 
 def read_mcp_config(path: str | Path) -> tuple[McpServerSpec, ...]:
     """The servers ``path`` names, in its order."""
